@@ -1,0 +1,85 @@
+// op.hpp — one step of a schedule on one rank: the unit of the schedule IR.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tdpipe::ir {
+
+/// What an op does. F/B/W/BW/OPT are compute; the rest move data.
+enum class OpKind : std::uint8_t {
+  F,               ///< forward of one (micro-batch, chunk, slice)
+  B,               ///< backward, input gradient only
+  W,               ///< backward, weight gradient only
+  BW,              ///< fused backward (B then W)
+  OPT,             ///< optimizer step
+  SEND,            ///< point-to-point send to `peer`
+  RECV,            ///< point-to-point receive from `peer`
+  ALLREDUCE,       ///< data-parallel gradient all-reduce of one bucket
+  REDUCE_SCATTER,  ///< data-parallel reduce-scatter of one bucket
+  ALL_GATHER,      ///< data-parallel all-gather of one bucket
+  LOAD,            ///< load parameters / activations from host memory
+  OFFLOAD,         ///< offload to host memory
+  CKPT,            ///< activation checkpoint
+};
+
+/// The stream an op is issued on. Ops of one rank and one stream run in plan
+/// order; ops on different streams overlap unless `deps` say otherwise.
+enum class Stream : std::uint8_t {
+  Compute,  ///< F, B, W, BW, OPT
+  P2P,      ///< SEND / RECV between pipeline stages
+  DP,       ///< data-parallel collectives
+};
+
+/// Refers to op `index` in rank `rank`'s list of a Plan.
+struct OpRef {
+  int rank = 0;
+  int index = 0;
+  friend bool operator==(const OpRef&, const OpRef&) = default;
+};
+
+struct Op {
+  OpKind kind = OpKind::F;
+  int mb = -1;     ///< micro-batch; -1 where none (OPT, collectives)
+  int chunk = 0;   ///< model chunk on this rank (virtual stage = Plan::stage_of)
+  int slice = 0;   ///< temporal slice (TD-Pipe); 0 without slicing
+
+  // Communication (SEND/RECV and collectives).
+  OpKind payload = OpKind::F;  ///< SEND/RECV: F = activation, B = input gradient
+  int peer = -1;               ///< SEND/RECV: the other pipeline rank
+  std::int64_t bytes = 0;      ///< bytes moved (comm) — for compute, 0
+  int tag = 0;                 ///< collectives: gradient bucket index
+  int batch = -1;  ///< adjacent comm ops of one rank with the same batch id are
+                   ///< posted together (one NCCL group); -1: alone
+
+  Stream stream = Stream::Compute;
+  std::vector<OpRef> deps;  ///< explicit dependencies not implied by order
+
+  // Cost as the planner's cost model sees it.
+  double flops = 0;
+  double mem_bytes = 0;     ///< activation bytes this op adds (F) or frees (B/BW, negative)
+  double est_seconds = 0;
+
+  friend bool operator==(const Op&, const Op&) = default;
+};
+
+/// True for F, B, W, BW and OPT.
+bool is_compute(OpKind kind);
+/// True for SEND and RECV.
+bool is_p2p(OpKind kind);
+/// True for ALLREDUCE, REDUCE_SCATTER and ALL_GATHER.
+bool is_collective(OpKind kind);
+/// "F", "BW", "SEND", "ALLREDUCE", …
+std::string_view to_string(OpKind kind);
+/// Inverse of to_string; nullopt for an unknown name.
+std::optional<OpKind> op_kind_from_string(std::string_view name);
+/// "compute", "p2p", "dp".
+std::string_view to_string(Stream stream);
+std::optional<Stream> stream_from_string(std::string_view name);
+/// The stream an op of this kind is issued on unless the plan says otherwise.
+Stream default_stream(OpKind kind);
+
+}  // namespace tdpipe::ir

@@ -1,0 +1,41 @@
+// plan.hpp — the schedule IR: per rank, an ordered list of ops.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tdpipe/ir/op.hpp"
+#include "tdpipe/ir/scenario.hpp"
+
+namespace tdpipe::ir {
+
+/// A schedule for one pipeline (p ranks). Data-parallel replicas run the same
+/// plan; their collectives appear as ALLREDUCE/… ops with `data` members.
+struct Plan {
+  std::string schedule;  ///< generator name: gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, tdpipe
+  int stages = 0;        ///< p, pipeline ranks
+  int microbatches = 0;  ///< m
+  int chunks = 1;        ///< v
+  int slices = 1;        ///< S
+  int data = 1;          ///< d, data-parallel replicas of this pipeline
+  bool lowered = false;  ///< true once SEND/RECV and collectives are placed
+
+  /// stage_of[rank][chunk]: the virtual stage (0 … p·v−1) that chunk runs.
+  /// Micro-batches flow forward from virtual stage 0 to p·v−1.
+  std::vector<std::vector<int>> stage_of;
+  /// Tokens in each temporal slice (size S, sums to the sequence length);
+  /// empty when not sliced.
+  std::vector<int> slice_tokens;
+
+  std::vector<std::vector<Op>> ranks;  ///< ops per rank, in issue order
+
+  Scenario scenario;  ///< what the plan was made for
+
+  friend bool operator==(const Plan&, const Plan&) = default;
+
+  int num_ranks() const { return static_cast<int>(ranks.size()); }
+  int virtual_stages() const { return stages * chunks; }
+  const Op& at(OpRef ref) const { return ranks[ref.rank][ref.index]; }
+};
+
+}  // namespace tdpipe::ir

@@ -1,0 +1,40 @@
+// replay.hpp — runs a plan's op order as a dependency-driven event simulation
+// with given durations and blocking (rendezvous) SEND/RECV semantics. The validator
+// (zero durations: can every op complete?) and the analytic evaluator share it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "tdpipe/ir/plan.hpp"
+
+namespace tdpipe::ir {
+
+/// Start and end of one op, in nanoseconds. For SEND/RECV: from posting to completion.
+struct OpTiming {
+  std::int64_t start_ns = 0;
+  std::int64_t end_ns = 0;
+};
+
+struct ReplayResult {
+  std::vector<std::vector<OpTiming>> timing;  ///< [rank][op index]
+  std::int64_t makespan_ns = 0;
+};
+
+/// Duration of an op in ns; for a SEND/RECV pair it is called with the SEND and
+/// gives the transfer time once both sides are posted.
+using DurationFn = std::function<std::int64_t(const Op& op, int rank)>;
+
+/// Replays the plan. Semantics: each (rank, stream) runs its ops in plan order; an
+/// op starts when the previous op of its stream is done and its `deps` (and, for a
+/// compute op, the RECVs carrying its inputs) are done; comm ops sharing a `batch`
+/// are posted together and the stream moves on when all of them completed; a
+/// SEND/RECV pair completes `duration` after both sides are posted. Compute-only
+/// plans: a cross-rank dependency adds the duration the function gives for a
+/// synthetic SEND (kind SEND, payload and ids of the producer).
+/// Throws tdpipe::Error naming every blocked rank, its op and its peer if the
+/// order deadlocks.
+ReplayResult replay(const Plan& plan, const DurationFn& duration);
+
+}  // namespace tdpipe::ir

@@ -1,0 +1,102 @@
+// scenario.hpp — what to train, on what, how: the input of every tdpipe command.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tdpipe::ir {
+
+/// A GPU model. Presets: a100-80g, a100-40g, h100-80g, h200 (gpu_preset()).
+struct GpuSpec {
+  std::string name;
+  double peak_flops = 0;              ///< dense bf16/fp16 FLOP/s
+  double hbm_bytes = 0;               ///< memory size
+  double hbm_bytes_per_second = 0;    ///< memory bandwidth
+  double nvlink_bytes_per_second = 0; ///< per GPU, each direction
+  friend bool operator==(const GpuSpec&, const GpuSpec&) = default;
+};
+
+struct ModelConfig {
+  std::string name;
+  int layers = 0;
+  int hidden = 0;
+  int ffn = 0;      ///< MLP inner size (4·hidden for GPT)
+  int heads = 0;
+  int seq = 0;      ///< sequence length in tokens
+  int vocab = 0;
+  std::string dtype = "bf16";  ///< bf16 | fp16 | fp32
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
+};
+
+/// A set of identical nodes. A homogeneous cluster has one group.
+struct NodeGroup {
+  GpuSpec gpu;
+  int nodes = 0;
+  friend bool operator==(const NodeGroup&, const NodeGroup&) = default;
+};
+
+struct ClusterConfig {
+  std::vector<NodeGroup> groups;  ///< in rank order
+  int gpus_per_node = 8;
+  double nvlink_bytes_per_second = 0;  ///< per GPU each way; 0 = from the GPU preset
+  double ib_bytes_per_second_per_nic = 0;
+  int nics_per_node = 8;
+  std::string topology = "fat-tree";  ///< fat-tree | rail-optimized
+  double nvlink_latency_seconds = 0;
+  double ib_latency_seconds = 0;
+  friend bool operator==(const ClusterConfig&, const ClusterConfig&) = default;
+
+  int nodes() const;
+  int gpus() const { return nodes() * gpus_per_node; }
+};
+
+enum class Recompute { None, Selective, Full };
+
+struct ParallelConfig {
+  int tensor = 1;
+  int pipeline = 1;
+  int data = 1;
+  int chunks = 1;        ///< v, model chunks per pipeline rank
+  int micro_batch = 1;   ///< sequences per micro-batch
+  int global_batch = 1;  ///< sequences per iteration
+  Recompute recompute = Recompute::None;
+  bool sequence_parallel = false;
+  int slices = 1;        ///< TD-Pipe temporal slices per micro-batch
+  friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
+
+  /// Micro-batches per pipeline per iteration: global_batch / (micro_batch · data).
+  int microbatches() const { return global_batch / (micro_batch * data); }
+};
+
+/// The abstract form: explore schedules without a model. Times in seconds
+/// (the YAML gives microseconds).
+struct Synthetic {
+  int stages = 0;        ///< p
+  int microbatches = 0;  ///< m
+  int chunks = 1;        ///< v
+  double f_seconds = 0, b_seconds = 0, w_seconds = 0;  ///< per op, per chunk
+  double p2p_latency_seconds = 0;  ///< added on every dependency that crosses ranks
+  double activation_bytes = 0;     ///< bytes one F keeps alive (for memory reports)
+  friend bool operator==(const Synthetic&, const Synthetic&) = default;
+};
+
+struct Scenario {
+  std::string name;         ///< file stem, or given
+  std::string source_file;  ///< where it was read from ("" if built in code)
+  std::optional<Synthetic> synthetic;  ///< set: abstract form; model/cluster unused
+  ModelConfig model;
+  ClusterConfig cluster;
+  ParallelConfig parallel;
+  std::string schedule = "1f1b";  ///< default schedule
+  friend bool operator==(const Scenario&, const Scenario&) = default;
+
+  /// Pipeline stages p (synthetic.stages or parallel.pipeline).
+  int stages() const;
+  /// Micro-batches m per pipeline per iteration.
+  int microbatches() const;
+  /// Model chunks v per rank.
+  int chunks() const;
+};
+
+}  // namespace tdpipe::ir

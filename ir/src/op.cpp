@@ -1,0 +1,45 @@
+// op.cpp — names and classes of op kinds and streams.
+#include "tdpipe/ir/op.hpp"
+
+#include <array>
+
+namespace tdpipe::ir {
+namespace {
+constexpr std::array<std::string_view, 13> kKindNames = {
+    "F", "B", "W", "BW", "OPT", "SEND", "RECV", "ALLREDUCE", "REDUCE_SCATTER",
+    "ALL_GATHER", "LOAD", "OFFLOAD", "CKPT"};
+constexpr std::array<std::string_view, 3> kStreamNames = {"compute", "p2p", "dp"};
+}  // namespace
+
+bool is_compute(OpKind kind) { return kind <= OpKind::OPT; }
+bool is_p2p(OpKind kind) { return kind == OpKind::SEND || kind == OpKind::RECV; }
+bool is_collective(OpKind kind) {
+  return kind == OpKind::ALLREDUCE || kind == OpKind::REDUCE_SCATTER ||
+         kind == OpKind::ALL_GATHER;
+}
+
+std::string_view to_string(OpKind kind) { return kKindNames[static_cast<std::size_t>(kind)]; }
+
+std::optional<OpKind> op_kind_from_string(std::string_view name) {
+  for (std::size_t i = 0; i < kKindNames.size(); ++i)
+    if (kKindNames[i] == name) return static_cast<OpKind>(i);
+  return std::nullopt;
+}
+
+std::string_view to_string(Stream stream) {
+  return kStreamNames[static_cast<std::size_t>(stream)];
+}
+
+std::optional<Stream> stream_from_string(std::string_view name) {
+  for (std::size_t i = 0; i < kStreamNames.size(); ++i)
+    if (kStreamNames[i] == name) return static_cast<Stream>(i);
+  return std::nullopt;
+}
+
+Stream default_stream(OpKind kind) {
+  if (is_p2p(kind)) return Stream::P2P;
+  if (is_collective(kind)) return Stream::DP;
+  return Stream::Compute;
+}
+
+}  // namespace tdpipe::ir

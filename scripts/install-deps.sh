@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# install-deps.sh — installs every Debian 12 package tdpipe needs to build and test.
+# Idempotent: when everything is present it prints nothing and exits 0.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libfmt-dev catch2
+  libeigen3-dev libsimgrid-dev libopenmpi-dev openmpi-bin
+  qt6-base-dev qt6-charts-dev libqt6opengl6-dev libqt6svg6-dev libxkbcommon-dev
+  libgl-dev libvulkan-dev xvfb
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}" >&2
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

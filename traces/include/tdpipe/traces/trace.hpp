@@ -1,0 +1,43 @@
+// trace.hpp — a timeline: per rank and stream, op intervals. Predicted (analytic,
+// simgrid) and measured (cpu, cuda) timelines share this one type.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tdpipe/ir/op.hpp"
+
+namespace tdpipe::traces {
+
+/// One op's interval. Times in integer nanoseconds from the trace origin, so
+/// closed-form checks are exact.
+struct TraceEvent {
+  int rank = 0;
+  int stream = 0;      ///< ir::Stream as int for tdpipe traces; any tid for foreign traces
+  std::string name;    ///< e.g. "F3.c1:s0" (tdpipe), or the foreign event's name
+  std::optional<ir::OpKind> kind;  ///< unset for foreign events tdpipe does not know
+  int mb = -1, chunk = 0, slice = 0;
+  int peer = -1;
+  std::int64_t bytes = 0;
+  std::int64_t start_ns = 0;
+  std::int64_t dur_ns = 0;
+
+  std::int64_t end_ns() const { return start_ns + dur_ns; }
+  friend bool operator==(const TraceEvent&, const TraceEvent&) = default;
+};
+
+struct Trace {
+  std::string origin;    ///< "analytic", "simgrid", "cpu", "cuda", or "chrome" for foreign traces
+  std::string schedule;  ///< schedule name, if known
+  std::string scenario;  ///< scenario name, if known
+  int ranks = 0;
+  std::vector<TraceEvent> events;
+  std::map<std::string, std::string> metadata;  ///< free-form run metadata
+
+  friend bool operator==(const Trace&, const Trace&) = default;
+};
+
+}  // namespace tdpipe::traces
