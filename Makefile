@@ -1,14 +1,8 @@
-# Thin wrapper: `make demo` and `make test` are the README's two commands.
-PRESET ?= default
-.PHONY: deps build demo test clean
-deps:
-	./scripts/install-deps.sh
-build: deps
-	cmake --preset $(PRESET)
-	cmake --build --preset $(PRESET)
-demo: build
-	./build/$(PRESET)/apps/tdpipe sim scenarios/gpt3-175b-a100-8x8.yaml --engine analytic --schedule all
-test: build
-	ctest --preset $(PRESET)
+# Thin wrapper over the README's two commands.
+.PHONY: demo test clean
+demo:
+	./scripts/demo.sh
+test:
+	./scripts/test.sh
 clean:
 	rm -rf build

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tdpipe/ir/lowering.hpp"
 #include "tdpipe/ir/plan.hpp"
 #include "tdpipe/ir/scenario.hpp"
 
@@ -33,6 +34,10 @@ std::vector<int> solve_slices(const ir::Scenario& scenario, int slices);
 /// (synthetic scenarios: the given F/B/W times) and returns the options lowering
 /// needs (p2p bytes, gradient bytes per chunk).
 void apply_costs(ir::Plan& plan, const ir::Scenario& scenario);
+
+/// What lowering needs from the cost model: p2p bytes per producer op, gradient
+/// bytes per (rank, chunk).
+ir::LoweringOptions lowering_options(const ir::Plan& plan, const ir::Scenario& scenario);
 
 /// Peak memory per pipeline rank for a plan with costs (weights, grads, Adam
 /// states, peak activations from the plan's in-flight count).

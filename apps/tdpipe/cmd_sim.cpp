@@ -1,0 +1,156 @@
+// cmd_sim.cpp — `tdpipe sim SCENARIO`: predict every schedule's timeline and
+// print a comparison table (or JSON).
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/scenario_io.hpp"
+#include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/planner/evaluator.hpp"
+#include "tdpipe/planner/generators.hpp"
+#include "tdpipe/planner/schedule_report.hpp"
+#include "tdpipe/traces/chrome_json.hpp"
+
+namespace tdpipe::apps {
+namespace {
+
+#ifdef TDPIPE_HAVE_SIMGRID
+constexpr const char* kDefaultEngine = "simgrid";
+#else
+constexpr const char* kDefaultEngine = "analytic";
+#endif
+
+struct SimArgs {
+  std::string scenario;
+  std::string engine = kDefaultEngine;
+  std::string schedule;
+  int slices = 0;
+  std::string profile;
+  bool json = false;
+  std::string trace_out;
+};
+
+/// (schedule, slices) pairs to run: one, or every generator (tdpipe at S = 2 and 4,
+/// plus the scenario's S).
+std::vector<std::pair<std::string, int>> runs_for(const SimArgs& a, const ir::Scenario& sc) {
+  std::vector<std::pair<std::string, int>> runs;
+  if (a.schedule != "all") {
+    runs.emplace_back(a.schedule.empty() ? sc.schedule : a.schedule, a.slices);
+    return runs;
+  }
+  for (const auto& name : planner::schedule_names()) {
+    if (name != "tdpipe") {
+      runs.emplace_back(name, 0);
+      continue;
+    }
+    std::vector<int> slices = {2, 4};
+    const int own = a.slices > 0 ? a.slices : sc.parallel.slices;
+    if (own > 1 && own != 2 && own != 4) slices.push_back(own);
+    for (int s : slices) runs.emplace_back(name, s);
+  }
+  return runs;
+}
+
+traces::Trace predict(const planner::BuiltPlan& built, const SimArgs& a) {
+  if (a.engine == "analytic") return planner::evaluate(built.lowered);
+#ifdef TDPIPE_HAVE_SIMGRID
+  // simgrid engine: wired by sim/ (see cmd_sim_simgrid in sim's integration).
+#endif
+  throw Error(fmt::format("--engine {}: this build has no such engine (available: analytic{})",
+                          a.engine, std::string(kDefaultEngine) == "simgrid" ? ", simgrid" : ""));
+}
+
+std::string trace_path(const std::string& base, const std::string& schedule, int slices, bool many) {
+  if (!many) return base;
+  std::string tag = schedule + (slices > 1 ? fmt::format("-s{}", slices) : "");
+  const auto dot = base.rfind(".json");
+  if (dot == std::string::npos) return base + "-" + tag + ".json";
+  return base.substr(0, dot) + "-" + tag + ".json";
+}
+
+std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / double(1u << 30)); }
+
+void print_table(const ir::Scenario& sc, const std::vector<planner::ScheduleReport>& rows,
+                 const std::vector<std::pair<std::string, std::string>>& failures) {
+  fmt::print("scenario {} ({}): p={} m={}", sc.name, sc.source_file, sc.stages(), sc.microbatches());
+  if (!sc.synthetic)
+    fmt::print(" t={} d={} | {} on {}×{} {}", sc.parallel.tensor, sc.parallel.data, sc.model.name,
+               sc.cluster.nodes(), sc.cluster.gpus_per_node,
+               sc.cluster.groups.empty() ? "" : sc.cluster.groups.front().gpu.name);
+  fmt::print("\nengine: {}\n\n", rows.empty() ? "-" : rows.front().engine);
+  fmt::print("{:<12} {:>2} {:>2} {:>12} {:>8} {:>10} {:>6} {:>14} {:>5}\n", "schedule", "v", "S",
+             "iteration", "bubble", "tokens/s", "MFU", "peak mem/GPU", "fits");
+  for (const auto& r : rows) {
+    double peak = 0;
+    for (double b : r.peak_memory_bytes_per_rank) peak = std::max(peak, b);
+    const std::string iter = r.iteration_seconds >= 1 ? fmt::format("{:.3f} s", r.iteration_seconds)
+                                                      : fmt::format("{:.3f} ms", r.iteration_seconds * 1e3);
+    fmt::print("{:<12} {:>2} {:>2} {:>12} {:>7.1f}% {:>10} {:>6} {:>14} {:>5}\n", r.schedule, r.chunks,
+               r.slices, iter, 100 * r.bubble_fraction,
+               sc.synthetic ? "-" : fmt::format("{:.0f}", r.tokens_per_second),
+               sc.synthetic ? "-" : fmt::format("{:.1f}%", 100 * r.mfu),
+               sc.synthetic ? "-" : gib(peak), sc.synthetic ? "-" : (r.fits ? "yes" : "NO"));
+  }
+  for (const auto& r : rows)
+    if (!r.fits) fmt::print("  {}: {}\n", r.schedule, r.fit_message);
+  for (const auto& [name, why] : failures) fmt::print("  {}: not run: {}\n", name, why);
+}
+
+void run_sim(const SimArgs& a) {
+  const ir::Scenario sc = ir::load_scenario(a.scenario);
+  if (!a.profile.empty() && a.engine == "analytic")
+    throw Error("--profile: calibration profiles are read by the simgrid engine; use --engine simgrid");
+  const auto runs = runs_for(a, sc);
+  const bool many = runs.size() > 1;
+  std::vector<planner::ScheduleReport> rows;
+  std::vector<std::pair<std::string, std::string>> failures;
+  for (const auto& [schedule, slices] : runs) {
+    try {
+      const planner::BuiltPlan built = planner::build_plan(sc, schedule, slices);
+      const traces::Trace trace = predict(built, a);
+      if (!a.trace_out.empty())
+        traces::write_trace(trace, trace_path(a.trace_out, schedule, built.lowered.slices, many));
+      rows.push_back(planner::make_report(built, trace, a.engine));
+    } catch (const Error& e) {
+      if (!many) throw;
+      failures.emplace_back(slices > 1 ? fmt::format("{} S={}", schedule, slices) : schedule, e.what());
+    }
+  }
+  if (a.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : rows) out.push_back(planner::to_json(r));
+    for (const auto& [name, why] : failures) out.push_back({{"schedule", name}, {"error", why}});
+    std::cout << (many ? out : out.front()).dump(2) << "\n";
+    return;
+  }
+  print_table(sc, rows, failures);
+}
+
+}  // namespace
+
+void add_sim_command(CLI::App& app) {
+  auto args = std::make_shared<SimArgs>();
+  CLI::App* cmd = app.add_subcommand("sim", "Predict the timeline of one or every schedule");
+  cmd->add_option("scenario", args->scenario, "Scenario file (YAML)")->required();
+  cmd->add_option("--engine", args->engine, "Prediction engine")
+      ->check(CLI::IsMember({"simgrid", "analytic"}))
+      ->capture_default_str();
+  std::vector<std::string> names = planner::schedule_names();
+  names.push_back("all");
+  cmd->add_option("--schedule", args->schedule, "Schedule, or `all` (default: the scenario's)")
+      ->check(CLI::IsMember(names));
+  cmd->add_option("--slices", args->slices, "Temporal slices S (tdpipe)")->check(CLI::PositiveNumber);
+  cmd->add_option("--profile", args->profile, "Calibration profile (from `tdpipe calibrate`)")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--json", args->json, "Print JSON instead of a table");
+  cmd->add_option("--trace-out", args->trace_out,
+                  "Write the predicted trace (Chrome/Perfetto JSON); with `all`, one file per schedule");
+  cmd->callback([args] { run_sim(*args); });
+}
+
+}  // namespace tdpipe::apps

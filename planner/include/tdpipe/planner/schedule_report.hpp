@@ -1,0 +1,46 @@
+// schedule_report.hpp — what `tdpipe sim` prints per schedule: iteration time,
+// bubble, tokens/s, MFU, peak memory per GPU and whether it fits.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "tdpipe/ir/scenario.hpp"
+#include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/traces/trace.hpp"
+
+namespace tdpipe::planner {
+
+struct ScheduleReport {
+  std::string schedule;
+  int chunks = 1;
+  int slices = 1;
+  std::string engine;  ///< analytic | simgrid
+  double iteration_seconds = 0;
+  double bubble_fraction = 0;
+  std::vector<double> idle_fraction_per_rank;
+  double tokens_per_second = 0;  ///< 0 for synthetic scenarios
+  double mfu = 0;                ///< model FLOPs utilisation; 0 for synthetic scenarios
+  std::vector<double> peak_memory_bytes_per_rank;
+  std::vector<int> peak_inflight_per_rank;
+  double memory_capacity_bytes = 0;  ///< smallest HBM among the GPUs of the most loaded rank
+  bool fits = true;
+  std::string fit_message;  ///< "does not fit: needs X GiB of Y GiB on rank r" when it does not
+};
+
+/// Model FLOPs of one training iteration without recompute (Narayanan et al.
+/// 2021: 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)), generalised to any ffn size).
+double model_flops_per_iteration(const ir::Scenario& scenario);
+
+/// HBM bytes of the GPU hosting (data replica, pipeline rank, tensor rank);
+/// placement: tensor ranks inside a node, pipeline ranks next, replicas last.
+double gpu_memory_bytes(const ir::Scenario& scenario, int replica, int pipeline_rank, int tensor_rank);
+
+/// The report of one schedule from its plan and predicted (or measured) trace.
+ScheduleReport make_report(const BuiltPlan& plan, const traces::Trace& trace, const std::string& engine);
+
+nlohmann::json to_json(const ScheduleReport& report);
+
+}  // namespace tdpipe::planner

@@ -1,0 +1,49 @@
+// build_plan.cpp — generate → cost → lower → validate.
+#include "tdpipe/planner/build_plan.hpp"
+
+#include <fmt/format.h>
+
+#include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/lowering.hpp"
+#include "tdpipe/planner/cost_model.hpp"
+#include "tdpipe/planner/generators.hpp"
+
+namespace tdpipe::planner {
+
+int chunks_for(std::string_view schedule, const ir::Scenario& scenario) {
+  if (schedule == "zb-v") return 2;
+  if (schedule == "interleaved") return scenario.chunks() > 1 ? scenario.chunks() : 2;
+  return 1;
+}
+
+BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, int slices) {
+  ScheduleParams params;
+  params.stages = scenario.stages();
+  params.microbatches = scenario.microbatches();
+  params.chunks = chunks_for(schedule, scenario);
+  params.slices = schedule == "tdpipe" ? (slices > 0 ? slices : scenario.parallel.slices) : 1;
+  if (slices > 1 && schedule != "tdpipe")
+    throw Error(fmt::format("--slices {}: temporal slices apply to the tdpipe schedule only, not {}",
+                            slices, schedule));
+  if (!scenario.synthetic && scenario.model.layers % (params.stages * params.chunks) != 0)
+    throw Error(fmt::format(
+        "{}: schedule {} runs {} chunk(s) on each of {} stages, so model.layers ({}) must be "
+        "divisible by {}",
+        scenario.name, schedule, params.chunks, params.stages, scenario.model.layers,
+        params.stages * params.chunks));
+  if (params.slices > 1 && !scenario.synthetic) {
+    // The list scheduler weighs slices by their cost; equal-cost slices are the solver's goal.
+    params.slice_costs.assign(params.slices, 1.0);
+  }
+
+  BuiltPlan out;
+  out.compute_only = make_schedule(schedule, params);
+  out.compute_only.data = scenario.synthetic ? 1 : scenario.parallel.data;
+  out.compute_only.scenario = scenario;
+  apply_costs(out.compute_only, scenario);
+  out.lowered = ir::lower(out.compute_only, lowering_options(out.compute_only, scenario));
+  out.report = ir::validate(out.lowered);
+  return out;
+}
+
+}  // namespace tdpipe::planner
