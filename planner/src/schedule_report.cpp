@@ -2,7 +2,6 @@
 #include "tdpipe/planner/schedule_report.hpp"
 
 #include <algorithm>
-#include <limits>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -22,17 +21,6 @@ double model_flops_per_iteration(const ir::Scenario& sc) {
   const double layer_fwd = 8 * h * h + 4 * h * f + 4 * s * h;
   const double head_fwd = 2 * h * m.vocab;
   return 3 * tokens * (m.layers * layer_fwd + head_fwd);
-}
-
-double gpu_memory_bytes(const ir::Scenario& sc, int replica, int pipeline_rank, int tensor_rank) {
-  const int t = sc.parallel.tensor, p = sc.parallel.pipeline;
-  const int gpu = (replica * p + pipeline_rank) * t + tensor_rank;
-  int node = gpu / std::max(1, sc.cluster.gpus_per_node);
-  for (const auto& g : sc.cluster.groups) {
-    if (node < g.nodes) return g.gpu.hbm_bytes;
-    node -= g.nodes;
-  }
-  return sc.cluster.groups.empty() ? 0 : sc.cluster.groups.back().gpu.hbm_bytes;
 }
 
 ScheduleReport make_report(const BuiltPlan& built, const traces::Trace& trace,
@@ -65,23 +53,10 @@ ScheduleReport make_report(const BuiltPlan& built, const traces::Trace& trace,
     r.mfu = model_flops_per_iteration(sc) / (r.iteration_seconds * used * mean_peak);
   }
   const auto memory = memory_per_rank(plan, sc);
-  double worst_ratio = 0;
-  for (int rank = 0; rank < int(memory.size()); ++rank) {
-    const double need = memory[rank].total_bytes();
-    r.peak_memory_bytes_per_rank.push_back(need);
-    double have = std::numeric_limits<double>::infinity();
-    for (int d = 0; d < sc.parallel.data; ++d)
-      for (int t = 0; t < sc.parallel.tensor; ++t)
-        have = std::min(have, gpu_memory_bytes(sc, d, rank, t));
-    if (need / have > worst_ratio) {
-      worst_ratio = need / have;
-      r.memory_capacity_bytes = have;
-      if (need > have) {
-        r.fits = false;
-        r.fit_message = fmt::format("does not fit: needs {:.1f} GiB of {:.1f} GiB on rank {}",
-                                    need / (1u << 30), have / (1u << 30), rank);
-      }
-    }
+  for (const auto& m : memory) r.peak_memory_bytes_per_rank.push_back(m.total_bytes());
+  if (auto verdict = check_fits(memory, sc)) {
+    r.fits = false;
+    r.fit_message = *verdict;
   }
   return r;
 }
@@ -99,7 +74,6 @@ nlohmann::json to_json(const ScheduleReport& r) {
   j["mfu"] = r.mfu;
   j["peak_memory_bytes_per_rank"] = r.peak_memory_bytes_per_rank;
   j["peak_inflight_per_rank"] = r.peak_inflight_per_rank;
-  j["memory_capacity_bytes"] = r.memory_capacity_bytes;
   j["fits"] = r.fits;
   if (!r.fits) j["fit_message"] = r.fit_message;
   return j;

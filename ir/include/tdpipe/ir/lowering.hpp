@@ -1,9 +1,14 @@
 // lowering.hpp — compute-only plan → plan with SEND/RECV and DP collectives.
 //
 // Batching rule (what keeps blocking NCCL-style transports deadlock-free, as
-// Megatron's batch_isend_irecv does): between two consecutive compute ops of a
-// rank, the SENDs of the first op's outputs and the RECVs of the second op's
-// inputs are posted as one batch.
+// Megatron's batch_isend_irecv does): every rank posts its SENDs and RECVs in one
+// global order (transfers sorted by when their producer ends in a replay of the
+// compute-only plan); a SEND goes right after its producer, a RECV as late as
+// possible before its consumer; the comm ops between two consecutive compute ops
+// Y, Z of a rank (SENDs of Y's outputs, RECVs of Z's inputs) are posted as one
+// batch. For 1F1B this is exactly Megatron's pairing; for interleaved, zero-bubble
+// and TD-Pipe orders it stays deadlock-free where "pair Y's SENDs with Z's RECVs"
+// alone does not (see lowering.cpp).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +26,8 @@ struct LoweringOptions {
   std::int64_t bucket_bytes = 40 << 20;  ///< DP bucket size (Megatron's 40 MB default)
   bool overlap_dp = true;   ///< start a bucket's all-reduce as soon as its gradients are ready
   bool optimizer_step = true;  ///< append OPT on every rank
+  /// est_seconds of rank `rank`'s OPT; empty = keep the compute-only plan's OPT cost, or 0.
+  std::function<double(int rank)> optimizer_seconds;
 };
 
 /// Inserts SEND/RECV for every cross-rank dependency and, when plan.data > 1, one

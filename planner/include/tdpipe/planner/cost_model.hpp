@@ -1,8 +1,36 @@
 // cost_model.hpp — FLOPs, bytes, memory and time of a scenario's ops
 // (Megatron formulas, tensor-parallel split, recompute, attention per slice).
+//
+// Conventions (all per tensor-parallel rank, one micro-batch of b sequences, one
+// temporal slice of `tokens` tokens after a prefix of `prefix` tokens; a whole
+// sequence is tokens = seq, prefix = 0):
+//  - GEMMs with weights (QKV, projection, MLP up/down): forward 2·b·len·(4h² + 2h·ffn)/t
+//    FLOPs; input gradient B the same; weight gradient W the same.
+//  - Attention core (QKᵀ and attention·V, no weights): forward 4·b·len·(prefix+len)·h/t.
+//    Each slice computes its full len × (prefix+len) score block, as Megatron does for
+//    the whole sequence (no causal halving), so S = 1 gives Megatron's 4·b·s²·h. Its
+//    backward (four products) is 2× forward and belongs to B only.
+//  - Recompute: full — B pays one more whole forward (its FLOPs, memory traffic and TP
+//    collectives); selective — B pays the attention core again.
+//  - Embedding on virtual stage 0 (memory-bound gather; gradient in W); final LayerNorm,
+//    LM head (2·b·len·h·V/t forward) and cross-entropy on the last virtual stage.
+//  - Memory-bound element-wise work (LayerNorm, bias+GeLU, softmax, dropout, residual)
+//    costs bytes / (HBM bandwidth × kHbmEfficiency); backward 2× forward.
+//  - Tensor-parallel collectives are folded into the op that issues them (not separate
+//    IR ops): without sequence parallelism 2 all-reduces of b·len·h elements in F and 2
+//    in B; with it 2 all-gathers + 2 reduce-scatters in F, the same in B, plus the
+//    2 all-gathers W redoes to rebuild its GEMM inputs (Megatron does not keep them).
+//    Ring algorithm over NVLink when t ≤ gpus_per_node, else over InfiniBand.
+//  - Time = Σ FLOPs / (peak × gemm_efficiency) + element-wise time + collective time.
+//  - mem_bytes: F adds the slice's activation bytes (Korthikanti et al. 2022, per
+//    recompute mode); BW frees all of it; split B frees all but the GEMM inputs W still
+//    needs, W frees those. Over a micro-batch the sum is exactly zero.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "tdpipe/ir/lowering.hpp"
@@ -23,24 +51,92 @@ struct MemoryEstimate {
   double total_bytes() const { return weights_bytes + grads_bytes + optimizer_bytes + activation_bytes; }
 };
 
+/// The one set of efficiency constants of the default cost model (documented in
+/// cost_model.cpp; checked against Korthikanti et al. 2022 Table 5 in the tests).
+struct Efficiencies {
+  double gemm_max = 0.80;            ///< large-GEMM fraction of peak (cuBLAS on A100 reaches ~0.8)
+  double gemm_half_seconds = 64e-6;  ///< a GEMM that would take this long at peak runs at half of gemm_max
+  double hbm = 0.90;                 ///< achieved fraction of HBM bandwidth for streaming kernels
+  double nvlink = 0.65;              ///< NCCL ring bus bandwidth / NVLink per-direction bandwidth
+  double network = 0.90;             ///< same for InfiniBand
+  double optimizer_bytes_per_param = 36;  ///< HBM traffic of one mixed-precision Adam step per parameter
+};
+/// The defaults above.
+const Efficiencies& default_efficiencies();
+
 /// GEMM efficiency (fraction of peak) for a GEMM of m×k·k×n; documented default curve.
+/// Uses the A100 80GB figures; see the overload for another GPU.
 double gemm_efficiency(double m, double n, double k);
+/// Same on `gpu`, for `batch` independent GEMMs issued as one batched call, with
+/// `elem_bytes`-byte operands: min(saturation in size, HBM roofline).
+double gemm_efficiency(double m, double n, double k, const ir::GpuSpec& gpu, double batch = 1,
+                       double elem_bytes = 2);
+
+/// FLOPs and time of one transformer layer for one micro-batch slice on one TP rank
+/// of `gpu`; b includes recompute, w the SP all-gather redo (see the banner).
+struct LayerCost {
+  OpCost f, b, w;
+};
+LayerCost layer_cost(const ir::Scenario& scenario, const ir::GpuSpec& gpu, int tokens, int prefix);
+
+/// Cost of a compute op (F, B, W or BW) of one model chunk holding `layers` transformer
+/// layers at virtual stage `virtual_stage` (embedding on stage 0, LM head on the last of
+/// `virtual_stages`), for a slice of `tokens` tokens after `prefix`.
+OpCost chunk_cost(const ir::Scenario& scenario, const ir::GpuSpec& gpu, ir::OpKind kind,
+                  int virtual_stage, int virtual_stages, int layers, int tokens, int prefix);
+
+/// Time of a ring collective of `bytes` (the full buffer) over `ranks` ranks on the
+/// tensor-parallel fabric (NVLink when the group fits in a node, else InfiniBand).
+/// kind: ALLREDUCE, REDUCE_SCATTER or ALL_GATHER.
+double tp_collective_seconds(const ir::Scenario& scenario, const ir::GpuSpec& gpu, ir::OpKind kind,
+                             double bytes, int ranks);
+
+/// The GPU that bounds pipeline rank `rank`: slowest peak (then smallest HBM) among the
+/// GPUs of all its tensor ranks and replicas. Placement: tensor ranks inside a node,
+/// pipeline ranks next, replicas last (as gpu_memory_bytes in schedule_report.hpp).
+ir::GpuSpec gpu_of_rank(const ir::Scenario& scenario, int rank);
+
+/// Parameters one TP rank holds for a chunk of `layers` layers at `virtual_stage`
+/// (embedding on virtual stage 0, final LayerNorm and the tied LM head on the last).
+double params_of_chunk(const ir::Scenario& scenario, int virtual_stage, int virtual_stages, int layers);
+
+/// Activation bytes one F of `layers` layers keeps for a slice (Korthikanti et al.).
+double activation_bytes(const ir::Scenario& scenario, int virtual_stage, int virtual_stages,
+                        int layers, int tokens, int prefix);
+
+/// Optimizer step time of a rank holding `params` parameters (mixed-precision Adam,
+/// HBM-bound).
+double optimizer_seconds(const ir::Scenario& scenario, const ir::GpuSpec& gpu, double params);
 
 /// Tokens per slice so that each slice costs the same given its prefix (Seq1F1B);
 /// S = 1 gives {seq}.
 std::vector<int> solve_slices(const ir::Scenario& scenario, int slices);
+/// The solver behind solve_slices for any cost(tokens, prefix) increasing in both:
+/// integer lengths ≥ 1 summing to `seq`, each slice's cost as equal as rounding allows.
+std::vector<int> solve_slices_by(int seq, int slices,
+                                 const std::function<double(double tokens, double prefix)>& cost);
 
 /// Fills flops / est_seconds / mem_bytes of every compute op of a compute-only plan
-/// (synthetic scenarios: the given F/B/W times) and returns the options lowering
-/// needs (p2p bytes, gradient bytes per chunk).
+/// (synthetic scenarios: the given F/B/W times, ÷S per slice; BW = B + W;
+/// mem_bytes from synthetic.activation_bytes) and sets plan.slice_tokens (S > 1,
+/// model scenarios). Layers per chunk = layers / (p · plan.chunks).
 void apply_costs(ir::Plan& plan, const ir::Scenario& scenario);
 
-/// What lowering needs from the cost model: p2p bytes per producer op, gradient
-/// bytes per (rank, chunk).
+/// What lowering needs: p2p bytes = b·len·h·elem_bytes / t (Megatron's scatter/gather
+/// of pipeline tensors across the TP ranks, and sequence parallelism, both send 1/t per
+/// rank); gradient bytes of a chunk = its parameters (÷t) × elem_bytes. Synthetic
+/// scenarios: 0 bytes (latency only) and no DP reduction.
 ir::LoweringOptions lowering_options(const ir::Plan& plan, const ir::Scenario& scenario);
 
 /// Peak memory per pipeline rank for a plan with costs (weights, grads, Adam
 /// states, peak activations from the plan's in-flight count).
+/// Bytes per parameter: weights 2, gradients 2, Adam fp32 master + 2 moments 12 (16 in
+/// all, Korthikanti et al.; fp32 models: 4 + 4 + 8); no optimizer sharding.
 std::vector<MemoryEstimate> memory_per_rank(const ir::Plan& plan, const ir::Scenario& scenario);
+
+/// nullopt when every rank fits its GPU's HBM; else "does not fit: needs X GiB of Y GiB
+/// on rank r" for the rank with the largest need/capacity ratio.
+std::optional<std::string> check_fits(const std::vector<MemoryEstimate>& memory,
+                                      const ir::Scenario& scenario);
 
 }  // namespace tdpipe::planner

@@ -25,7 +25,6 @@ struct ScheduleReport {
   double mfu = 0;                ///< model FLOPs utilisation; 0 for synthetic scenarios
   std::vector<double> peak_memory_bytes_per_rank;
   std::vector<int> peak_inflight_per_rank;
-  double memory_capacity_bytes = 0;  ///< smallest HBM among the GPUs of the most loaded rank
   bool fits = true;
   std::string fit_message;  ///< "does not fit: needs X GiB of Y GiB on rank r" when it does not
 };
@@ -33,10 +32,6 @@ struct ScheduleReport {
 /// Model FLOPs of one training iteration without recompute (Narayanan et al.
 /// 2021: 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)), generalised to any ffn size).
 double model_flops_per_iteration(const ir::Scenario& scenario);
-
-/// HBM bytes of the GPU hosting (data replica, pipeline rank, tensor rank);
-/// placement: tensor ranks inside a node, pipeline ranks next, replicas last.
-double gpu_memory_bytes(const ir::Scenario& scenario, int replica, int pipeline_rank, int tensor_rank);
 
 /// The report of one schedule from its plan and predicted (or measured) trace.
 ScheduleReport make_report(const BuiltPlan& plan, const traces::Trace& trace, const std::string& engine);

@@ -1,0 +1,70 @@
+// cmd_calibrate.cpp — `tdpipe calibrate --backend cpu SCENARIO -o profile.json`:
+// measure this machine's op costs for the scenario's layers and its transport, as a
+// profile `tdpipe sim --profile` reads.
+#include <iostream>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "tdpipe/exec/cpu/calibrate.hpp"
+#include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/scenario_io.hpp"
+#include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/planner/generators.hpp"
+#include "tdpipe/traces/profile.hpp"
+
+namespace tdpipe::apps {
+namespace {
+
+struct CalibrateArgs {
+  std::string scenario;
+  std::string backend = "cpu";
+  std::string output;
+  std::string schedule;
+  int slices = 0;
+  int steps = 5;
+  int warmup = 2;
+  std::string corpus;
+};
+
+void run_calibrate(const CalibrateArgs& a) {
+  if (a.backend != "cpu")
+    throw Error(fmt::format("--backend {}: only the cpu backend calibrates from this command", a.backend));
+  const ir::Scenario sc = ir::load_scenario(a.scenario);
+  const std::string schedule = a.schedule.empty() ? sc.schedule : a.schedule;
+  const planner::BuiltPlan built = planner::build_plan(sc, schedule, a.slices);
+  exec::cpu::CalibrateOptions opt;
+  opt.steps = a.steps;
+  opt.warmup_steps = a.warmup;
+  opt.train.corpus_path = a.corpus;
+  traces::Profile prof = exec::cpu::calibrate(built.lowered, opt);
+  if (prof.scenario.empty()) prof.scenario = sc.name;
+  traces::write_profile(prof, a.output);
+  fmt::print("{}: {} ops measured ({} schedule, p={} v={} S={}), p2p {:.2f} us + {:.2f} GB/s, "
+             "all-reduce {:.2f} us + {:.2f} GB/s, {} ranks on {} cores\n",
+             a.output, prof.ops.size(), schedule, built.lowered.stages, built.lowered.chunks,
+             built.lowered.slices, prof.p2p.latency_seconds * 1e6, prof.p2p.bytes_per_second / 1e9,
+             prof.collective.latency_seconds * 1e6, prof.collective.bytes_per_second / 1e9,
+             prof.platform.ranks, prof.platform.cores);
+}
+
+}  // namespace
+
+void add_calibrate_command(CLI::App& app) {
+  auto args = std::make_shared<CalibrateArgs>();
+  CLI::App* cmd = app.add_subcommand("calibrate", "Measure op costs and transport on this machine");
+  cmd->add_option("scenario", args->scenario, "Scenario file (YAML)")->required();
+  cmd->add_option("--backend", args->backend, "Executor backend")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("-o,--output", args->output, "Profile to write (JSON)")->required();
+  cmd->add_option("--schedule", args->schedule, "Schedule whose layout (chunks, slices) is measured")
+      ->check(CLI::IsMember(planner::schedule_names()));
+  cmd->add_option("--slices", args->slices, "Temporal slices S (tdpipe)")->check(CLI::PositiveNumber);
+  cmd->add_option("--steps", args->steps, "Measured steps")->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup", args->warmup, "Unmeasured steps first")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--corpus", args->corpus, "Training text (default: data/tiny_corpus.txt)");
+  cmd->callback([args] { run_calibrate(*args); });
+}
+
+}  // namespace tdpipe::apps

@@ -1,0 +1,144 @@
+// bench_exec.cpp — the CPU executor's own cost: (1) runtime overhead per op with a
+// compute that does nothing (interpreter waits + rendezvous transport), (2) measured
+// iteration time of the tiny scenario against the time its schedule implies for the
+// measured op durations (ir::replay: sum of op times + the schedule's inherent bubble).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "tdpipe/exec/cpu/backend.hpp"
+#include "tdpipe/exec/cpu/run.hpp"
+#include "tdpipe/exec/interpreter.hpp"
+#include "tdpipe/ir/replay.hpp"
+#include "tdpipe/ir/scenario_io.hpp"
+#include "tdpipe/planner/build_plan.hpp"
+
+using namespace tdpipe;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Produces and consumes 1-element tensors and does no math: what remains of an
+// iteration is the interpreter's and the transport's cost.
+class NullCompute final : public exec::Compute {
+ public:
+  explicit NullCompute(int virtual_stages) : last_(virtual_stages - 1) {}
+  void begin_step(int) override {}
+  exec::Buffer run(const exec::ComputeOp& op, exec::Buffer) override {
+    const bool out = (op.kind == ir::OpKind::F && op.stage < last_) ||
+                     ((op.kind == ir::OpKind::B || op.kind == ir::OpKind::BW) && op.stage > 0);
+    return out ? exec::cpu::host_buffer(1) : exec::Buffer{};
+  }
+  exec::Buffer allocate(const exec::TensorKey&) override { return exec::cpu::host_buffer(1); }
+  exec::Buffer grad_bucket(int, int, int) override { return exec::cpu::host_buffer(1); }
+  double end_step() override { return 0; }
+
+ private:
+  int last_;
+};
+
+void bench_overhead(const ir::Scenario& base, const std::string& schedule, int p, int m) {
+  ir::Scenario sc = base;
+  sc.parallel.pipeline = p;
+  sc.parallel.global_batch = m * sc.parallel.micro_batch;
+  sc.model.layers = 8;
+  const auto built = planner::build_plan(sc, schedule, 0);
+  const ir::Plan& plan = built.lowered;
+  std::size_t ops = 0;
+  for (const auto& r : plan.ranks) ops = std::max(ops, r.size());
+  exec::RunControl control;
+  exec::cpu::CpuFabric fabric(control);
+  exec::cpu::CpuClock clock(std::chrono::steady_clock::now());
+  std::vector<std::unique_ptr<NullCompute>> computes;
+  std::vector<std::unique_ptr<exec::cpu::CpuTransport>> transports;
+  for (int r = 0; r < p; ++r) {
+    computes.push_back(std::make_unique<NullCompute>(plan.virtual_stages()));
+    transports.push_back(std::make_unique<exec::cpu::CpuTransport>(fabric, 0, r, p, 1));
+  }
+  std::vector<double> iters;
+  for (int step = 0; step < 30; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < p; ++r)
+      threads.emplace_back([&, r] {
+        exec::Backend b{computes[r].get(), transports[r].get(), &clock};
+        exec::run_rank_step(plan, r, r, step, b, control);
+      });
+    for (auto& t : threads) t.join();
+    iters.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  const double it = median(iters);
+  fmt::print("  {:<12} p={} m={:<3} ops/rank {:>4}  iteration {:8.3f} ms  per op {:6.2f} us\n", schedule, p, m,
+             ops, it * 1e3, it / static_cast<double>(ops) * 1e6);
+}
+
+void bench_iteration(const ir::Scenario& sc, const std::string& schedule, int slices) {
+  const auto built = planner::build_plan(sc, schedule, slices);
+  const ir::Plan& plan = built.lowered;
+  exec::cpu::CpuRunOptions opt;
+  opt.train.steps = 8;
+  opt.keep_step_traces = true;
+  const auto r = exec::cpu::run_cpu(plan, opt);
+  std::vector<double> ratio, measured, implied;
+  for (int step = 2; step < opt.train.steps; ++step) {
+    const traces::Trace& t = r.step_traces[static_cast<std::size_t>(step)];
+    // Measured duration of each compute op, by (rank, kind, mb, chunk, slice).
+    std::map<std::tuple<int, int, int, int, int>, std::int64_t> dur;
+    std::int64_t end = 0;
+    for (const auto& e : t.events) {
+      end = std::max(end, e.end_ns());
+      if (e.kind && ir::is_compute(*e.kind))
+        dur[{e.rank, static_cast<int>(*e.kind), e.mb, e.chunk, e.slice}] = e.dur_ns;
+    }
+    const auto rep = ir::replay(plan, [&](const ir::Op& op, int rank) -> std::int64_t {
+      if (!ir::is_compute(op.kind)) return 0;
+      auto it = dur.find({rank, static_cast<int>(op.kind), op.mb, op.chunk, op.slice});
+      return it == dur.end() ? 0 : it->second;
+    });
+    measured.push_back(static_cast<double>(end) * 1e-9);
+    implied.push_back(static_cast<double>(rep.makespan_ns) * 1e-9);
+    ratio.push_back(static_cast<double>(end) / static_cast<double>(rep.makespan_ns));
+  }
+  fmt::print("  {:<12} S={}  measured {:8.3f} ms  ops+bubble {:8.3f} ms  overhead {:+6.1f} %\n", schedule,
+             plan.slices, median(measured) * 1e3, median(implied) * 1e3, (median(ratio) - 1) * 100);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string root = argc > 1 ? argv[1] : TDPIPE_SOURCE_DIR;
+  const ir::Scenario sc = ir::load_scenario(root + "/scenarios/tiny-gpt-cpu.yaml");
+  double load = 0;
+  if (std::ifstream in("/proc/loadavg"); in) in >> load;
+  fmt::print("bench_exec: {} hardware threads, load average {:.2f}\n", std::thread::hardware_concurrency(), load);
+  fmt::print("(1) runtime overhead per op (compute does nothing; interpreter + rendezvous transport)\n");
+  for (const char* s : {"1f1b", "zb-h1", "interleaved"}) {
+    try {
+      bench_overhead(sc, s, 2, 16);
+      bench_overhead(sc, s, 4, 32);
+    } catch (const std::exception& e) {
+      fmt::print("  {:<12} skipped: {}\n", s, e.what());
+    }
+  }
+  fmt::print("(2) tiny-gpt-cpu: measured iteration vs sum of op times + inherent bubble (ir::replay of "
+             "the measured op durations, free communication); median of steps 2-7\n");
+  for (auto [s, S] : std::vector<std::pair<const char*, int>>{
+           {"gpipe", 1}, {"1f1b", 1}, {"interleaved", 1}, {"zb-h1", 1}, {"zb-h2", 1}, {"zb-v", 1},
+           {"tdpipe", 2}, {"tdpipe", 4}}) {
+    try {
+      bench_iteration(sc, s, S);
+    } catch (const std::exception& e) {
+      fmt::print("  {:<12} S={} skipped: {}\n", s, S, std::string(e.what()).substr(0, 100));
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,163 @@
+// bench_planner.cpp — prints how long planning takes and how much memory it needs
+// (make_schedule + lower + validate for p=64, m=1024, v=4 interleaved), and the
+// analytic evaluator's throughput in ops/s on large plans. Figures, no pass/fail.
+//
+//   build/<dir>/bench/bench_planner            (docs/BENCHMARKS.md records a run)
+#include <algorithm>
+#include <ctime>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tdpipe/ir/lowering.hpp"
+#include "tdpipe/ir/replay.hpp"
+#include "tdpipe/ir/validate.hpp"
+#include "tdpipe/planner/evaluator.hpp"
+#include "tdpipe/planner/generators.hpp"
+
+using namespace tdpipe;
+namespace {
+
+/// Process CPU seconds: the build machine is shared, so wall time mostly measures the
+/// neighbours; the program is single-threaded, so CPU time is its own run time.
+struct Clock {
+  using time_point = double;
+  static double now() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  }
+};
+
+double since(double t0) { return Clock::now() - t0; }
+
+/// Peak resident set (VmHWM) or current (VmRSS) of this process, MiB.
+double rss_mib(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field, 0) == 0) return std::stod(line.substr(std::string(field).size())) / 1024.0;
+  return -1;
+}
+
+std::size_t count_ops(const ir::Plan& plan) {
+  std::size_t n = 0;
+  for (const auto& ops : plan.ranks) n += ops.size();
+  return n;
+}
+
+/// GPT-3-like synthetic costs (the README's synthetic scenario: F 18.5 µs, B 18.1 µs, W 9.3 µs, 0.6 µs p2p).
+void add_costs(ir::Plan& plan) {
+  ir::Synthetic syn;
+  syn.stages = plan.stages;
+  syn.microbatches = plan.microbatches;
+  syn.chunks = plan.chunks;
+  syn.f_seconds = 18522e-9;
+  syn.b_seconds = 18086e-9;
+  syn.w_seconds = 9337e-9;
+  syn.p2p_latency_seconds = 601e-9;
+  plan.scenario.name = "bench-synthetic";
+  plan.scenario.synthetic = syn;
+  for (auto& ops : plan.ranks)
+    for (ir::Op& op : ops) {
+      switch (op.kind) {
+        case ir::OpKind::F: op.est_seconds = syn.f_seconds; op.mem_bytes = 1; break;
+        case ir::OpKind::B: op.est_seconds = syn.b_seconds; op.mem_bytes = -1; break;
+        case ir::OpKind::W: op.est_seconds = syn.w_seconds; break;
+        case ir::OpKind::BW: op.est_seconds = syn.b_seconds + syn.w_seconds; op.mem_bytes = -1; break;
+        default: break;
+      }
+    }
+}
+
+ir::LoweringOptions options() {
+  ir::LoweringOptions opt;
+  opt.p2p_bytes = [](const ir::Op&) -> std::int64_t { return 25'165'824; };  // b·s·h·2 of GPT-3 / t
+  opt.grad_bytes = [](int, int) -> std::int64_t { return 0; };
+  return opt;
+}
+
+/// Best of `reps` runs of the replay and of evaluate() on one plan.
+void throughput(const char* label, const ir::Plan& plan, int reps) {
+  const ir::DurationFn d = planner::analytic_durations(plan);
+  const double ops = static_cast<double>(count_ops(plan));
+  double best_replay = 1e30, best_eval = 1e30;
+  std::int64_t makespan = 0;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    const ir::ReplayResult r = ir::replay(plan, d);
+    best_replay = std::min(best_replay, since(t0));
+    makespan = r.makespan_ns;
+    t0 = Clock::now();
+    const traces::Trace trace = planner::evaluate(plan);
+    best_eval = std::min(best_eval, since(t0));
+  }
+  std::printf("  %-44s %9.0f ops  replay %7.1f ms = %6.1f M ops/s   evaluate()+trace %7.1f ms = %6.1f M ops/s"
+              "   (iteration %.3f s)\n",
+              label, ops, best_replay * 1e3, ops / best_replay / 1e6, best_eval * 1e3, ops / best_eval / 1e6,
+              static_cast<double>(makespan) * 1e-9);
+}
+
+ir::Plan make(const char* name, int p, int m, int v) {
+  planner::ScheduleParams sp;
+  sp.stages = p;
+  sp.microbatches = m;
+  sp.chunks = v;
+  ir::Plan plan = planner::make_schedule(name, sp);
+  add_costs(plan);
+  return plan;
+}
+
+}  // namespace
+
+int main() {
+  std::printf("bench_planner — planner and analytic evaluator (times are process CPU time)\n\n");
+  std::printf("Planning interleaved p=64 m=1024 v=4 (make_schedule + lower + validate):\n");
+  const double rss0 = rss_mib("VmRSS:");
+  auto t0 = Clock::now();
+  ir::Plan compute = make("interleaved", 64, 1024, 4);
+  const double t_make = since(t0);
+  t0 = Clock::now();
+  const ir::ValidationReport rep0 = ir::validate(compute);
+  const double t_validate0 = since(t0);
+  t0 = Clock::now();
+  ir::Plan lowered = ir::lower(compute, options());
+  const double t_lower = since(t0);
+  t0 = Clock::now();
+  const ir::ValidationReport rep = ir::validate(lowered);
+  const double t_validate = since(t0);
+  const double peak = rss_mib("VmHWM:");
+  std::printf("  make_schedule      %8.1f ms   %zu compute ops\n", t_make * 1e3, count_ops(compute));
+  std::printf("  validate (compute) %8.1f ms   peak in-flight rank 0: %d\n", t_validate0 * 1e3,
+              rep0.ranks[0].peak_inflight);
+  std::printf("  lower              %8.1f ms   %zu ops after lowering\n", t_lower * 1e3, count_ops(lowered));
+  std::printf("  validate (lowered) %8.1f ms\n", t_validate * 1e3);
+  std::printf("  total              %8.1f ms   (make + lower + validate lowered: %.1f ms)\n",
+              (t_make + t_validate0 + t_lower + t_validate) * 1e3, (t_make + t_lower + t_validate) * 1e3);
+  std::printf("  memory             peak RSS %.1f MiB (%.1f MiB before planning; the lowered plan alone holds\n"
+              "                     %zu ops × %zu-byte ir::Op plus deps)\n",
+              peak, rss0, count_ops(lowered), sizeof(ir::Op));
+  compute = ir::Plan{};
+
+  std::printf("\nEvaluator throughput (best of 3; replay = ir::replay with analytic durations):\n");
+  throughput("interleaved p=64 m=1024 v=4, lowered", lowered, 3);
+  lowered = ir::Plan{};
+  {
+    const ir::Plan plan = make("interleaved", 64, 1024, 4);
+    throughput("interleaved p=64 m=1024 v=4, compute-only", plan, 3);
+  }
+  {
+    const ir::Plan plan = ir::lower(make("1f1b", 64, 1024, 1), options());
+    throughput("1f1b p=64 m=1024, lowered", plan, 3);
+  }
+  {
+    const ir::Plan plan = ir::lower(make("zb-v", 64, 1024, 2), options());
+    throughput("zb-v p=64 m=1024, lowered", plan, 3);
+  }
+  {
+    const ir::Plan plan = ir::lower(make("zb-h1", 64, 1024, 1), options());
+    throughput("zb-h1 p=64 m=1024, lowered", plan, 3);
+  }
+  return 0;
+}

@@ -1,0 +1,106 @@
+// bench_sim.cpp — SimGrid engine speed at scale: GPT-3 175B, t=8 p=8 1F1B, m=64 per
+// pipeline, at d = 1, 16, 160 (64, 1,024, 10,240 GPUs). For each size: wall time and
+// peak RSS of one simulated iteration with the reductions (Fidelity::Reduced) and in
+// the plain mode (one actor set per GPU, every flow simulated), the speed ratio and the
+// iteration-time difference. Prints figures; never pass/fail.
+//
+//   bench_sim [--data 1,16,160] [--plain-max-data N] [--microbatches M]
+//
+// DP buckets follow Megatron-core's default: max(40 M, 1 M · d) parameters of bf16
+// gradients, so the plain mode's ring-step flow count stays what Megatron would post.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tdpipe/ir/lowering.hpp"
+#include "tdpipe/ir/scenario_io.hpp"
+#include "tdpipe/planner/cost_model.hpp"
+#include "tdpipe/planner/generators.hpp"
+#include "tdpipe/sim/simulate.hpp"
+
+using namespace tdpipe;
+
+namespace {
+
+std::vector<int> parse_list(const char* s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(std::atoi(item.c_str()));
+  return out;
+}
+
+ir::Plan gpt3_plan(int data, int microbatches) {
+  auto sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/gpt3-175b-a100-8x8.yaml");
+  sc.cluster.groups.front().nodes = 8 * data;
+  sc.parallel.data = data;
+  sc.parallel.global_batch = microbatches * data;
+  planner::ScheduleParams params;
+  params.stages = 8;
+  params.microbatches = microbatches;
+  ir::Plan plan = planner::make_schedule("1f1b", params);
+  plan.data = data;
+  plan.scenario = sc;
+  planner::apply_costs(plan, sc);
+  ir::LoweringOptions lo = planner::lowering_options(plan, sc);
+  lo.bucket_bytes = std::max<std::int64_t>(40'000'000, 1'000'000LL * data) * 2;
+  return ir::lower(plan, lo);
+}
+
+struct Run {
+  double wall = 0, engine_wall = 0, rss_gb = 0, iteration = 0;
+  std::int64_t actors = 0, flows = 0;
+};
+
+Run run(const ir::Plan& plan, sim::Fidelity fidelity) {
+  sim::SimOptions opt;
+  opt.fidelity = fidelity;
+  opt.collective = sim::CollectiveAlgorithm::Ring;  // the plain mode simulates ring steps
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto res = sim::simulate(plan, opt);
+  Run r;
+  r.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.engine_wall = res.engine_wall_seconds;
+  r.rss_gb = static_cast<double>(res.engine_peak_rss_bytes) / 1e9;
+  r.iteration = res.iteration_seconds;
+  r.actors = res.actors;
+  r.flows = res.flows;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> datas = {1, 16, 160};
+  int plain_max = 1 << 30;
+  int microbatches = 64;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--data")) datas = parse_list(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--plain-max-data")) plain_max = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--microbatches")) microbatches = std::atoi(argv[i + 1]);
+  }
+  std::printf("GPT-3 175B, t=8 p=8, 1F1B, m=%d per pipeline, ring all-reduce, one iteration\n", microbatches);
+  std::printf("%6s %4s | %9s %9s %8s %7s %9s | %9s %9s %8s %9s %10s | %7s %9s\n", "GPUs", "d", "red.wall",
+              "red.eng", "red.RSS", "actors", "flows", "plain.wall", "plain.eng", "plain.RSS", "actors",
+              "flows", "speedup", "iter.diff");
+  for (int d : datas) {
+    const ir::Plan plan = gpt3_plan(d, microbatches);
+    const Run red = run(plan, sim::Fidelity::Reduced);
+    std::printf("%6d %4d | %8.3fs %8.3fs %6.3fGB %7lld %9lld |", 64 * d, d, red.wall, red.engine_wall, red.rss_gb,
+                static_cast<long long>(red.actors), static_cast<long long>(red.flows));
+    if (d <= plain_max) {
+      const Run pl = run(plan, sim::Fidelity::Plain);
+      std::printf(" %8.3fs %8.3fs %6.3fGB %9lld %10lld | %6.1fx %+8.4f%%\n", pl.wall, pl.engine_wall, pl.rss_gb,
+                  static_cast<long long>(pl.actors), static_cast<long long>(pl.flows), pl.wall / red.wall,
+                  100.0 * (red.iteration / pl.iteration - 1));
+    } else {
+      std::printf(" %9s %9s %8s %9s %10s | %7s %9s\n", "-", "-", "-", "-", "-", "-", "-");
+    }
+    std::printf("         iteration: reduced %.6f s%s\n", red.iteration, d <= plain_max ? "" : " (plain skipped)");
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,201 @@
+// calibrate_cuda.cpp — GPU profile for the simulator, loopback transport
+// micro-benchmarks, and one decoder block's F/B/W timing.
+#include "tdpipe/exec/cuda/calibrate.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "check.hpp"
+#include "cuda_compute.hpp"
+#include "device_context.hpp"
+#include "device_memory.hpp"
+#include "gpt_cuda.hpp"
+#include "loopback_transport.hpp"
+#include "tdpipe/exec/cpu/calibrate.hpp"
+#include "tdpipe/exec/cuda/run.hpp"
+#include "tdpipe/ir/error.hpp"
+
+namespace tdpipe::exec::cuda {
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Median seconds of a SEND/RECV pair of `bytes` between two rank threads over the
+// loopback transport (what a pipeline SEND costs in a loopback run).
+double loopback_p2p_seconds(int device, std::int64_t bytes, int repeats) {
+  RunControl control;
+  LoopbackFabric fabric(control);
+  DeviceContext a(device), b(device);
+  LoopbackTransport ta(fabric, a, 0, 0, 2, 1), tb(fabric, b, 0, 1, 2, 1);
+  const std::int64_t elements = std::max<std::int64_t>(1, bytes / 4);
+  Buffer src = device_buffer(elements, a.p2p()), dst = device_buffer(elements, b.p2p());
+  TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> samples;
+  std::thread receiver([&] {
+    b.bind();
+    for (int i = 0; i < repeats; ++i) {
+      P2POp op{ir::OpKind::RECV, 0, TensorKey{ir::OpKind::F, 0, i, 0}, dst, "RECV"};
+      tb.post(std::span<P2POp>(&op, 1));
+    }
+  });
+  a.bind();
+  for (int i = 0; i < repeats; ++i) {
+    P2POp op{ir::OpKind::SEND, 1, TensorKey{ir::OpKind::F, 0, i, 0}, src, "SEND"};
+    const auto t0 = std::chrono::steady_clock::now();
+    ta.post(std::span<P2POp>(&op, 1));
+    samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  receiver.join();
+  return median(samples);
+}
+
+double loopback_allreduce_seconds(int device, std::int64_t bytes, int repeats) {
+  RunControl control;
+  LoopbackFabric fabric(control);
+  DeviceContext a(device), b(device);
+  LoopbackTransport ta(fabric, a, 0, 0, 1, 2), tb(fabric, b, 1, 0, 1, 2);
+  const std::int64_t elements = std::max<std::int64_t>(1, bytes / 4);
+  Buffer x = device_buffer(elements, a.dp()), y = device_buffer(elements, b.dp());
+  TDPIPE_CUDA_CHECK(cudaMemsetAsync(x.data.get(), 0, static_cast<std::size_t>(elements) * 4, a.dp()));
+  TDPIPE_CUDA_CHECK(cudaMemsetAsync(y.data.get(), 0, static_cast<std::size_t>(elements) * 4, b.dp()));
+  TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> samples;
+  std::thread other([&] {
+    b.bind();
+    for (int i = 0; i < repeats; ++i) tb.all_reduce(y, 0);
+  });
+  a.bind();
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ta.all_reduce(x, 0);
+    samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  other.join();
+  return median(samples);
+}
+
+}  // namespace
+
+traces::Profile calibrate(const ir::Plan& plan, const CudaCalibrateOptions& options) {
+  CudaRunOptions run;
+  run.train = options.train;
+  run.train.steps = options.warmup_steps + options.steps;
+  run.transport = TransportKind::Loopback;
+  run.keep_step_traces = true;
+  run.device = options.device;
+  const CudaRunResult r = run_cuda(plan, run);
+  const std::vector<traces::Trace> measured(r.run.step_traces.begin() + options.warmup_steps,
+                                            r.run.step_traces.end());
+  traces::Profile prof;
+  prof.scenario = plan.scenario.name;
+  prof.stages = plan.stages;
+  prof.ops = cpu::profile_ops(plan, measured);
+  const int device = options.device >= 0 ? options.device : 0;
+  const std::int64_t small = 8, large = 64 << 20;
+  const int reps = std::max(10, options.transport_repeats);
+  const double t_small = loopback_p2p_seconds(device, small, reps);
+  const double t_large = loopback_p2p_seconds(device, large, std::max(10, reps / 10));
+  prof.p2p.latency_seconds = t_small;
+  prof.p2p.bytes_per_second = t_large > t_small ? static_cast<double>(large - small) / (t_large - t_small) : 0;
+  const double a_small = loopback_allreduce_seconds(device, 16, reps);
+  const double a_large = loopback_allreduce_seconds(device, large, std::max(10, reps / 10));
+  prof.collective.latency_seconds = a_small;
+  prof.collective.bytes_per_second =
+      a_large > a_small ? static_cast<double>(large - 16) / (a_large - a_small) : 0;
+  const int ranks = plan.num_ranks() * std::max(1, plan.data);
+  prof.platform.backend = "cuda";
+  prof.platform.device = r.device_name;
+  prof.platform.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  prof.platform.ranks = ranks;
+  prof.platform.threads_per_rank = 1;
+  std::ostringstream desc;
+  desc << ranks << " pipeline ranks sharing one " << r.device_name
+       << " over the loopback transport (each rank its own streams); op times measured with CUDA events "
+          "inside the running schedule, so they include the sharing of the GPU";
+  prof.platform.description = desc.str();
+  std::vector<double> iters(r.run.iteration_seconds.begin() + options.warmup_steps, r.run.iteration_seconds.end());
+  std::ostringstream it;
+  it.precision(9);
+  it << median(iters);
+  prof.metadata["schedule"] = plan.schedule;
+  prof.metadata["chunks"] = std::to_string(plan.chunks);
+  prof.metadata["slices"] = std::to_string(plan.slices);
+  prof.metadata["data"] = std::to_string(plan.data);
+  prof.metadata["measured_steps"] = std::to_string(options.steps);
+  prof.metadata["median_iteration_seconds"] = it.str();
+  prof.metadata["dtype"] = "bf16 GEMMs, fp32 accumulation";
+  prof.metadata["transport"] = "loopback";
+  return prof;
+}
+
+LayerTiming time_layer(const LayerShape& shape, int warmup, int iters, int device) {
+  if (shape.hidden % shape.heads != 0)
+    throw Error("layer shape: hidden " + std::to_string(shape.hidden) + " is not a multiple of heads " +
+                std::to_string(shape.heads));
+  const GpuInfo gpus = query_gpus();
+  if (gpus.count <= device)
+    throw Error("time_layer: no CUDA GPU " + std::to_string(device) + " (" +
+                (gpus.why_none.empty() ? "not enough devices" : gpus.why_none) + ")");
+  DeviceContext ctx(device);
+  keep_pool_memory(device);
+  cpu::GptConfig c;
+  c.layers = 3;  // stage 1 of 3 holds exactly block 1: no embedding, no head
+  c.hidden = shape.hidden;
+  c.heads = shape.heads;
+  c.ffn = shape.ffn;
+  c.seq = shape.seq;
+  c.vocab = 64;
+  c.micro_batch = shape.micro_batch;
+  GptStageCuda stage(c, 1, 3, ctx.compute(), ctx.cublas());
+  const std::int64_t n = std::int64_t(shape.micro_batch) * shape.seq * shape.hidden;
+  // Random activations: all-zero data would run the tensor cores at lower power.
+  std::vector<float> host(static_cast<std::size_t>(n));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (auto& v : host) v = dist(rng);
+  DeviceMemory x(static_cast<std::size_t>(n) * 4, ctx.compute()), dy(static_cast<std::size_t>(n) * 4, ctx.compute()),
+      y(static_cast<std::size_t>(n) * 4, ctx.compute()), dx(static_cast<std::size_t>(n) * 4, ctx.compute());
+  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(x.get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice, ctx.compute()));
+  for (auto& v : host) v *= 1e-3f;
+  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(dy.get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice, ctx.compute()));
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
+  cudaEvent_t ev[4];
+  for (auto& e : ev) TDPIPE_CUDA_CHECK(cudaEventCreate(&e));
+  std::vector<double> f, b, w;
+  for (int i = 0; i < warmup + iters; ++i) {
+    stage.begin_step();
+    TDPIPE_CUDA_CHECK(cudaEventRecord(ev[0], ctx.compute()));
+    stage.forward(0, 0, 0, shape.seq, x.as<float>(), y.as<float>(), nullptr, nullptr, 1.f, nullptr);
+    TDPIPE_CUDA_CHECK(cudaEventRecord(ev[1], ctx.compute()));
+    stage.backward_input(0, 0, dy.as<float>(), dx.as<float>());
+    TDPIPE_CUDA_CHECK(cudaEventRecord(ev[2], ctx.compute()));
+    stage.backward_weight(0, 0);
+    TDPIPE_CUDA_CHECK(cudaEventRecord(ev[3], ctx.compute()));
+    TDPIPE_CUDA_CHECK(cudaEventSynchronize(ev[3]));
+    if (i < warmup) continue;
+    float ms[3];
+    for (int k = 0; k < 3; ++k) TDPIPE_CUDA_CHECK(cudaEventElapsedTime(&ms[k], ev[k], ev[k + 1]));
+    f.push_back(ms[0] * 1e-3);
+    b.push_back(ms[1] * 1e-3);
+    w.push_back(ms[2] * 1e-3);
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  LayerTiming t;
+  t.f_seconds = median(f);
+  t.b_seconds = median(b);
+  t.w_seconds = median(w);
+  t.samples = iters;
+  t.device = gpus.name;
+  return t;
+}
+
+}  // namespace tdpipe::exec::cuda

@@ -1,0 +1,188 @@
+// cuda_compute.cpp — CudaCompute (GptStageCuda per chunk) and CudaClock (CUDA events).
+#include "cuda_compute.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "check.hpp"
+#include "nvtx.hpp"
+#include "tdpipe/exec/cuda/timeline.hpp"
+#include "tdpipe/ir/error.hpp"
+
+namespace tdpipe::exec::cuda {
+
+CudaCompute::CudaCompute(const cpu::GptConfig& config, const ir::Plan& plan, int rank, int replica,
+                         const cpu::Corpus& corpus, const cpu::TrainOptions& options, const DeviceContext& ctx,
+                         RunControl* control)
+    : config_(config),
+      corpus_(&corpus),
+      options_(options),
+      ctx_(&ctx),
+      control_(control),
+      rank_(rank),
+      replica_(replica),
+      microbatches_(plan.microbatches),
+      offsets_(cpu::slice_offsets(plan, config.seq)) {
+  if (corpus.vocab() > config.vocab)
+    throw Error("model.vocab = " + std::to_string(config.vocab) + " is smaller than the corpus's " +
+                std::to_string(corpus.vocab()) + " characters");
+  loss_scale_ = static_cast<float>(
+      1.0 / (static_cast<double>(plan.data) * plan.microbatches * config.micro_batch * config.seq));
+  ctx.bind();
+  for (int stage : plan.stage_of.at(static_cast<std::size_t>(rank)))
+    stages_.emplace_back(config_, stage, plan.virtual_stages(), ctx.compute(), ctx.cublas());
+  loss_ = DeviceMemory(sizeof(double), ctx.compute(), true);
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
+}
+
+CudaCompute::~CudaCompute() {
+  cudaSetDevice(ctx_->device());
+  cudaStreamSynchronize(ctx_->compute());
+}
+
+const CudaCompute::DeviceBatch& CudaCompute::micro_batch(int mb) {
+  auto it = batches_.find(mb);
+  if (it != batches_.end()) return it->second;
+  cpu::MicroBatch host = cpu::load_micro_batch(*corpus_, options_.data_seed, step_, replica_, microbatches_, mb,
+                                               config_.micro_batch, config_.seq);
+  std::vector<int> tokens, targets;
+  for (const auto& row : host.tokens) tokens.insert(tokens.end(), row.begin(), row.begin() + config_.seq);
+  for (const auto& row : host.targets) targets.insert(targets.end(), row.begin(), row.begin() + config_.seq);
+  for (int t : tokens)
+    if (t < 0 || t >= config_.vocab)
+      throw Error("token id " + std::to_string(t) + " outside the vocabulary of " + std::to_string(config_.vocab));
+  DeviceBatch b;
+  b.tokens = DeviceMemory(tokens.size() * sizeof(int), ctx_->compute());
+  b.targets = DeviceMemory(targets.size() * sizeof(int), ctx_->compute());
+  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(b.tokens.get(), tokens.data(), tokens.size() * sizeof(int),
+                                    cudaMemcpyHostToDevice, ctx_->compute()));
+  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(b.targets.get(), targets.data(), targets.size() * sizeof(int),
+                                    cudaMemcpyHostToDevice, ctx_->compute()));
+  // The host vectors die here: the copies must be done first.
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->compute()));
+  return batches_.emplace(mb, std::move(b)).first->second;
+}
+
+void CudaCompute::begin_step(int step) {
+  ctx_->bind();
+  step_ = step;
+  batches_.clear();
+  TDPIPE_CUDA_CHECK(cudaMemsetAsync(loss_.get(), 0, sizeof(double), ctx_->compute()));
+  for (auto& s : stages_) s.begin_step();
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->compute()));
+}
+
+double CudaCompute::end_step() {
+  ctx_->bind();
+  double loss = 0;
+  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(&loss, loss_.get(), sizeof(double), cudaMemcpyDeviceToHost, ctx_->compute()));
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->compute()));
+  return loss;
+}
+
+Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
+  ctx_->bind();
+  ir::Op named;
+  named.kind = op.kind;
+  named.mb = op.mb;
+  named.chunk = op.chunk;
+  named.slice = op.slice;
+  NvtxRange range("r" + std::to_string(rank_) + " " + trace_name(named));
+  cudaStream_t stream = ctx_->compute();
+  if (op.kind == ir::OpKind::OPT) {
+    for (auto& s : stages_) s.adam(options_.adam, step_ + 1);
+    wait_stream(stream, control_);
+    return {};
+  }
+  if (op.chunk < 0 || op.chunk >= chunks())
+    throw Error("chunk " + std::to_string(op.chunk) + " out of range (this rank has " + std::to_string(chunks()) + ")");
+  if (op.slice < 0 || op.slice + 1 >= static_cast<int>(offsets_.size()))
+    throw Error("slice " + std::to_string(op.slice) + " out of range (the plan has " +
+                std::to_string(offsets_.size() - 1) + ")");
+  if (op.mb < 0 || op.mb >= microbatches_)
+    throw Error("micro-batch " + std::to_string(op.mb) + " out of range (m = " + std::to_string(microbatches_) + ")");
+  GptStageCuda& st = chunk_stage(op.chunk);
+  const int t0 = offsets_[static_cast<std::size_t>(op.slice)];
+  const int t1 = offsets_[static_cast<std::size_t>(op.slice) + 1];
+  const std::int64_t elements = std::int64_t(config_.micro_batch) * (t1 - t0) * config_.hidden;
+  auto check_input = [&](const char* what) {
+    if (input.empty() || input.elements != elements || input.dtype != DType::F32)
+      throw Error(std::string(what) + " of " + trace_name(named) + ": got a buffer of " +
+                  std::to_string(input.elements) + " elements, expected " + std::to_string(elements) +
+                  " floats on the GPU");
+  };
+  Buffer out;
+  switch (op.kind) {
+    case ir::OpKind::F: {
+      const DeviceBatch* data = (st.is_first() || st.is_last()) ? &micro_batch(op.mb) : nullptr;
+      if (!st.is_first()) check_input("input");
+      if (!st.is_last()) out = device_buffer(elements, stream);
+      st.forward(op.mb, op.slice, t0, t1, st.is_first() ? nullptr : input.as<float>(),
+                 st.is_last() ? nullptr : out.as<float>(), data ? data->tokens.as<int>() : nullptr,
+                 data ? data->targets.as<int>() : nullptr, loss_scale_, loss_.as<double>());
+      break;
+    }
+    case ir::OpKind::B:
+    case ir::OpKind::BW: {
+      if (!st.is_last()) check_input("gradient");
+      if (!st.is_first()) out = device_buffer(elements, stream);
+      st.backward_input(op.mb, op.slice, st.is_last() ? nullptr : input.as<float>(),
+                        st.is_first() ? nullptr : out.as<float>());
+      if (op.kind == ir::OpKind::BW) st.backward_weight(op.mb, op.slice);
+      break;
+    }
+    case ir::OpKind::W:
+      st.backward_weight(op.mb, op.slice);
+      break;
+    default:
+      throw Error(std::string(ir::to_string(op.kind)) + " is not a compute op");
+  }
+  wait_stream(stream, control_);
+  return out;
+}
+
+Buffer CudaCompute::allocate(const TensorKey& key) {
+  ctx_->bind();
+  if (key.slice < 0 || key.slice + 1 >= static_cast<int>(offsets_.size()))
+    throw Error("RECV of slice " + std::to_string(key.slice) + ": the plan has " +
+                std::to_string(offsets_.size() - 1) + " slices");
+  const int tokens = offsets_[static_cast<std::size_t>(key.slice) + 1] - offsets_[static_cast<std::size_t>(key.slice)];
+  Buffer b = device_buffer(std::int64_t(config_.micro_batch) * tokens * config_.hidden, ctx_->p2p());
+  // The RECV is posted on the p2p stream too, after this allocation: ordered.
+  return b;
+}
+
+Buffer CudaCompute::grad_bucket(int chunk, int index, int count) {
+  if (chunk < 0 || chunk >= chunks() || count < 1 || index < 0 || index >= count)
+    throw Error("gradient bucket " + std::to_string(index) + " of " + std::to_string(count) + " of chunk " +
+                std::to_string(chunk) + ": out of range");
+  GptStageCuda& st = chunk_stage(chunk);
+  const std::int64_t n = st.parameter_count();
+  const std::int64_t begin = n * index / count, end = n * (index + 1) / count;
+  Buffer b;
+  // A view of the stage's gradients: valid until end_step (Compute::grad_bucket).
+  b.data = std::shared_ptr<void>(st.grads() + begin, [](void*) {});
+  b.elements = end - begin;
+  b.dtype = DType::F32;
+  return b;
+}
+
+std::int64_t CudaClock::now_ns(ir::Stream stream) {
+  ctx_->bind();
+  cudaEvent_t ev = nullptr;
+  TDPIPE_CUDA_CHECK(cudaEventCreate(&ev));
+  float ms = 0;
+  try {
+    // Recorded behind the stream's work: the time the GPU reaches this point.
+    TDPIPE_CUDA_CHECK(cudaEventRecord(ev, ctx_->stream(stream)));
+    TDPIPE_CUDA_CHECK(cudaEventSynchronize(ev));
+    TDPIPE_CUDA_CHECK(cudaEventElapsedTime(&ms, origin_, ev));
+  } catch (...) {
+    cudaEventDestroy(ev);
+    throw;
+  }
+  cudaEventDestroy(ev);
+  return std::llround(static_cast<double>(ms) * 1e6);
+}
+
+}  // namespace tdpipe::exec::cuda

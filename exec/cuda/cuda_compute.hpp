@@ -1,0 +1,70 @@
+// cuda_compute.hpp — internal to exec/cuda: Compute and Clock of one rank on its GPU.
+// CudaCompute mirrors cpu::CpuCompute (same data, slices, loss scale) over
+// GptStageCuda; every op runs on the rank's compute stream and is waited for
+// before run() returns, as backend.hpp requires. CudaClock timestamps with CUDA
+// events on the op's stream, relative to one origin event.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "device_context.hpp"
+#include "device_memory.hpp"
+#include "gpt_cuda.hpp"
+#include "tdpipe/exec/backend.hpp"
+#include "tdpipe/exec/cpu/backend.hpp"
+#include "tdpipe/exec/cpu/corpus.hpp"
+#include "tdpipe/ir/plan.hpp"
+
+namespace tdpipe::exec::cuda {
+
+class CudaCompute final : public Compute {
+ public:
+  CudaCompute(const cpu::GptConfig& config, const ir::Plan& plan, int rank, int replica,
+              const cpu::Corpus& corpus, const cpu::TrainOptions& options, const DeviceContext& ctx,
+              RunControl* control);
+  ~CudaCompute() override;
+
+  void begin_step(int step) override;
+  Buffer run(const ComputeOp& op, Buffer input) override;
+  Buffer allocate(const TensorKey& key) override;
+  Buffer grad_bucket(int chunk, int index, int count) override;
+  double end_step() override;
+
+  int chunks() const { return static_cast<int>(stages_.size()); }
+  GptStageCuda& chunk_stage(int chunk) { return stages_.at(static_cast<std::size_t>(chunk)); }
+
+ private:
+  struct DeviceBatch {
+    DeviceMemory tokens, targets;  // int32 b × seq
+  };
+  const DeviceBatch& micro_batch(int mb);
+
+  cpu::GptConfig config_;
+  const cpu::Corpus* corpus_;
+  cpu::TrainOptions options_;
+  const DeviceContext* ctx_;
+  RunControl* control_;
+  int rank_, replica_, microbatches_;
+  std::vector<int> offsets_;
+  float loss_scale_;
+  std::vector<GptStageCuda> stages_;
+  std::map<int, DeviceBatch> batches_;
+  DeviceMemory loss_;  // one double
+  int step_ = 0;
+};
+
+/// Event timestamps relative to an origin event; one per rank, sharing the origin
+/// with every rank on the same device (loopback) or recorded after a barrier (NCCL).
+class CudaClock final : public Clock {
+ public:
+  CudaClock(const DeviceContext& ctx, cudaEvent_t origin) : ctx_(&ctx), origin_(origin) {}
+  std::int64_t now_ns(ir::Stream stream) override;
+
+ private:
+  const DeviceContext* ctx_;
+  cudaEvent_t origin_;
+};
+
+}  // namespace tdpipe::exec::cuda

@@ -1,0 +1,62 @@
+// device_context.cpp — per-rank streams, cuBLAS handle, abortable waits.
+#include "device_context.hpp"
+
+#include <cstdio>
+
+#include "check.hpp"
+
+namespace tdpipe::exec::cuda {
+
+DeviceContext::DeviceContext(int device) : device_(device) {
+  TDPIPE_CUDA_CHECK(cudaSetDevice(device));
+  TDPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  TDPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&p2p_, cudaStreamNonBlocking));
+  TDPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&dp_, cudaStreamNonBlocking));
+  TDPIPE_CUBLAS_CHECK(cublasCreate(&cublas_));
+  TDPIPE_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
+}
+
+DeviceContext::~DeviceContext() {
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(compute_);
+  cudaStreamSynchronize(p2p_);
+  cudaStreamSynchronize(dp_);
+  if (cublas_) cublasDestroy(cublas_);
+  for (cudaStream_t s : {compute_, p2p_, dp_})
+    if (s) cudaStreamDestroy(s);
+}
+
+void DeviceContext::bind() const { TDPIPE_CUDA_CHECK(cudaSetDevice(device_)); }
+
+cudaStream_t DeviceContext::stream(ir::Stream s) const {
+  switch (s) {
+    case ir::Stream::Compute: return compute_;
+    case ir::Stream::P2P: return p2p_;
+    case ir::Stream::DP: return dp_;
+  }
+  return compute_;
+}
+
+namespace {
+template <class Query>
+void poll(Query query, RunControl* control) {
+  // Spin briefly (ops are often µs long), then back off to 50 µs sleeps.
+  for (int i = 0;; ++i) {
+    cudaError_t status = query();
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady) TDPIPE_CUDA_CHECK(status);
+    if (control != nullptr && control->failed()) throw Aborted{};
+    if (i > 2000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    else std::this_thread::yield();
+  }
+}
+}  // namespace
+
+void wait_stream(cudaStream_t stream, RunControl* control) {
+  poll([&] { return cudaStreamQuery(stream); }, control);
+}
+void wait_event(cudaEvent_t event, RunControl* control) {
+  poll([&] { return cudaEventQuery(event); }, control);
+}
+
+}  // namespace tdpipe::exec::cuda

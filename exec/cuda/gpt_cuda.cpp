@@ -1,0 +1,468 @@
+// gpt_cuda.cpp — forward, split backward (B / W) and Adam of one GPT virtual stage
+// on the GPU. Mirrors exec/src/cpu_gpt.cpp op for op; see gpt_cuda.hpp for the
+// precision choices.
+#include "gpt_cuda.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "check.hpp"
+#include "device_memory.hpp"
+#include "gemm.hpp"
+#include "kernels.cuh"
+#include "tdpipe/ir/error.hpp"
+
+namespace tdpipe::exec::cuda {
+
+namespace {
+
+using kernels::bf16;
+namespace k = kernels;
+
+struct Spec {
+  std::string name;
+  int rows = 0, cols = 0;
+  std::int64_t offset = 0;
+  std::int64_t size() const { return std::int64_t(rows) * cols; }
+};
+
+// Saved by F (and filled by B) for one block of one (mb, slice).
+struct BlockSaved {
+  DeviceMemory x, mean1, rstd1, h, q, p, a, x2, mean2, rstd2, h2, u, g;
+  DeviceMemory dz, du, dh2, dyattn, dqkv, dh;
+};
+struct HeadSaved {
+  DeviceMemory x, mean, rstd, hf, dlogits, dhf;
+};
+struct SliceSaved {
+  int t0 = 0, t1 = 0;
+  std::vector<BlockSaved> blocks;
+  HeadSaved head;
+  const int* tokens = nullptr;  // stage 0: the micro-batch's device ids (owned by the compute)
+  DeviceMemory dx0;             // stage 0: gradient at the embedding output
+  bool backward_done = false;
+};
+struct KvSaved {
+  DeviceMemory k, v, dk, dv;  // [b·H, seq, dh]; k, v bf16, gradients fp32
+};
+
+MatRef bf(const void* p, int ld, std::int64_t stride = 0) { return {p, CUDA_R_16BF, ld, stride}; }
+MatOut out_f32(void* p, int ld, std::int64_t stride = 0) { return {p, CUDA_R_32F, ld, stride}; }
+MatOut out_bf(void* p, int ld, std::int64_t stride = 0) { return {p, CUDA_R_16BF, ld, stride}; }
+
+}  // namespace
+
+std::int64_t stage_state_bytes(std::int64_t parameters) {
+  // master + grad + 2 Adam moments (fp32) + the bf16 copy.
+  return parameters * (4 * 4 + 2);
+}
+
+struct GptStageCuda::Impl {
+  cpu::GptConfig cfg;
+  int stage = 0, stages = 1, first_block = 0, last_block = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  std::vector<Spec> specs;
+  std::map<std::string, std::size_t> index;
+  std::int64_t total = 0;
+  DeviceMemory master, grad, m1, m2, wbf;
+  std::map<std::pair<int, int>, SliceSaved> slices;  // (mb, slice)
+  std::map<std::pair<int, int>, KvSaved> kv;         // (mb, block)
+
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+  std::string bname(int l, const char* p) const { return "block" + std::to_string(l) + "." + p; }
+  const Spec& spec(const std::string& name) const { return specs[index.at(name)]; }
+  float* P(const std::string& n) const { return master.as<float>() + spec(n).offset; }
+  float* G(const std::string& n) const { return grad.as<float>() + spec(n).offset; }
+  bf16* W(const std::string& n) const { return wbf.as<bf16>() + spec(n).offset; }
+
+  void add(const std::string& name, int rows, int cols) {
+    index[name] = specs.size();
+    specs.push_back({name, rows, cols, 0});
+  }
+  // The CPU model's parameter order (cpu_gpt.cpp, Impl::build); checked against it below.
+  void build_specs() {
+    const int H = cfg.hidden, F = cfg.ffn;
+    if (first()) {
+      add("embed.tok", cfg.vocab, H);
+      add("embed.pos", cfg.seq, H);
+    }
+    for (int l = first_block; l < last_block; ++l) {
+      add(bname(l, "ln1.g"), 1, H);
+      add(bname(l, "ln1.b"), 1, H);
+      add(bname(l, "wq"), H, H);
+      add(bname(l, "wk"), H, H);
+      add(bname(l, "wv"), H, H);
+      add(bname(l, "wo"), H, H);
+      add(bname(l, "bo"), 1, H);
+      add(bname(l, "ln2.g"), 1, H);
+      add(bname(l, "ln2.b"), 1, H);
+      add(bname(l, "w1"), H, F);
+      add(bname(l, "b1"), 1, F);
+      add(bname(l, "w2"), F, H);
+      add(bname(l, "b2"), 1, H);
+    }
+    if (last()) {
+      add("head.ln.g", 1, H);
+      add("head.ln.b", 1, H);
+      add("head.out", H, cfg.vocab);
+      add("head.bias", 1, cfg.vocab);
+    }
+    total = 0;
+    for (auto& s : specs) {
+      s.offset = total;
+      total += s.size();
+    }
+  }
+
+  KvSaved& kv_of(int mb, int l) {
+    auto [it, inserted] = kv.try_emplace({mb, l});
+    if (inserted) {
+      const std::size_t n = std::size_t(cfg.micro_batch) * cfg.seq * cfg.hidden;
+      it->second.k = DeviceMemory(n * sizeof(bf16), stream);
+      it->second.v = DeviceMemory(n * sizeof(bf16), stream);
+      it->second.dk = DeviceMemory(n * sizeof(float), stream, true);
+      it->second.dv = DeviceMemory(n * sizeof(float), stream, true);
+    }
+    return it->second;
+  }
+
+  // x (fp32 N×H, moved into the saved state) → returns the block's output (fp32 N×H).
+  DeviceMemory block_forward(int mb, int l, int t0, int t1, DeviceMemory x, BlockSaved& s) {
+    const int b = cfg.micro_batch, T = t1 - t0, H = cfg.hidden, F = cfg.ffn;
+    const int nh = cfg.heads, dh = H / nh, bh = b * nh, N = b * T, S = cfg.seq;
+    const float eps = static_cast<float>(cfg.ln_eps);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+    const std::size_t nH = std::size_t(N) * H, nF = std::size_t(N) * F;
+    s.x = std::move(x);
+    s.mean1 = DeviceMemory(N * sizeof(float), stream);
+    s.rstd1 = DeviceMemory(N * sizeof(float), stream);
+    s.h = DeviceMemory(nH * sizeof(bf16), stream);
+    k::layernorm_forward(s.x.as<float>(), P(bname(l, "ln1.g")), P(bname(l, "ln1.b")), s.h.as<bf16>(),
+                         s.mean1.as<float>(), s.rstd1.as<float>(), N, H, eps, stream);
+    // q, k, v: one batched GEMM over the three consecutive H×H weights.
+    DeviceMemory qkv(3 * nH * sizeof(bf16), stream);
+    gemm(cublas, false, false, N, H, H, 1.f, bf(s.h.get(), H, 0), bf(W(bname(l, "wq")), H, std::int64_t(H) * H),
+         0.f, out_bf(qkv.get(), H, std::int64_t(nH)), 3);
+    KvSaved& cache = kv_of(mb, l);
+    s.q = DeviceMemory(nH * sizeof(bf16), stream);
+    k::split_qkv(qkv.as<bf16>(), s.q.as<bf16>(), cache.k.as<bf16>(), cache.v.as<bf16>(), b, T, S, t0, nh, dh,
+                 stream);
+    qkv.reset();
+    // Scores of this slice's queries against keys 0 … t1 − 1 of the sequence.
+    DeviceMemory scores(std::size_t(bh) * T * t1 * sizeof(float), stream);
+    gemm(cublas, false, true, T, t1, dh, scale, bf(s.q.get(), dh, std::int64_t(T) * dh),
+         bf(cache.k.get(), dh, std::int64_t(S) * dh), 0.f, out_f32(scores.get(), t1, std::int64_t(T) * t1), bh);
+    s.p = DeviceMemory(std::size_t(bh) * T * t1 * sizeof(bf16), stream);
+    k::causal_softmax(scores.as<float>(), s.p.as<bf16>(), bh, T, t1, t0, stream);
+    scores.reset();
+    DeviceMemory o(nH * sizeof(bf16), stream);
+    gemm(cublas, false, false, T, dh, t1, 1.f, bf(s.p.get(), t1, std::int64_t(T) * t1),
+         bf(cache.v.get(), dh, std::int64_t(S) * dh), 0.f, out_bf(o.get(), dh, std::int64_t(T) * dh), bh);
+    s.a = DeviceMemory(nH * sizeof(bf16), stream);
+    k::merge_heads(o.as<bf16>(), s.a.as<bf16>(), b, T, nh, dh, stream);
+    o.reset();
+    s.x2 = DeviceMemory(nH * sizeof(float), stream);
+    gemm(cublas, false, false, N, H, H, 1.f, bf(s.a.get(), H), bf(W(bname(l, "wo")), H), 0.f,
+         out_f32(s.x2.get(), H));
+    k::bias_residual_add(s.x2.as<float>(), s.x2.as<float>(), P(bname(l, "bo")), s.x.as<float>(), N, H, stream);
+    s.mean2 = DeviceMemory(N * sizeof(float), stream);
+    s.rstd2 = DeviceMemory(N * sizeof(float), stream);
+    s.h2 = DeviceMemory(nH * sizeof(bf16), stream);
+    k::layernorm_forward(s.x2.as<float>(), P(bname(l, "ln2.g")), P(bname(l, "ln2.b")), s.h2.as<bf16>(),
+                         s.mean2.as<float>(), s.rstd2.as<float>(), N, H, eps, stream);
+    s.u = DeviceMemory(nF * sizeof(bf16), stream);
+    gemm(cublas, false, false, N, F, H, 1.f, bf(s.h2.get(), H), bf(W(bname(l, "w1")), F), 0.f,
+         out_bf(s.u.get(), F));
+    k::bias_add(s.u.as<bf16>(), P(bname(l, "b1")), N, F, stream);
+    s.g = DeviceMemory(nF * sizeof(bf16), stream);
+    k::gelu_forward(s.u.as<bf16>(), s.g.as<bf16>(), std::int64_t(nF), stream);
+    DeviceMemory out(nH * sizeof(float), stream);
+    gemm(cublas, false, false, N, H, F, 1.f, bf(s.g.get(), F), bf(W(bname(l, "w2")), H), 0.f,
+         out_f32(out.get(), H));
+    k::bias_residual_add(out.as<float>(), out.as<float>(), P(bname(l, "b2")), s.x2.as<float>(), N, H, stream);
+    return out;
+  }
+
+  // dout (fp32 N×H) → dL/dx (fp32 N×H); saves what W needs.
+  DeviceMemory block_backward(int mb, int l, int t0, int t1, const float* dout, BlockSaved& s) {
+    const int b = cfg.micro_batch, T = t1 - t0, H = cfg.hidden, F = cfg.ffn;
+    const int nh = cfg.heads, dh = H / nh, bh = b * nh, N = b * T, S = cfg.seq;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+    const std::size_t nH = std::size_t(N) * H, nF = std::size_t(N) * F;
+    s.dz = DeviceMemory(nH * sizeof(bf16), stream);
+    k::to_bf16(dout, s.dz.as<bf16>(), std::int64_t(nH), stream);
+    DeviceMemory dg(nF * sizeof(bf16), stream);
+    gemm(cublas, false, true, N, F, H, 1.f, bf(s.dz.get(), H), bf(W(bname(l, "w2")), H), 0.f,
+         out_bf(dg.get(), F));
+    s.du = DeviceMemory(nF * sizeof(bf16), stream);
+    k::gelu_backward(dg.as<bf16>(), s.u.as<bf16>(), s.du.as<bf16>(), std::int64_t(nF), stream);
+    dg.reset();
+    s.dh2 = DeviceMemory(nH * sizeof(float), stream);
+    gemm(cublas, false, true, N, H, F, 1.f, bf(s.du.get(), F), bf(W(bname(l, "w1")), F), 0.f,
+         out_f32(s.dh2.get(), H));
+    DeviceMemory dx2(nH * sizeof(float), stream);
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(dx2.get(), dout, nH * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    k::layernorm_backward_input(s.dh2.as<float>(), s.x2.as<float>(), s.mean2.as<float>(), s.rstd2.as<float>(),
+                                P(bname(l, "ln2.g")), dx2.as<float>(), N, H, stream);
+    s.dyattn = DeviceMemory(nH * sizeof(bf16), stream);
+    k::to_bf16(dx2.as<float>(), s.dyattn.as<bf16>(), std::int64_t(nH), stream);
+    DeviceMemory da(nH * sizeof(bf16), stream);
+    gemm(cublas, false, true, N, H, H, 1.f, bf(s.dyattn.get(), H), bf(W(bname(l, "wo")), H), 0.f,
+         out_bf(da.get(), H));
+    DeviceMemory dO(nH * sizeof(bf16), stream);
+    k::split_heads(da.as<bf16>(), dO.as<bf16>(), b, T, nh, dh, stream);
+    da.reset();
+    KvSaved& cache = kv_of(mb, l);
+    const std::int64_t sq = std::int64_t(T) * t1, skv = std::int64_t(S) * dh, sd = std::int64_t(T) * dh;
+    DeviceMemory dp(std::size_t(bh) * sq * sizeof(float), stream);
+    gemm(cublas, false, true, T, t1, dh, 1.f, bf(dO.get(), dh, sd), bf(cache.v.get(), dh, skv), 0.f,
+         out_f32(dp.get(), t1, sq), bh);
+    // Keys/values of rows < t0 belong to earlier slices: their B reads these sums later.
+    gemm(cublas, true, false, t1, dh, T, 1.f, bf(s.p.get(), t1, sq), bf(dO.get(), dh, sd), 1.f,
+         out_f32(cache.dv.get(), dh, skv), bh);
+    DeviceMemory ds(std::size_t(bh) * sq * sizeof(bf16), stream);
+    k::softmax_backward(s.p.as<bf16>(), dp.as<float>(), ds.as<bf16>(), bh, T, t1, scale, stream);
+    dp.reset();
+    DeviceMemory dq(nH * sizeof(bf16), stream);
+    gemm(cublas, false, false, T, dh, t1, 1.f, bf(ds.get(), t1, sq), bf(cache.k.get(), dh, skv), 0.f,
+         out_bf(dq.get(), dh, sd), bh);
+    gemm(cublas, true, false, t1, dh, T, 1.f, bf(ds.get(), t1, sq), bf(s.q.get(), dh, sd), 1.f,
+         out_f32(cache.dk.get(), dh, skv), bh);
+    ds.reset();
+    dO.reset();
+    s.dqkv = DeviceMemory(3 * nH * sizeof(bf16), stream);
+    k::gather_dqkv(dq.as<bf16>(), cache.dk.as<float>(), cache.dv.as<float>(), s.dqkv.as<bf16>(), b, T, S, t0, nh,
+                   dh, stream);
+    dq.reset();
+    s.dh = DeviceMemory(nH * sizeof(float), stream);
+    const char* names[3] = {"wq", "wk", "wv"};
+    for (int i = 0; i < 3; ++i)
+      gemm(cublas, false, true, N, H, H, 1.f, bf(s.dqkv.as<bf16>() + i * nH, H), bf(W(bname(l, names[i])), H),
+           i == 0 ? 0.f : 1.f, out_f32(s.dh.get(), H));
+    DeviceMemory dx = std::move(dx2);
+    k::layernorm_backward_input(s.dh.as<float>(), s.x.as<float>(), s.mean1.as<float>(), s.rstd1.as<float>(),
+                                P(bname(l, "ln1.g")), dx.as<float>(), N, H, stream);
+    return dx;
+  }
+
+  void block_weight(int l, int T, BlockSaved& s) {
+    const int H = cfg.hidden, F = cfg.ffn, N = cfg.micro_batch * T;
+    const std::int64_t nH = std::int64_t(N) * H;
+    gemm(cublas, true, false, F, H, N, 1.f, bf(s.g.get(), F), bf(s.dz.get(), H), 1.f,
+         out_f32(G(bname(l, "w2")), H));
+    k::column_sum(s.dz.as<bf16>(), G(bname(l, "b2")), N, H, stream);
+    gemm(cublas, true, false, H, F, N, 1.f, bf(s.h2.get(), H), bf(s.du.get(), F), 1.f,
+         out_f32(G(bname(l, "w1")), F));
+    k::column_sum(s.du.as<bf16>(), G(bname(l, "b1")), N, F, stream);
+    k::layernorm_backward_weight(s.dh2.as<float>(), s.x2.as<float>(), s.mean2.as<float>(), s.rstd2.as<float>(),
+                                 G(bname(l, "ln2.g")), G(bname(l, "ln2.b")), N, H, stream);
+    gemm(cublas, true, false, H, H, N, 1.f, bf(s.a.get(), H), bf(s.dyattn.get(), H), 1.f,
+         out_f32(G(bname(l, "wo")), H));
+    k::column_sum(s.dyattn.as<bf16>(), G(bname(l, "bo")), N, H, stream);
+    // wq, wk, wv are consecutive H×H blocks, and dqkv holds dq, dk, dv back to back.
+    gemm(cublas, true, false, H, H, N, 1.f, bf(s.h.get(), H, 0), bf(s.dqkv.get(), H, nH), 1.f,
+         out_f32(G(bname(l, "wq")), H, std::int64_t(H) * H), 3);
+    k::layernorm_backward_weight(s.dh.as<float>(), s.x.as<float>(), s.mean1.as<float>(), s.rstd1.as<float>(),
+                                 G(bname(l, "ln1.g")), G(bname(l, "ln1.b")), N, H, stream);
+  }
+};
+
+GptStageCuda::GptStageCuda(const cpu::GptConfig& config, int stage, int stages, cudaStream_t stream,
+                           cublasHandle_t cublas)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  I.cfg = config;
+  I.stage = stage;
+  I.stages = stages;
+  I.stream = stream;
+  I.cublas = cublas;
+  std::tie(I.first_block, I.last_block) = cpu::stage_layers(config.layers, stage, stages);
+  I.build_specs();
+  // Same initial weights as the CPU model, and a check that its layout is still ours.
+  cpu::GptStage host(config, stage, stages);
+  const std::vector<double>& flat = host.params();
+  if (static_cast<std::int64_t>(flat.size()) != I.total)
+    throw Error("CUDA GPT stage " + std::to_string(stage) + ": the CPU model has " + std::to_string(flat.size()) +
+                " parameters, this one " + std::to_string(I.total) +
+                " — exec/src/cpu_gpt.cpp's parameter list changed; update gpt_cuda.cu");
+  cpu::ParamMap named = host.named_params();
+  for (const Spec& s : I.specs) {
+    auto it = named.find(s.name);
+    bool same = it != named.end() && static_cast<std::int64_t>(it->second.size()) == s.size();
+    for (std::int64_t i = 0; same && i < s.size(); i += std::max<std::int64_t>(1, s.size() / 7))
+      same = it->second[static_cast<std::size_t>(i)] == flat[static_cast<std::size_t>(s.offset + i)];
+    if (!same)
+      throw Error("CUDA GPT stage " + std::to_string(stage) + ": parameter " + s.name +
+                  " is not where the CPU model keeps it — update gpt_cuda.cu's parameter list");
+  }
+  std::vector<float> host_f(flat.begin(), flat.end());
+  const std::size_t bytes = static_cast<std::size_t>(I.total) * sizeof(float);
+  I.master = DeviceMemory(bytes, stream);
+  I.grad = DeviceMemory(bytes, stream, true);
+  I.m1 = DeviceMemory(bytes, stream, true);
+  I.m2 = DeviceMemory(bytes, stream, true);
+  I.wbf = DeviceMemory(static_cast<std::size_t>(I.total) * sizeof(bf16), stream);
+  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(I.master.get(), host_f.data(), bytes, cudaMemcpyHostToDevice, stream));
+  k::to_bf16(I.master.as<float>(), I.wbf.as<bf16>(), I.total, stream);
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+GptStageCuda::~GptStageCuda() = default;
+GptStageCuda::GptStageCuda(GptStageCuda&&) noexcept = default;
+GptStageCuda& GptStageCuda::operator=(GptStageCuda&&) noexcept = default;
+
+bool GptStageCuda::is_first() const { return impl_->first(); }
+bool GptStageCuda::is_last() const { return impl_->last(); }
+float* GptStageCuda::grads() const { return impl_->grad.as<float>(); }
+std::int64_t GptStageCuda::parameter_count() const { return impl_->total; }
+std::int64_t GptStageCuda::state_bytes() const { return stage_state_bytes(impl_->total); }
+
+void GptStageCuda::begin_step() {
+  Impl& I = *impl_;
+  TDPIPE_CUDA_CHECK(cudaMemsetAsync(I.grad.get(), 0, static_cast<std::size_t>(I.total) * sizeof(float), I.stream));
+  I.slices.clear();
+  I.kv.clear();
+}
+
+void GptStageCuda::forward(int mb, int slice, int t0, int t1, const float* x, float* out, const int* tokens,
+                           const int* targets, float loss_scale, double* loss) {
+  Impl& I = *impl_;
+  const int b = I.cfg.micro_batch, T = t1 - t0, H = I.cfg.hidden, N = b * T;
+  if (T <= 0 || t0 < 0 || t1 > I.cfg.seq)
+    throw Error("CUDA stage " + std::to_string(I.stage) + ": F" + std::to_string(mb) + ":s" + std::to_string(slice) +
+                ": token range [" + std::to_string(t0) + ", " + std::to_string(t1) + ") outside the sequence");
+  auto [it, inserted] = I.slices.try_emplace({mb, slice});
+  if (!inserted)
+    throw Error("CUDA stage " + std::to_string(I.stage) + ": F" + std::to_string(mb) + ":s" + std::to_string(slice) +
+                " ran twice in one step");
+  SliceSaved& st = it->second;
+  st.t0 = t0;
+  st.t1 = t1;
+  const std::size_t nH = std::size_t(N) * H;
+  DeviceMemory act(nH * sizeof(float), I.stream);
+  if (I.first()) {
+    if (tokens == nullptr) throw Error("CUDA stage 0: F" + std::to_string(mb) + " without tokens");
+    st.tokens = tokens;
+    k::embed_forward(tokens, I.P("embed.tok"), I.P("embed.pos"), act.as<float>(), b, T, I.cfg.seq, t0, H, I.stream);
+  } else {
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(act.get(), x, nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
+  }
+  st.blocks.resize(static_cast<std::size_t>(I.last_block - I.first_block));
+  for (int l = I.first_block; l < I.last_block; ++l)
+    act = I.block_forward(mb, l, t0, t1, std::move(act), st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+  if (!I.last()) {
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(out, act.get(), nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
+    return;
+  }
+  if (targets == nullptr) throw Error("CUDA last stage: F" + std::to_string(mb) + " without targets");
+  const int V = I.cfg.vocab;
+  HeadSaved& hs = st.head;
+  hs.x = std::move(act);
+  hs.mean = DeviceMemory(N * sizeof(float), I.stream);
+  hs.rstd = DeviceMemory(N * sizeof(float), I.stream);
+  hs.hf = DeviceMemory(nH * sizeof(bf16), I.stream);
+  k::layernorm_forward(hs.x.as<float>(), I.P("head.ln.g"), I.P("head.ln.b"), hs.hf.as<bf16>(), hs.mean.as<float>(),
+                       hs.rstd.as<float>(), N, H, static_cast<float>(I.cfg.ln_eps), I.stream);
+  DeviceMemory logits(std::size_t(N) * V * sizeof(float), I.stream);
+  gemm(I.cublas, false, false, N, V, H, 1.f, bf(hs.hf.get(), H), bf(I.W("head.out"), V), 0.f,
+       out_f32(logits.get(), V));
+  k::bias_add(logits.as<float>(), I.P("head.bias"), N, V, I.stream);
+  hs.dlogits = DeviceMemory(std::size_t(N) * V * sizeof(bf16), I.stream);
+  k::cross_entropy(logits.as<float>(), targets, hs.dlogits.as<bf16>(), loss, b, T, I.cfg.seq, t0, V, loss_scale,
+                   I.stream);
+}
+
+void GptStageCuda::backward_input(int mb, int slice, const float* dy, float* dx) {
+  Impl& I = *impl_;
+  auto it = I.slices.find({mb, slice});
+  if (it == I.slices.end())
+    throw Error("CUDA stage " + std::to_string(I.stage) + ": B" + std::to_string(mb) + ":s" + std::to_string(slice) +
+                " before its F");
+  SliceSaved& st = it->second;
+  if (st.backward_done)
+    throw Error("CUDA stage " + std::to_string(I.stage) + ": B" + std::to_string(mb) + ":s" + std::to_string(slice) +
+                " ran twice");
+  st.backward_done = true;
+  const int H = I.cfg.hidden, N = I.cfg.micro_batch * (st.t1 - st.t0);
+  const std::size_t nH = std::size_t(N) * H;
+  DeviceMemory grad(nH * sizeof(float), I.stream, I.last());
+  if (I.last()) {
+    HeadSaved& hs = st.head;
+    hs.dhf = DeviceMemory(nH * sizeof(float), I.stream);
+    gemm(I.cublas, false, true, N, H, I.cfg.vocab, 1.f, bf(hs.dlogits.get(), I.cfg.vocab),
+         bf(I.W("head.out"), I.cfg.vocab), 0.f, out_f32(hs.dhf.get(), H));
+    k::layernorm_backward_input(hs.dhf.as<float>(), hs.x.as<float>(), hs.mean.as<float>(), hs.rstd.as<float>(),
+                                I.P("head.ln.g"), grad.as<float>(), N, H, I.stream);
+  } else {
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(grad.get(), dy, nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
+  }
+  for (int l = I.last_block - 1; l >= I.first_block; --l)
+    grad = I.block_backward(mb, l, st.t0, st.t1, grad.as<float>(),
+                            st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+  if (slice == 0) {
+    // Slice 0 is the last backward of this micro-batch: its KV state is spent. The
+    // frees are stream-ordered after the kernels that read it.
+    for (int l = I.first_block; l < I.last_block; ++l) I.kv.erase({mb, l});
+  }
+  if (I.first()) {
+    st.dx0 = std::move(grad);
+    return;
+  }
+  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(dx, grad.get(), nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
+}
+
+void GptStageCuda::backward_weight(int mb, int slice) {
+  Impl& I = *impl_;
+  auto it = I.slices.find({mb, slice});
+  if (it == I.slices.end() || !it->second.backward_done)
+    throw Error("CUDA stage " + std::to_string(I.stage) + ": W" + std::to_string(mb) + ":s" + std::to_string(slice) +
+                " before its B");
+  SliceSaved& st = it->second;
+  const int T = st.t1 - st.t0, H = I.cfg.hidden, N = I.cfg.micro_batch * T, V = I.cfg.vocab;
+  if (I.last()) {
+    HeadSaved& hs = st.head;
+    gemm(I.cublas, true, false, H, V, N, 1.f, bf(hs.hf.get(), H), bf(hs.dlogits.get(), V), 1.f,
+         out_f32(I.G("head.out"), V));
+    k::column_sum(hs.dlogits.as<bf16>(), I.G("head.bias"), N, V, I.stream);
+    k::layernorm_backward_weight(hs.dhf.as<float>(), hs.x.as<float>(), hs.mean.as<float>(), hs.rstd.as<float>(),
+                                 I.G("head.ln.g"), I.G("head.ln.b"), N, H, I.stream);
+  }
+  for (int l = I.last_block - 1; l >= I.first_block; --l)
+    I.block_weight(l, T, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+  if (I.first())
+    k::embed_backward(st.tokens, st.dx0.as<float>(), I.G("embed.tok"), I.G("embed.pos"), I.cfg.micro_batch, T,
+                      I.cfg.seq, st.t0, H, I.stream);
+  I.slices.erase(it);
+}
+
+void GptStageCuda::adam(const cpu::AdamConfig& a, int t) {
+  Impl& I = *impl_;
+  const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, t);
+  k::adam(I.master.as<float>(), I.grad.as<float>(), I.m1.as<float>(), I.m2.as<float>(), I.wbf.as<bf16>(), I.total,
+          static_cast<float>(a.lr), static_cast<float>(a.beta1), static_cast<float>(a.beta2),
+          static_cast<float>(a.eps), static_cast<float>(c1), static_cast<float>(c2), I.stream);
+}
+
+namespace {
+cpu::ParamMap download(const std::vector<Spec>& specs, const float* device, std::int64_t total,
+                       cudaStream_t stream) {
+  std::vector<float> host(static_cast<std::size_t>(total));
+  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(host.data(), device, host.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cpu::ParamMap out;
+  for (const Spec& s : specs)
+    out[s.name].assign(host.begin() + s.offset, host.begin() + s.offset + s.size());
+  return out;
+}
+}  // namespace
+
+cpu::ParamMap GptStageCuda::named_params() const {
+  return download(impl_->specs, impl_->master.as<float>(), impl_->total, impl_->stream);
+}
+cpu::ParamMap GptStageCuda::named_grads() const {
+  return download(impl_->specs, impl_->grad.as<float>(), impl_->total, impl_->stream);
+}
+
+}  // namespace tdpipe::exec::cuda

@@ -1,0 +1,67 @@
+// gpt_cuda.hpp — internal to exec/cuda: one virtual stage of the CPU executor's GPT
+// (exec/cpu/gpt.hpp) on a GPU — same parameters (names, shapes, initial values,
+// flat order), same stage split, same temporal slices and B/W split — with bf16
+// GEMMs on cuBLAS (fp32 accumulation), an fp32 residual stream, fp32 master weights,
+// gradients and Adam moments, and a bf16 copy of the weights for the GEMMs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "tdpipe/exec/cpu/gpt.hpp"
+
+namespace tdpipe::exec::cuda {
+
+class GptStageCuda {
+ public:
+  /// Takes its initial weights from cpu::GptStage(config, stage, stages), so both
+  /// backends start from the same parameters. Work is issued on `stream`.
+  GptStageCuda(const cpu::GptConfig& config, int stage, int stages, cudaStream_t stream,
+               cublasHandle_t cublas);
+  ~GptStageCuda();
+  GptStageCuda(GptStageCuda&&) noexcept;
+  GptStageCuda& operator=(GptStageCuda&&) noexcept;
+
+  bool is_first() const;
+  bool is_last() const;
+
+  /// Zeroes gradients, drops activations and KV caches.
+  void begin_step();
+  /// Forward of tokens [t0, t1) of micro-batch `mb`. `x`: input activation (fp32
+  /// b·(t1−t0) × hidden; ignored on stage 0). `tokens`/`targets`: device int32 b × seq
+  /// (stage 0 / last stage). Writes the output activation to `out` (not on the last
+  /// stage, which adds loss_scale · Σ cross-entropy to the device double *loss).
+  void forward(int mb, int slice, int t0, int t1, const float* x, float* out, const int* tokens,
+               const int* targets, float loss_scale, double* loss);
+  /// B: dL/d(output) `dy` (ignored on the last stage) → dL/d(input) into `dx` (not on stage 0).
+  void backward_input(int mb, int slice, const float* dy, float* dx);
+  /// W of a slice whose B ran.
+  void backward_weight(int mb, int slice);
+  /// One Adam step (t = 1, 2, …).
+  void adam(const cpu::AdamConfig& adam, int t);
+
+  float* grads() const;
+  std::int64_t parameter_count() const;
+  /// Downloaded copies (fp32 → double), named like cpu::GptStage.
+  cpu::ParamMap named_params() const;
+  cpu::ParamMap named_grads() const;
+  /// Device bytes of weights, gradients and Adam state.
+  std::int64_t state_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Device bytes one stage's weights, gradients, Adam moments and bf16 copy need
+/// (14 bytes per parameter), from the CPU model's parameter count.
+std::int64_t stage_state_bytes(std::int64_t parameters);
+
+}  // namespace tdpipe::exec::cuda

@@ -1,0 +1,147 @@
+// loopback_transport.cpp — in-process SEND/RECV as event-ordered D2D copies, and
+// the in-process data-parallel sum.
+#include "loopback_transport.hpp"
+
+#include <chrono>
+
+#include "check.hpp"
+#include "device_memory.hpp"
+#include "kernels.cuh"
+#include "nvtx.hpp"
+#include "tdpipe/ir/error.hpp"
+
+namespace tdpipe::exec::cuda {
+
+namespace {
+
+EventHandle make_event() {
+  cudaEvent_t ev = nullptr;
+  TDPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  return EventHandle(ev, [](cudaEvent_t e) { cudaEventDestroy(e); });
+}
+
+EventHandle copy_on_match(const LoopbackSend& s, const LoopbackRecv& r) {
+  if (s.bytes != r.bytes)
+    throw Error(s.label + " (" + std::to_string(s.bytes) + " bytes) was matched with " + r.label + " (" +
+                std::to_string(r.bytes) + " bytes): the k-th SEND between two ranks must carry the tensor of "
+                "the k-th RECV");
+  TDPIPE_CUDA_CHECK(cudaSetDevice(r.device));
+  EventHandle done = make_event();
+  // The receiver's stream waits for the sender's data, copies, and marks the copy
+  // done; the sender may reuse its buffer only after `done`.
+  TDPIPE_CUDA_CHECK(cudaStreamWaitEvent(r.stream, s.ready, 0));
+  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(r.ptr, s.ptr, static_cast<std::size_t>(s.bytes), cudaMemcpyDeviceToDevice,
+                                    r.stream));
+  TDPIPE_CUDA_CHECK(cudaEventRecord(done.get(), r.stream));
+  return done;
+}
+
+}  // namespace
+
+LoopbackFabric::LoopbackFabric(RunControl& control) : control_(&control), p2p_(copy_on_match) {}
+
+void LoopbackFabric::abort(const std::string& why) {
+  p2p_.abort(why);
+  {
+    std::lock_guard lock(mu_);
+    aborted_ = why;
+  }
+  cv_.notify_all();
+}
+
+void LoopbackFabric::all_reduce(int rank, int replica, int data, long call, const Buffer& buffer,
+                                const DeviceContext& ctx) {
+  if (data <= 1) return;
+  if (buffer.dtype != DType::F32) throw Error("loopback all-reduce: expected fp32 gradients");
+  std::unique_lock lock(mu_);
+  Group& g = groups_[{rank, call}];
+  if (g.ptrs.empty()) g.ptrs.assign(static_cast<std::size_t>(data), nullptr);
+  if (g.elements >= 0 && g.elements != buffer.elements)
+    g.error = "loopback all-reduce of pipeline rank " + std::to_string(rank) + ": replica " +
+              std::to_string(replica) + " reduces " + std::to_string(buffer.elements) +
+              " elements, another replica " + std::to_string(g.elements);
+  g.elements = buffer.elements;
+  g.ptrs[static_cast<std::size_t>(replica)] = buffer.as<float>();
+  if (++g.arrived == data && g.error.empty()) {
+    // The last member sums in replica order into scratch and writes it back to all.
+    try {
+      cudaStream_t s = ctx.dp();
+      DeviceMemory sum(static_cast<std::size_t>(g.elements) * sizeof(float), s);
+      TDPIPE_CUDA_CHECK(cudaMemcpyAsync(sum.get(), g.ptrs[0], static_cast<std::size_t>(g.elements) * sizeof(float),
+                                        cudaMemcpyDeviceToDevice, s));
+      for (int k = 1; k < data; ++k)
+        kernels::add(sum.as<float>(), sum.as<float>(), g.ptrs[static_cast<std::size_t>(k)], g.elements, s);
+      for (int k = 0; k < data; ++k)
+        TDPIPE_CUDA_CHECK(cudaMemcpyAsync(g.ptrs[static_cast<std::size_t>(k)], sum.get(),
+                                          static_cast<std::size_t>(g.elements) * sizeof(float),
+                                          cudaMemcpyDeviceToDevice, s));
+      TDPIPE_CUDA_CHECK(cudaStreamSynchronize(s));
+    } catch (const std::exception& e) {
+      g.error = e.what();
+    }
+    g.done = true;
+    cv_.notify_all();
+  } else if (!g.error.empty()) {
+    g.done = true;
+    cv_.notify_all();
+  }
+  while (!g.done) {
+    if (!aborted_.empty()) throw Error("loopback transport aborted: " + aborted_);
+    if (control_->failed()) throw Aborted{};
+    cv_.wait_for(lock, std::chrono::milliseconds(50));
+  }
+  std::string error = g.error;
+  if (--g.arrived == 0) groups_.erase({rank, call});
+  if (!error.empty()) throw Error(error);
+}
+
+void LoopbackTransport::post(std::span<P2POp> batch) {
+  ctx_->bind();
+  NvtxRange range("r" + std::to_string(replica_ * stages_ + rank_) + " p2p batch of " + std::to_string(batch.size()));
+  auto& rv = fabric_->p2p();
+  using Ticket = std::shared_ptr<RendezvousTicket<EventHandle>>;
+  std::vector<Ticket> tickets;
+  std::vector<EventHandle> ready;
+  const int self = replica_ * stages_ + rank_;
+  for (P2POp& op : batch) {
+    if (op.peer < 0 || op.peer >= stages_)
+      throw Error(op.label + ": peer " + std::to_string(op.peer) + " is not a pipeline rank (p = " +
+                  std::to_string(stages_) + ")");
+    const int peer = replica_ * stages_ + op.peer;
+    MessageKey key{op.key.payload, op.key.stage, op.key.mb, op.key.slice, op.buffer.bytes()};
+    if (op.kind == ir::OpKind::SEND) {
+      EventHandle ev = make_event();
+      TDPIPE_CUDA_CHECK(cudaEventRecord(ev.get(), ctx_->p2p()));
+      ready.push_back(ev);
+      tickets.push_back(rv.post_send(self, peer, key,
+                                     {op.buffer.data.get(), op.buffer.bytes(), ev.get(),
+                                      "rank " + std::to_string(self) + " " + op.label}));
+    } else if (op.kind == ir::OpKind::RECV) {
+      tickets.push_back(rv.post_recv(peer, self, key,
+                                     {op.buffer.data.get(), op.buffer.bytes(), ctx_->p2p(), ctx_->device(),
+                                      "rank " + std::to_string(self) + " " + op.label}));
+    } else {
+      throw Error("transport: " + std::string(ir::to_string(op.kind)) + " is not SEND or RECV");
+    }
+  }
+  RunControl& control = fabric_->control();
+  std::vector<EventHandle> done;
+  for (auto& t : tickets) {
+    for (;;) {
+      if (control.failed()) throw Aborted{};
+      if (auto r = t->try_wait(std::chrono::milliseconds(20))) {
+        done.push_back(*r);
+        break;
+      }
+    }
+  }
+  for (auto& ev : done) wait_event(ev.get(), &control);
+}
+
+void LoopbackTransport::all_reduce(const Buffer& buffer, int tag) {
+  ctx_->bind();
+  NvtxRange range("r" + std::to_string(replica_ * stages_ + rank_) + " ALLREDUCE(b" + std::to_string(tag) + ")");
+  fabric_->all_reduce(rank_, replica_, data_, calls_++, buffer, *ctx_);
+}
+
+}  // namespace tdpipe::exec::cuda

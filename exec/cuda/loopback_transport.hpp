@@ -1,0 +1,84 @@
+// loopback_transport.hpp — internal to exec/cuda: several pipeline ranks in one
+// process on one GPU (NCCL 2.28 cannot put two ranks on one device). Matching
+// follows NCCL's rules (rendezvous.hpp); a matched pair is one device-to-device
+// copy on the receiver's p2p stream, ordered after the sender's ready event, and
+// both sides wait for its done event. Data-parallel replicas in the same process
+// reduce by summing their buckets in replica order (bit-identical results).
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "device_context.hpp"
+#include "tdpipe/exec/backend.hpp"
+#include "tdpipe/exec/cuda/rendezvous.hpp"
+
+namespace tdpipe::exec::cuda {
+
+struct LoopbackSend {
+  const void* ptr = nullptr;
+  std::int64_t bytes = 0;
+  cudaEvent_t ready = nullptr;
+  std::string label;
+};
+struct LoopbackRecv {
+  void* ptr = nullptr;
+  std::int64_t bytes = 0;
+  cudaStream_t stream = nullptr;
+  int device = 0;
+  std::string label;
+};
+using EventHandle = std::shared_ptr<CUevent_st>;
+
+/// The in-process network of one loopback run.
+class LoopbackFabric {
+ public:
+  explicit LoopbackFabric(RunControl& control);
+  Rendezvous<LoopbackSend, LoopbackRecv, EventHandle>& p2p() { return p2p_; }
+  RunControl& control() { return *control_; }
+
+  /// Sums `buffer` over the `data` replicas of pipeline rank `rank` (call `call` of
+  /// that rank's members); blocks until every member arrived and the sum is written.
+  void all_reduce(int rank, int replica, int data, long call, const Buffer& buffer, const DeviceContext& ctx);
+  /// Fails every pending exchange (a rank failed).
+  void abort(const std::string& why);
+
+ private:
+  struct Group {
+    std::vector<float*> ptrs;
+    std::int64_t elements = -1;
+    int arrived = 0;
+    bool done = false;
+    std::string error;
+  };
+  RunControl* control_;
+  Rendezvous<LoopbackSend, LoopbackRecv, EventHandle> p2p_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::tuple<int, long>, Group> groups_;
+  std::string aborted_;
+};
+
+class LoopbackTransport final : public Transport {
+ public:
+  LoopbackTransport(LoopbackFabric& fabric, const DeviceContext& ctx, int replica, int rank, int stages, int data)
+      : fabric_(&fabric), ctx_(&ctx), replica_(replica), rank_(rank), stages_(stages), data_(data) {}
+  void post(std::span<P2POp> batch) override;
+  void all_reduce(const Buffer& buffer, int tag) override;
+
+ private:
+  LoopbackFabric* fabric_;
+  const DeviceContext* ctx_;
+  int replica_, rank_, stages_, data_;
+  long calls_ = 0;
+};
+
+}  // namespace tdpipe::exec::cuda

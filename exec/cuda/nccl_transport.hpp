@@ -1,0 +1,38 @@
+// nccl_transport.hpp — internal to exec/cuda: pipeline SEND/RECV and data-parallel
+// all-reduce over NCCL, one process per GPU. A batch of the plan is one
+// ncclGroupStart/End (the lowering's batching rule keeps that deadlock-free); the
+// p2p communicator spans the world (replica · p + rank), the dp communicator the
+// replicas of one pipeline rank (ncclCommSplit).
+#pragma once
+
+#include <set>
+#include <span>
+
+#include <nccl.h>
+
+#include "device_context.hpp"
+#include "tdpipe/exec/backend.hpp"
+
+namespace tdpipe::exec::cuda {
+
+class NcclTransport final : public Transport {
+ public:
+  NcclTransport(ncclComm_t world, ncclComm_t dp, const DeviceContext& ctx, int replica, int rank, int stages,
+                RunControl* control)
+      : world_(world), dp_(dp), ctx_(&ctx), replica_(replica), rank_(rank), stages_(stages), control_(control) {}
+  void post(std::span<P2POp> batch) override;
+  void all_reduce(const Buffer& buffer, int tag) override;
+
+  /// Connects every pipeline peer of this rank (one tiny send and receive each way,
+  /// in one group) and the dp communicator, so no timed op pays NCCL's lazy setup.
+  void warm_up(const std::set<int>& pipeline_peers);
+
+ private:
+  void wait(cudaStream_t stream);
+  ncclComm_t world_, dp_;
+  const DeviceContext* ctx_;
+  int replica_, rank_, stages_;
+  RunControl* control_;
+};
+
+}  // namespace tdpipe::exec::cuda

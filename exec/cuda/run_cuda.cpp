@@ -1,0 +1,555 @@
+// run_cuda.cpp — the GPU launchers: loopback (one process, a thread per rank, all
+// stages on one GPU) and NCCL (one process per GPU, launched by mpirun/srun), both
+// driving the shared interpreter (run_rank_step) over CudaCompute/CudaClock and the
+// matching transport.
+#include "tdpipe/exec/cuda/run.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#if defined(TDPIPE_HAVE_MPI)
+#include <mpi.h>
+#endif
+
+#include "check.hpp"
+#include "cuda_compute.hpp"
+#include "device_context.hpp"
+#include "loopback_transport.hpp"
+#include "nccl_transport.hpp"
+#include "tdpipe/exec/cuda/launch_env.hpp"
+#include "tdpipe/exec/interpreter.hpp"
+#include "tdpipe/ir/error.hpp"
+
+namespace tdpipe::exec::cuda {
+
+TransportKind transport_from_string(std::string_view name) {
+  if (name == "loopback") return TransportKind::Loopback;
+  if (name == "nccl") return TransportKind::Nccl;
+  throw Error("--transport " + std::string(name) + ": expected loopback (every stage on one GPU) or nccl "
+              "(one process per GPU under mpirun/srun)");
+}
+std::string_view to_string(TransportKind kind) { return kind == TransportKind::Nccl ? "nccl" : "loopback"; }
+
+bool built_with_mpi() {
+#if defined(TDPIPE_HAVE_MPI)
+  return true;
+#else
+  return false;
+#endif
+}
+
+GpuInfo query_gpus() {
+  GpuInfo info;
+  int n = 0;
+  cudaError_t status = cudaGetDeviceCount(&n);
+  if (status != cudaSuccess) {
+    info.why_none = cudaGetErrorString(status);
+    cudaGetLastError();
+    return info;
+  }
+  info.count = n;
+  if (n == 0) {
+    info.why_none = "no CUDA device";
+    return info;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+    info.name = prop.name;
+    info.cc_major = prop.major;
+    info.cc_minor = prop.minor;
+    info.total_bytes = static_cast<std::int64_t>(prop.totalGlobalMem);
+  }
+  size_t free_b = 0, total_b = 0;
+  if (cudaSetDevice(0) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+    info.free_bytes = static_cast<std::int64_t>(free_b);
+  cudaGetLastError();
+  return info;
+}
+
+namespace {
+
+// Fails the run when nothing started or ended for `timeout` while a thread waits.
+class Watchdog {
+ public:
+  Watchdog(RunControl& control, double timeout_seconds, LoopbackFabric* fabric)
+      : control_(control), timeout_(timeout_seconds), fabric_(fabric), thread_([this] { loop(); }) {}
+  ~Watchdog() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  void loop() {
+    using clock = std::chrono::steady_clock;
+    std::uint64_t last = control_.progress_count();
+    auto since = clock::now();
+    while (!stop_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const std::uint64_t now = control_.progress_count();
+      if (now != last) {
+        last = now;
+        since = clock::now();
+        continue;
+      }
+      if (std::chrono::duration<double>(clock::now() - since).count() < timeout_) continue;
+      std::string report = control_.waiting_report();
+      if (report.empty()) continue;
+      if (fabric_ != nullptr)
+        for (const auto& line : fabric_->p2p().pending()) report += "\n  unmatched: " + line;
+      std::ostringstream msg;
+      msg << "watchdog: no op started or finished for " << timeout_ << " s; blocked:\n" << report;
+      control_.fail(msg.str());
+      if (fabric_ != nullptr) fabric_->abort("watchdog fired");
+      return;
+    }
+  }
+  RunControl& control_;
+  double timeout_;
+  LoopbackFabric* fabric_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+cpu::GptConfig config_for(const ir::Scenario& scenario, const cpu::TrainOptions& options) {
+  cpu::GptConfig c = cpu::GptConfig::from_scenario(scenario);
+  c.seed = options.init_seed;
+  return c;
+}
+
+cpu::Corpus corpus_for(const cpu::TrainOptions& options) {
+  return cpu::Corpus::load(options.corpus_path.empty() ? cpu::Corpus::default_path() : options.corpus_path);
+}
+
+void check_plan(const ir::Plan& plan) {
+  if (!plan.lowered)
+    throw Error("plan '" + plan.schedule + "' is not lowered: run ir::lower first (SEND/RECV are needed)");
+  if (plan.num_ranks() < 1) throw Error("plan has no ranks");
+  if (static_cast<int>(plan.stage_of.size()) != plan.num_ranks())
+    throw Error("plan.stage_of has " + std::to_string(plan.stage_of.size()) + " rows, expected one per rank (" +
+                std::to_string(plan.num_ranks()) + ")");
+}
+
+// Rough bytes one rank needs before any activation: weights, grads, Adam, bf16 copy,
+// plus one micro-batch's activations through its blocks (the least it must hold).
+std::int64_t minimum_bytes(const cpu::GptConfig& c, const ir::Plan& plan, int rank) {
+  std::int64_t params = 0, blocks = 0;
+  for (int stage : plan.stage_of.at(static_cast<std::size_t>(rank))) {
+    auto [a, b] = cpu::stage_layers(c.layers, stage, plan.virtual_stages());
+    blocks += b - a;
+    params += std::int64_t(b - a) * (4LL * c.hidden * c.hidden + 2LL * c.hidden * c.ffn + 6LL * c.hidden + c.ffn);
+    if (stage == 0) params += std::int64_t(c.vocab + c.seq) * c.hidden;
+    if (stage == plan.virtual_stages() - 1) params += std::int64_t(c.hidden + 1) * c.vocab + 2LL * c.hidden;
+  }
+  const std::int64_t n = std::int64_t(c.micro_batch) * c.seq;
+  const std::int64_t per_block = n * (40LL * c.hidden + 6LL * c.ffn) + 2LL * c.micro_batch * c.heads * c.seq * c.seq;
+  return stage_state_bytes(params) + blocks * per_block + (64LL << 20);
+}
+
+std::string device_name(int device) {
+  cudaDeviceProp prop{};
+  TDPIPE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
+void fill_metadata(cpu::RunResult& r, const ir::Plan& plan, const cpu::GptConfig& c, const CudaRunOptions& o,
+                   int trace_step, const std::string& device, int world) {
+  auto& md = r.trace.metadata;
+  md["backend"] = "cuda";
+  md["transport"] = std::string(to_string(o.transport));
+  md["device"] = device;
+  int runtime = 0, driver = 0, nccl = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  ncclGetVersion(&nccl);
+  md["cuda_runtime"] = std::to_string(runtime);
+  md["cuda_driver"] = std::to_string(driver);
+  md["nccl"] = std::to_string(nccl);
+  md["precision"] = "bf16 GEMMs, fp32 accumulation, fp32 residual stream and master weights";
+  md["steps"] = std::to_string(o.train.steps);
+  md["trace_step"] = std::to_string(trace_step);
+  md["pipeline"] = std::to_string(plan.num_ranks());
+  md["data"] = std::to_string(std::max(1, plan.data));
+  md["microbatches"] = std::to_string(plan.microbatches);
+  md["chunks"] = std::to_string(plan.chunks);
+  md["slices"] = std::to_string(plan.slices);
+  md["processes"] = std::to_string(world);
+  std::ostringstream it;
+  it.precision(9);
+  it << (r.iteration_seconds.empty() ? 0.0 : r.iteration_seconds[static_cast<std::size_t>(trace_step)]);
+  md["iteration_seconds"] = it.str();
+  std::ostringstream loss;
+  loss.precision(17);
+  loss << (r.loss_per_step.empty() ? 0.0 : r.loss_per_step.back());
+  md["loss"] = loss.str();
+  md["model"] = "layers=" + std::to_string(c.layers) + " hidden=" + std::to_string(c.hidden) +
+                " heads=" + std::to_string(c.heads) + " ffn=" + std::to_string(c.ffn) + " seq=" +
+                std::to_string(c.seq) + " vocab=" + std::to_string(c.vocab) + " micro_batch=" +
+                std::to_string(c.micro_batch);
+}
+
+double sum_squares(const cpu::ParamMap& m) {
+  double s = 0;
+  for (const auto& [name, v] : m)
+    for (double x : v) s += x * x;
+  return s;
+}
+
+// ---- loopback: every rank a thread, one GPU ---------------------------------------
+
+CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) {
+  const int p = plan.num_ranks(), d = std::max(1, plan.data);
+  const LaunchEnv launch = parse_launch_env(process_env());
+  const GpuInfo gpus = query_gpus();
+  check_world(p * d, launch, /*loopback=*/true, gpus.count);
+  const int device = options.device >= 0 ? options.device : 0;
+  if (device >= gpus.count)
+    throw Error("--device " + std::to_string(device) + ": this machine has " + std::to_string(gpus.count) + " GPU" +
+                (gpus.count == 1 ? "" : "s"));
+  TDPIPE_CUDA_CHECK(cudaSetDevice(device));
+  keep_pool_memory(device);
+  const cpu::GptConfig config = config_for(plan.scenario, options.train);
+  const cpu::Corpus corpus = corpus_for(options.train);
+  {
+    std::int64_t need = 0;
+    for (int r = 0; r < p; ++r) need += d * minimum_bytes(config, plan, r);
+    size_t free_b = 0, total_b = 0;
+    TDPIPE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    check_memory(need, static_cast<std::int64_t>(free_b), static_cast<std::int64_t>(total_b), device);
+  }
+
+  RunControl control;
+  LoopbackFabric fabric(control);
+  std::vector<std::unique_ptr<DeviceContext>> contexts;
+  std::vector<std::unique_ptr<CudaCompute>> computes;
+  std::vector<std::unique_ptr<LoopbackTransport>> transports;
+  for (int k = 0; k < d; ++k)
+    for (int r = 0; r < p; ++r) {
+      contexts.push_back(std::make_unique<DeviceContext>(device));
+      computes.push_back(std::make_unique<CudaCompute>(config, plan, r, k, corpus, options.train, *contexts.back(),
+                                                       &control));
+      transports.push_back(std::make_unique<LoopbackTransport>(fabric, *contexts.back(), k, r, p, d));
+    }
+  // One origin for every rank: all share the device, so event times compare directly.
+  cudaEvent_t origin = nullptr;
+  TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
+  TDPIPE_CUDA_CHECK(cudaEventCreate(&origin));
+  TDPIPE_CUDA_CHECK(cudaEventRecord(origin, contexts[0]->compute()));
+  TDPIPE_CUDA_CHECK(cudaEventSynchronize(origin));
+  std::vector<std::unique_ptr<CudaClock>> clocks;
+  for (auto& c : contexts) clocks.push_back(std::make_unique<CudaClock>(*c, origin));
+
+  CudaRunResult out;
+  out.device_name = device_name(device);
+  cpu::RunResult& result = out.run;
+  const int steps = options.train.steps;
+  const int trace_step = options.trace_step < 0 ? steps - 1 : options.trace_step;
+  result.trace.origin = "cuda";
+  result.trace.schedule = plan.schedule;
+  result.trace.scenario = plan.scenario.name;
+  result.trace.ranks = p * d;
+  try {
+    Watchdog watchdog(control, options.watchdog_seconds, &fabric);
+    for (int step = 0; step < steps; ++step) {
+      std::vector<RankStepResult> outs(static_cast<std::size_t>(p * d));
+      TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::int64_t step_start = clocks[0]->now_ns(ir::Stream::Compute);
+      std::vector<std::thread> threads;
+      for (int w = 0; w < p * d; ++w)
+        threads.emplace_back([&, w] {
+          const auto i = static_cast<std::size_t>(w);
+          try {
+            contexts[i]->bind();
+            Backend backend{computes[i].get(), transports[i].get(), clocks[i].get()};
+            outs[i] = run_rank_step(plan, w % p, w, step, backend, control);
+          } catch (const Aborted&) {
+          } catch (const std::exception& e) {
+            control.fail("rank " + std::to_string(w) + ": " + e.what());
+          }
+        });
+      for (auto& t : threads) t.join();
+      if (control.failed()) {
+        fabric.abort(control.failure());
+        throw Error(control.failure());
+      }
+      TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::int64_t step_end = clocks[0]->now_ns(ir::Stream::Compute);
+      double loss = 0;
+      for (const auto& o : outs) loss += o.loss;
+      result.loss_per_step.push_back(loss);
+      result.iteration_seconds.push_back(static_cast<double>(step_end - step_start) * 1e-9);
+      if (step == trace_step || options.keep_step_traces) {
+        std::int64_t t0 = std::numeric_limits<std::int64_t>::max();
+        for (const auto& o : outs)
+          for (const auto& e : o.events) t0 = std::min(t0, e.start_ns);
+        traces::Trace t;
+        t.origin = result.trace.origin;
+        t.schedule = result.trace.schedule;
+        t.scenario = result.trace.scenario;
+        t.ranks = result.trace.ranks;
+        for (auto& o : outs)
+          for (auto& e : o.events) {
+            e.start_ns -= t0;
+            t.events.push_back(std::move(e));
+          }
+        if (options.keep_step_traces) result.step_traces.push_back(t);
+        if (step == trace_step) result.trace.events = std::move(t.events);
+      }
+    }
+  } catch (...) {
+    cudaEventDestroy(origin);
+    throw;
+  }
+  cudaEventDestroy(origin);
+
+  double ss = 0;
+  for (int r = 0; r < p; ++r) {
+    auto& c = *computes[static_cast<std::size_t>(r)];
+    for (int ch = 0; ch < c.chunks(); ++ch) {
+      cpu::ParamMap w = c.chunk_stage(ch).named_params();
+      ss += sum_squares(w);
+      result.weights.merge(w);
+      result.grads.merge(c.chunk_stage(ch).named_grads());
+    }
+  }
+  for (int k = 1; k < d; ++k)
+    for (int r = 0; r < p; ++r) {
+      auto& c0 = *computes[static_cast<std::size_t>(r)];
+      auto& ck = *computes[static_cast<std::size_t>(k * p + r)];
+      for (int ch = 0; ch < c0.chunks(); ++ch) {
+        cpu::ParamMap a = c0.chunk_stage(ch).named_params(), b = ck.chunk_stage(ch).named_params();
+        for (const auto& [name, v] : a)
+          for (std::size_t i = 0; i < v.size(); ++i)
+            result.replica_divergence = std::max(result.replica_divergence, std::abs(v[i] - b[name][i]));
+      }
+    }
+  out.weights_l2 = std::sqrt(ss);
+  fill_metadata(result, plan, config, options, trace_step, out.device_name, 1);
+  return out;
+}
+
+// ---- NCCL: one process per GPU -------------------------------------------------------
+
+#if defined(TDPIPE_HAVE_MPI)
+// MPI_Init once per process; MPI_Finalize at exit if we initialised it.
+struct MpiSession {
+  bool ours = false;
+  MpiSession() {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      MPI_Init(nullptr, nullptr);
+      ours = true;
+    }
+  }
+  ~MpiSession() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (ours && !finalized) MPI_Finalize();
+  }
+};
+MpiSession& mpi_session() {
+  static MpiSession session;
+  return session;
+}
+#endif
+
+ncclUniqueId exchange_id(const LaunchEnv& launch) {
+  ncclUniqueId id{};
+  switch (choose_id_exchange(launch, process_env(), built_with_mpi())) {
+    case IdExchange::None:
+      TDPIPE_NCCL_CHECK(ncclGetUniqueId(&id));
+      break;
+    case IdExchange::NcclCommId:
+      // With NCCL_COMM_ID set, NCCL derives the id from that address on every rank.
+      TDPIPE_NCCL_CHECK(ncclGetUniqueId(&id));
+      break;
+    case IdExchange::Mpi:
+#if defined(TDPIPE_HAVE_MPI)
+      mpi_session();
+      if (launch.rank == 0) TDPIPE_NCCL_CHECK(ncclGetUniqueId(&id));
+      MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+#endif
+      break;
+  }
+  return id;
+}
+
+// Every event of this process as text lines, for gathering on the root.
+std::string serialize(const std::vector<traces::TraceEvent>& events) {
+  std::ostringstream s;
+  for (const auto& e : events)
+    s << e.rank << ' ' << e.stream << ' ' << (e.kind ? static_cast<int>(*e.kind) : -1) << ' ' << e.mb << ' '
+      << e.chunk << ' ' << e.slice << ' ' << e.peer << ' ' << e.bytes << ' ' << e.start_ns << ' ' << e.dur_ns << ' '
+      << e.name << '\n';
+  return s.str();
+}
+std::vector<traces::TraceEvent> deserialize(const std::string& text) {
+  std::vector<traces::TraceEvent> out;
+  std::istringstream s(text);
+  traces::TraceEvent e;
+  int kind = -1;
+  while (s >> e.rank >> e.stream >> kind >> e.mb >> e.chunk >> e.slice >> e.peer >> e.bytes >> e.start_ns >>
+         e.dur_ns >> e.name) {
+    e.kind = kind < 0 ? std::nullopt : std::optional<ir::OpKind>(static_cast<ir::OpKind>(kind));
+    out.push_back(e);
+  }
+  return out;
+}
+
+CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options) {
+  const int p = plan.num_ranks(), d = std::max(1, plan.data);
+  const LaunchEnv launch = parse_launch_env(process_env());
+  const GpuInfo gpus = query_gpus();
+  check_world(p * d, launch, /*loopback=*/false, gpus.count);
+  const int device = select_device(launch, gpus.count);
+  TDPIPE_CUDA_CHECK(cudaSetDevice(device));
+  keep_pool_memory(device);
+  const int world_rank = launch.rank, replica = world_rank / p, rank = world_rank % p;
+  const cpu::GptConfig config = config_for(plan.scenario, options.train);
+  const cpu::Corpus corpus = corpus_for(options.train);
+  {
+    size_t free_b = 0, total_b = 0;
+    TDPIPE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    check_memory(minimum_bytes(config, plan, rank), static_cast<std::int64_t>(free_b),
+                 static_cast<std::int64_t>(total_b), device);
+  }
+  const ncclUniqueId id = exchange_id(launch);
+  ncclComm_t world = nullptr, dp = nullptr;
+  TDPIPE_NCCL_CHECK(ncclCommInitRank(&world, launch.world, id, world_rank));
+  struct Comms {
+    ncclComm_t* w;
+    ncclComm_t* d;
+    ~Comms() {
+      if (*d) ncclCommDestroy(*d);
+      if (*w) ncclCommDestroy(*w);
+    }
+  } comms{&world, &dp};
+  if (d > 1) TDPIPE_NCCL_CHECK(ncclCommSplit(world, /*color=*/rank, /*key=*/replica, &dp, nullptr));
+
+  RunControl control;
+  DeviceContext ctx(device);
+  CudaCompute compute(config, plan, rank, replica, corpus, options.train, ctx, &control);
+  NcclTransport transport(world, dp, ctx, replica, rank, p, &control);
+  std::set<int> peers;
+  for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)])
+    if (ir::is_p2p(op.kind)) peers.insert(op.peer);
+  transport.warm_up(peers);
+
+  DeviceMemory scratch(2 * sizeof(double), ctx.compute(), true);
+  auto world_sum = [&](double v) {
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(scratch.get(), &v, sizeof v, cudaMemcpyHostToDevice, ctx.compute()));
+    TDPIPE_NCCL_CHECK(ncclAllReduce(scratch.get(), scratch.get(), 1, ncclFloat64, ncclSum, world, ctx.compute()));
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(&v, scratch.get(), sizeof v, cudaMemcpyDeviceToHost, ctx.compute()));
+    TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
+    return v;
+  };
+  world_sum(0);  // barrier: every process is up
+  cudaEvent_t origin = nullptr;
+  TDPIPE_CUDA_CHECK(cudaEventCreate(&origin));
+  TDPIPE_CUDA_CHECK(cudaEventRecord(origin, ctx.compute()));
+  TDPIPE_CUDA_CHECK(cudaEventSynchronize(origin));
+  CudaClock clock(ctx, origin);
+
+  CudaRunResult out;
+  out.world_rank = world_rank;
+  out.world_size = launch.world;
+  out.root = world_rank == 0;
+  out.device_name = device_name(device);
+  cpu::RunResult& result = out.run;
+  const int steps = options.train.steps;
+  const int trace_step = options.trace_step < 0 ? steps - 1 : options.trace_step;
+  result.trace.origin = "cuda";
+  result.trace.schedule = plan.schedule;
+  result.trace.scenario = plan.scenario.name;
+  result.trace.ranks = p * d;
+  std::vector<traces::TraceEvent> mine;
+  try {
+    Watchdog watchdog(control, options.watchdog_seconds, nullptr);
+    for (int step = 0; step < steps; ++step) {
+      world_sum(0);  // barrier: steps start together
+      const std::int64_t step_start = clock.now_ns(ir::Stream::Compute);
+      Backend backend{&compute, &transport, &clock};
+      RankStepResult r;
+      try {
+        r = run_rank_step(plan, rank, world_rank, step, backend, control);
+      } catch (const Aborted&) {
+      }
+      if (control.failed()) {
+        // Peers blocked in NCCL on this rank would hang: abort the communicators.
+        ncclCommAbort(world);
+        world = nullptr;
+        if (dp) ncclCommAbort(dp);
+        dp = nullptr;
+        throw Error("rank " + std::to_string(world_rank) + ": " + control.failure());
+      }
+      const double loss = world_sum(r.loss);
+      const std::int64_t step_end = clock.now_ns(ir::Stream::Compute);
+      result.loss_per_step.push_back(loss);
+      result.iteration_seconds.push_back(static_cast<double>(step_end - step_start) * 1e-9);
+      if (step == trace_step) mine = std::move(r.events);
+    }
+  } catch (...) {
+    cudaEventDestroy(origin);
+    throw;
+  }
+  cudaEventDestroy(origin);
+
+  double ss = 0;
+  for (int ch = 0; ch < compute.chunks(); ++ch) {
+    cpu::ParamMap w = compute.chunk_stage(ch).named_params();
+    if (replica == 0) {
+      ss += sum_squares(w);
+      result.weights.merge(w);
+      result.grads.merge(compute.chunk_stage(ch).named_grads());
+    }
+  }
+  out.weights_l2 = std::sqrt(world_sum(ss));
+
+  // Times are relative to each process's own origin (recorded after a barrier).
+#if defined(TDPIPE_HAVE_MPI)
+  if (launch.world > 1 && choose_id_exchange(launch, process_env(), true) == IdExchange::Mpi) {
+    std::string text = serialize(mine);
+    int len = static_cast<int>(text.size());
+    std::vector<int> lens(static_cast<std::size_t>(launch.world)), displs(lens.size());
+    MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+    std::string all;
+    if (out.root) {
+      int total = 0;
+      for (std::size_t i = 0; i < lens.size(); ++i) {
+        displs[i] = total;
+        total += lens[i];
+      }
+      all.resize(static_cast<std::size_t>(total));
+    }
+    MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (out.root) mine = deserialize(all);
+  }
+#endif
+  std::int64_t t0 = std::numeric_limits<std::int64_t>::max();
+  for (const auto& e : mine) t0 = std::min(t0, e.start_ns);
+  for (auto& e : mine) {
+    e.start_ns -= t0;
+    result.trace.events.push_back(std::move(e));
+  }
+  fill_metadata(result, plan, config, options, trace_step, out.device_name, launch.world);
+  result.trace.metadata["world_rank"] = std::to_string(world_rank);
+  return out;
+}
+
+}  // namespace
+
+CudaRunResult run_cuda(const ir::Plan& plan, const CudaRunOptions& options) {
+  check_plan(plan);
+  if (options.train.steps < 1) throw Error("--steps: expected at least 1");
+  return options.transport == TransportKind::Loopback ? run_loopback(plan, options) : run_nccl(plan, options);
+}
+
+}  // namespace tdpipe::exec::cuda

@@ -1,0 +1,109 @@
+// backend.hpp — what the interpreter needs from a device: compute, transport, clock.
+//
+// The interpreter (interpreter.hpp) executes one rank's lowered-plan ops in plan
+// order, one host thread per stream (compute, p2p, dp), and calls these three parts.
+// Every call returns when its op is complete (a CUDA backend synchronizes its
+// device stream before returning), so the interpreter orders ops across streams
+// with host-side waits only. Calls on one part come from one stream thread at a
+// time, except where noted; different parts are called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "tdpipe/exec/buffer.hpp"
+#include "tdpipe/ir/op.hpp"
+
+namespace tdpipe::exec {
+
+/// A compute op as the backend sees it: kind F, B, W, BW or OPT of
+/// (mb, chunk, slice) of this rank's model chunk `chunk` = virtual stage `stage`.
+struct ComputeOp {
+  ir::OpKind kind = ir::OpKind::F;
+  int mb = -1;
+  int chunk = 0;
+  int slice = 0;
+  int stage = 0;  ///< plan.stage_of[rank][chunk]; -1 for OPT
+};
+
+/// Runs the model. One instance per rank; it owns the rank's weights, gradients,
+/// optimizer state, stashed activations and (TD-Pipe) per-(mb, chunk) KV caches.
+class Compute {
+ public:
+  virtual ~Compute() = default;
+
+  /// Before a training step's first op: zero gradients, load the step's data.
+  virtual void begin_step(int step) = 0;
+
+  /// Runs one op. `input` (ownership moves in) is what the op consumes from another
+  /// virtual stage: for F at stage > 0 the activation {F, stage−1, mb, slice}; for
+  /// B/BW at stage < last the gradient {B, stage+1, mb, slice}; empty otherwise.
+  /// Returns what it produces for another stage: F below the last stage → its output
+  /// activation {F, stage, mb, slice}; B/BW above stage 0 → the gradient w.r.t. its
+  /// input {B, stage, mb, slice}; otherwise an empty Buffer. W and OPT take and give
+  /// nothing. TD-Pipe: F of slice j reads the KV cache of slices < j of (mb, chunk);
+  /// B of slice j adds key/value gradients for them (B runs slices in reverse order).
+  virtual Buffer run(const ComputeOp& op, Buffer input) = 0;
+
+  /// A fresh buffer sized for tensor `key`, for a RECV to fill. Called from the p2p
+  /// stream thread, concurrently with run(): must be thread-safe.
+  virtual Buffer allocate(const TensorKey& key) = 0;
+
+  /// A view of part `index` of `count` (contiguous, near-equal) of chunk `chunk`'s
+  /// flattened gradients, for an in-place all-reduce on the dp stream. The interpreter
+  /// calls it only after every W/BW of that chunk completed, and OPT only after every
+  /// ALLREDUCE. The view aliases compute's memory and is valid until end_step().
+  virtual Buffer grad_bucket(int chunk, int index, int count) = 0;
+
+  /// After the step's last op: the loss this rank computed (sum of per-token
+  /// cross-entropy / tokens in the global batch over its micro-batches; 0 unless
+  /// it holds the last virtual stage).
+  virtual double end_step() = 0;
+};
+
+/// One point-to-point op of a batch. Peers are pipeline ranks of this replica.
+struct P2POp {
+  ir::OpKind kind = ir::OpKind::SEND;  ///< SEND or RECV
+  int peer = -1;
+  TensorKey key;  ///< the producer's tensor; both sides must name the same one
+  Buffer buffer;  ///< SEND: data to send (read only); RECV: destination (written)
+  std::string label;  ///< op text for diagnostics, e.g. "SEND(F0.c1:s2>r1)"
+};
+
+/// Moves tensors between ranks, with NCCL semantics: the k-th SEND from rank a to
+/// rank b matches the k-th RECV on b from a (per ordered pair, in posting order);
+/// a SEND completes only when its RECV is posted and the data transferred
+/// (rendezvous), so an order that deadlocks NCCL deadlocks here too.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  /// Posts the ops of one batch together (one NCCL group) and returns once all of
+  /// them completed. RECV buffers are filled in place. Throws tdpipe::Error on a
+  /// key or size mismatch with the peer's op, or when the run is aborted.
+  virtual void post(std::span<P2POp> batch) = 0;
+
+  /// Sums `buffer` in place over this rank's data-parallel group (the same pipeline
+  /// rank of every replica); every member calls it with the same `tag` in the same
+  /// order. Result identical on every member.
+  virtual void all_reduce(const Buffer& buffer, int tag) = 0;
+};
+
+/// Timestamps for the measured trace, in ns since the run's origin (common to all
+/// ranks of one run).
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  /// Now, as seen by work issued on `stream` (a CUDA backend may record events).
+  virtual std::int64_t now_ns(ir::Stream stream) = 0;
+};
+
+/// The three parts for one rank. Not owning.
+struct Backend {
+  Compute* compute = nullptr;
+  Transport* transport = nullptr;
+  Clock* clock = nullptr;
+};
+
+}  // namespace tdpipe::exec

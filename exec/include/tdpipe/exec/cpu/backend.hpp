@@ -1,0 +1,113 @@
+// backend.hpp — the CPU backend: the Eigen GPT as Compute, in-process rendezvous
+// channels as Transport (NCCL semantics, ring all-reduce), steady_clock as Clock.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "tdpipe/exec/backend.hpp"
+#include "tdpipe/exec/cpu/corpus.hpp"
+#include "tdpipe/exec/cpu/gpt.hpp"
+#include "tdpipe/exec/run_control.hpp"
+#include "tdpipe/ir/plan.hpp"
+
+namespace tdpipe::exec::cpu {
+
+/// What a training run needs besides the plan.
+struct TrainOptions {
+  int steps = 3;
+  AdamConfig adam;
+  std::uint64_t data_seed = 7;
+  std::uint64_t init_seed = 1234;
+  std::string corpus_path;  ///< "" = Corpus::default_path()
+};
+
+/// Token boundaries of the plan's slices: S + 1 offsets from 0 to seq
+/// (plan.slice_tokens, or an equal split when it is empty).
+std::vector<int> slice_offsets(const ir::Plan& plan, int seq);
+
+/// Compute of one pipeline rank of one replica: one GptStage per chunk.
+class CpuCompute final : public Compute {
+ public:
+  CpuCompute(const GptConfig& config, const ir::Plan& plan, int rank, int replica,
+             const Corpus& corpus, const TrainOptions& options);
+
+  void begin_step(int step) override;
+  Buffer run(const ComputeOp& op, Buffer input) override;
+  Buffer allocate(const TensorKey& key) override;
+  Buffer grad_bucket(int chunk, int index, int count) override;
+  double end_step() override;
+
+  /// The stage of local chunk `chunk`.
+  GptStage& chunk_stage(int chunk) { return stages_.at(static_cast<std::size_t>(chunk)); }
+  int chunks() const { return static_cast<int>(stages_.size()); }
+
+ private:
+  const MicroBatch& micro_batch(int mb);
+
+  GptConfig config_;
+  const Corpus* corpus_;
+  TrainOptions options_;
+  int replica_, microbatches_, virtual_stages_;
+  std::vector<int> offsets_;
+  double loss_scale_;
+  std::vector<GptStage> stages_;
+  std::map<int, MicroBatch> batches_;
+  int step_ = 0;
+  double loss_ = 0;
+};
+
+/// The in-process network of one run: FIFO rendezvous channels per (communicator,
+/// sender, receiver) over world ranks (replica · p + pipeline rank).
+class CpuFabric {
+ public:
+  static constexpr int kP2P = 0;  ///< pipeline point-to-point communicator
+  static constexpr int kDP = 1;   ///< data-parallel communicator
+  explicit CpuFabric(RunControl& control) : control_(&control) {}
+  /// Posts `ops` of world rank `self` (peers given as world ranks) together and
+  /// blocks until all completed. Throws tdpipe::Error on a mismatch, Aborted on abort.
+  void post(int comm, int self, std::span<P2POp> ops);
+
+ private:
+  struct Pending;
+  RunControl* control_;
+  std::map<std::tuple<int, int, int>, std::vector<Pending*>> sends_, recvs_;
+};
+
+/// Transport of one (replica, pipeline rank) over a CpuFabric.
+class CpuTransport final : public Transport {
+ public:
+  CpuTransport(CpuFabric& fabric, int replica, int rank, int stages, int data)
+      : fabric_(&fabric), replica_(replica), rank_(rank), stages_(stages), data_(data) {}
+  void post(std::span<P2POp> batch) override;
+  /// Ring all-reduce (reduce-scatter then all-gather, d − 1 steps each) over the
+  /// replicas of this pipeline rank; every element's sum is formed once, so all
+  /// replicas end bit-identical.
+  void all_reduce(const Buffer& buffer, int tag) override;
+
+ private:
+  CpuFabric* fabric_;
+  int replica_, rank_, stages_, data_;
+};
+
+/// ns since a common origin.
+class CpuClock final : public Clock {
+ public:
+  explicit CpuClock(std::chrono::steady_clock::time_point origin) : origin_(origin) {}
+  std::int64_t now_ns(ir::Stream) override {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now() - origin_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point origin_;
+};
+
+/// A host buffer of `elements` doubles, owned by the Buffer.
+Buffer host_buffer(std::int64_t elements);
+
+}  // namespace tdpipe::exec::cpu

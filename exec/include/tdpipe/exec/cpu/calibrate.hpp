@@ -1,0 +1,38 @@
+// calibrate.hpp — measures what the simulator needs to predict CPU runs: per-op
+// durations of a scenario's layers as they run inside the executor (rank threads
+// sharing the cores), and the in-process transport's latency and bandwidth.
+#pragma once
+
+#include <cstdint>
+
+#include "tdpipe/exec/cpu/run.hpp"
+#include "tdpipe/ir/plan.hpp"
+#include "tdpipe/traces/profile.hpp"
+#include "tdpipe/traces/trace.hpp"
+
+namespace tdpipe::exec::cpu {
+
+struct CalibrateOptions {
+  int warmup_steps = 2;  ///< run before measuring (allocations, caches)
+  int steps = 5;         ///< measured steps; each op's median is over all its samples
+  TrainOptions train;    ///< model data and optimizer (steps is overridden)
+  int transport_repeats = 200;
+};
+
+/// Medians of each compute op kind per (virtual stage, slice) over `traces`
+/// (measured traces of `plan`), as ProfileOps with the stage's layer count.
+std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vector<traces::Trace>& traces);
+
+/// Latency (a 8-byte message) and bandwidth (1 MiB) of a SEND/RECV pair between two
+/// rank threads over CpuFabric, and of a 2-member ring all-reduce (bus bandwidth).
+struct TransportMeasurement {
+  traces::TransportProfile p2p;
+  traces::TransportProfile collective;
+};
+TransportMeasurement measure_transport(int repeats);
+
+/// Runs `plan` on the CPU backend (warm-up, then measured steps) and the transport
+/// micro-benchmarks; returns the profile with this machine's platform.
+traces::Profile calibrate(const ir::Plan& plan, const CalibrateOptions& options);
+
+}  // namespace tdpipe::exec::cpu

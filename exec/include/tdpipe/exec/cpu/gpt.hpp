@@ -1,0 +1,102 @@
+// gpt.hpp — the CPU executor's model: a GPT-style decoder in Eigen (double),
+// split into virtual stages, with temporal slices and split backward.
+//
+// Stage s of V holds: the token + position embedding (s = 0), decoder blocks
+// stage_layers(L, s, V) (LN → causal MHA → residual, LN → GeLU MLP → residual),
+// and the final LN, LM head and cross-entropy (s = V − 1). An activation of one
+// (micro-batch, slice) is a (b·T) × hidden matrix, rows sequence-major (row i·T + r
+// is token t0 + r of sequence i). Slice j attends to the keys/values of slices ≤ j
+// of its sequence, kept in a per-(micro-batch, block) KV cache; its input-gradient
+// backward adds key/value gradients for the earlier slices to an accumulator they
+// read when their own backward runs (slices go backward in reverse order).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Dense>
+
+#include "tdpipe/ir/scenario.hpp"
+
+namespace tdpipe::exec::cpu {
+
+using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+struct GptConfig {
+  int layers = 2;
+  int hidden = 16;
+  int heads = 2;
+  int ffn = 64;
+  int seq = 16;
+  int vocab = 64;
+  int micro_batch = 1;  ///< sequences per micro-batch (b)
+  double ln_eps = 1e-5;
+  std::uint64_t seed = 1234;  ///< weight initialisation
+
+  /// From a scenario's model (layers, hidden, ffn, heads, seq, vocab) and micro_batch.
+  /// Throws tdpipe::Error naming the field when the model cannot run (hidden % heads …).
+  static GptConfig from_scenario(const ir::Scenario& scenario);
+};
+
+struct AdamConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+};
+
+/// Blocks [first, last) that virtual stage `stage` of `stages` holds (near-equal split,
+/// earlier stages get the remainder last; a stage may hold none when stages > layers).
+std::pair<int, int> stage_layers(int layers, int stage, int stages);
+
+/// Parameters by name ("embed.tok", "block3.wq", "head.out", …), flattened row-major.
+using ParamMap = std::map<std::string, std::vector<double>>;
+
+/// One virtual stage of the model: parameters, gradients, Adam moments (each one
+/// flat vector, so gradient buckets are contiguous views) and per-(mb, slice) state.
+class GptStage {
+ public:
+  GptStage(const GptConfig& config, int stage, int stages);
+  ~GptStage();
+  GptStage(GptStage&&) noexcept;
+  GptStage& operator=(GptStage&&) noexcept;
+
+  int stage() const;
+  bool is_first() const;
+  bool is_last() const;
+
+  /// Zeroes gradients and drops every cache.
+  void begin_step();
+
+  /// Forward of tokens [t0, t1) of micro-batch `mb` (slice `slice`). `x`: the input
+  /// activation (stage > 0); `tokens`/`targets`: b rows of seq ids (stage 0 / last
+  /// stage). Returns the output activation (empty on the last stage, which instead
+  /// adds loss_scale · Σ cross-entropy to *loss).
+  Mat forward(int mb, int slice, int t0, int t1, const Mat& x,
+              const std::vector<std::vector<int>>* tokens,
+              const std::vector<std::vector<int>>* targets, double loss_scale, double* loss);
+  /// Input-gradient backward (B): from dL/d(output) (ignored on the last stage) to
+  /// dL/d(input) (empty on stage 0); stashes what W needs.
+  Mat backward_input(int mb, int slice, const Mat& dy);
+  /// Weight-gradient backward (W) of a slice whose B ran: accumulates gradients.
+  void backward_weight(int mb, int slice);
+  /// One Adam step (t = 1, 2, …) over this stage's parameters.
+  void adam(const AdamConfig& adam, int t);
+
+  std::vector<double>& params();
+  std::vector<double>& grads();
+  ParamMap named_params() const;
+  ParamMap named_grads() const;
+  /// Bytes of one (b·T) × hidden activation of a slice of T tokens.
+  std::int64_t activation_elements(int tokens) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tdpipe::exec::cpu

@@ -1,0 +1,47 @@
+// run.hpp — train a lowered plan on the CPU backend (one thread per rank and
+// stream, a watchdog), and the single-device reference run of the same model/data.
+#pragma once
+
+#include <vector>
+
+#include "tdpipe/exec/cpu/backend.hpp"
+#include "tdpipe/exec/cpu/gpt.hpp"
+#include "tdpipe/ir/plan.hpp"
+#include "tdpipe/traces/trace.hpp"
+
+namespace tdpipe::exec::cpu {
+
+struct CpuRunOptions {
+  TrainOptions train;
+  /// A run in which no op starts or ends for this long while some thread waits fails
+  /// with an error naming every blocked rank, its op and its peer.
+  double watchdog_seconds = 30;
+  /// Step whose timeline goes into RunResult::trace (−1: the last).
+  int trace_step = -1;
+  /// Also keep every step's timeline in RunResult::step_traces (calibration).
+  bool keep_step_traces = false;
+};
+
+struct RunResult {
+  std::vector<double> loss_per_step;      ///< mean token cross-entropy of each step
+  std::vector<double> iteration_seconds;  ///< wall time of each step
+  ParamMap weights;  ///< replica 0, after the last step
+  ParamMap grads;    ///< replica 0, the last step's (reduced) gradients
+  double replica_divergence = 0;  ///< max |w − w(replica 0)| over replicas
+  traces::Trace trace;  ///< origin "cpu": the trace step, times from its start
+  std::vector<traces::Trace> step_traces;  ///< every step's, if keep_step_traces
+};
+
+/// Trains `plan` (lowered) for options.train.steps steps. Throws tdpipe::Error with
+/// the failing rank's message, or the watchdog's report of blocked ranks.
+RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options);
+
+/// The same model and data on one device: all d · m micro-batches of each step,
+/// full sequences, fused backward, one Adam step.
+RunResult run_reference(const ir::Scenario& scenario, int data, int microbatches,
+                        const TrainOptions& options);
+
+/// √(Σ w²) over all parameters.
+double weights_l2(const ParamMap& params);
+
+}  // namespace tdpipe::exec::cpu

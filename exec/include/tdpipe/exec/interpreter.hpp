@@ -1,0 +1,39 @@
+// interpreter.hpp — executes one rank's ops of a lowered plan over a Backend.
+//
+// Nothing schedule-specific: each stream's ops run in plan order on their own host
+// thread. An op starts once the previous op of its stream ended and
+//  - its explicit `deps` ended;
+//  - compute: its input tensor is present (produced locally or received);
+//  - SEND: the tensor it sends was produced; consecutive comm ops with one `batch`
+//    id are posted together (Transport::post);
+//  - ALLREDUCE of chunk c: every W/BW of chunk c on this rank ended; the rank's
+//    ALLREDUCEs of chunk c split its gradients into that many contiguous buckets;
+//  - OPT: every ALLREDUCE of the rank ended.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tdpipe/exec/backend.hpp"
+#include "tdpipe/exec/run_control.hpp"
+#include "tdpipe/ir/plan.hpp"
+#include "tdpipe/traces/trace.hpp"
+
+namespace tdpipe::exec {
+
+struct RankStepResult {
+  std::vector<traces::TraceEvent> events;  ///< one per op, start/end from the Clock
+  double loss = 0;                         ///< Compute::end_step()
+};
+
+/// Runs step `step` of pipeline rank `rank` (of plan.ranks) and returns its measured
+/// events, labelled with `trace_rank` (the world rank: replica · p + rank). Throws
+/// tdpipe::Error on a plan the backend cannot execute, or Aborted when `control`
+/// failed elsewhere; any error inside is reported to `control` first.
+RankStepResult run_rank_step(const ir::Plan& plan, int rank, int trace_rank, int step,
+                             const Backend& backend, RunControl& control);
+
+/// The virtual stage that F/B of `op` (on `rank`) runs, checking plan.stage_of.
+int stage_of(const ir::Plan& plan, int rank, int chunk);
+
+}  // namespace tdpipe::exec

@@ -1,0 +1,63 @@
+// run_control.hpp — shared state of one run across rank/stream threads: the first
+// failure (which stops everyone), a progress counter and what each thread is
+// waiting on, so a watchdog can name every blocked rank, its op and its peer.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "tdpipe/ir/op.hpp"
+
+namespace tdpipe::exec {
+
+/// Thrown inside a thread whose run was aborted by another thread's failure.
+struct Aborted {};
+
+class RunControl {
+ public:
+  /// Records the first failure, wakes every waiter. Later failures are ignored.
+  void fail(const std::string& message);
+  bool failed() const { return failed_.load(); }
+  /// The first failure's message ("" if none).
+  std::string failure() const;
+
+  /// Counts progress (an op started or ended); the watchdog fires when it stalls.
+  void progress() { progress_.fetch_add(1, std::memory_order_relaxed); }
+  std::uint64_t progress_count() const { return progress_.load(std::memory_order_relaxed); }
+
+  /// What thread (rank, stream) is blocked on now, e.g. "SEND(F0>r1) waiting for
+  /// rank 1"; "" when it is not blocked.
+  void set_waiting(int rank, ir::Stream stream, std::string what);
+  /// One line per blocked thread: "rank R (stream): what".
+  std::string waiting_report() const;
+
+  /// Shared lock and condition for the host-side waits of the interpreter and the
+  /// in-process transport. wait() throws Aborted once the run failed.
+  std::mutex& mutex() { return mu_; }
+  template <typename Pred>
+  void wait(std::unique_lock<std::mutex>& lock, Pred pred) {
+    while (!pred()) {
+      if (failed()) throw Aborted{};
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
+    }
+    if (failed()) throw Aborted{};
+  }
+  void notify_all() { cv_.notify_all(); }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> failed_{false};
+  std::atomic<std::uint64_t> progress_{0};
+  mutable std::mutex info_mu_;
+  std::string failure_;
+  std::map<std::pair<int, int>, std::string> waiting_;
+};
+
+}  // namespace tdpipe::exec

@@ -1,0 +1,282 @@
+// cpu_backend.cpp — CpuCompute (Eigen GPT per chunk), CpuFabric rendezvous
+// channels with NCCL matching rules, ring all-reduce.
+#include "tdpipe/exec/cpu/backend.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "tdpipe/ir/error.hpp"
+
+namespace tdpipe::exec::cpu {
+
+Buffer host_buffer(std::int64_t elements) {
+  Buffer b;
+  b.data = std::shared_ptr<void>(new double[static_cast<std::size_t>(std::max<std::int64_t>(elements, 1))](),
+                                 [](void* p) { delete[] static_cast<double*>(p); });
+  b.elements = elements;
+  b.dtype = DType::F64;
+  return b;
+}
+
+namespace {
+Buffer to_buffer(const Mat& m) {
+  Buffer b = host_buffer(m.size());
+  std::copy(m.data(), m.data() + m.size(), b.as<double>());
+  return b;
+}
+Mat to_mat(const Buffer& b, Eigen::Index rows, Eigen::Index cols, const char* what) {
+  if (b.empty() || b.elements != rows * cols || b.dtype != DType::F64)
+    throw Error(fmt::format("{}: got a buffer of {} elements, expected {}×{} doubles", what,
+                            b.elements, rows, cols));
+  return Eigen::Map<const Mat>(b.as<double>(), rows, cols);
+}
+}  // namespace
+
+std::vector<int> slice_offsets(const ir::Plan& plan, int seq) {
+  const int slices = std::max(1, plan.slices);
+  std::vector<int> offsets{0};
+  if (!plan.slice_tokens.empty()) {
+    if (static_cast<int>(plan.slice_tokens.size()) != slices)
+      throw Error(fmt::format("plan: slice_tokens has {} entries, expected slices = {}",
+                              plan.slice_tokens.size(), slices));
+    for (int t : plan.slice_tokens) {
+      if (t <= 0) throw Error(fmt::format("plan: slice_tokens has a slice of {} tokens", t));
+      offsets.push_back(offsets.back() + t);
+    }
+    if (offsets.back() != seq)
+      throw Error(fmt::format("plan: slice_tokens sum to {}, expected the sequence length {}",
+                              offsets.back(), seq));
+    return offsets;
+  }
+  if (slices > seq)
+    throw Error(fmt::format("plan: {} slices of a {}-token sequence", slices, seq));
+  for (int j = 1; j <= slices; ++j) offsets.push_back(seq * j / slices);
+  return offsets;
+}
+
+CpuCompute::CpuCompute(const GptConfig& config, const ir::Plan& plan, int rank, int replica,
+                       const Corpus& corpus, const TrainOptions& options)
+    : config_(config),
+      corpus_(&corpus),
+      options_(options),
+      replica_(replica),
+      microbatches_(plan.microbatches),
+      virtual_stages_(plan.virtual_stages()),
+      offsets_(slice_offsets(plan, config.seq)) {
+  if (corpus.vocab() > config.vocab)
+    throw Error(fmt::format("model.vocab = {} is smaller than the corpus's {} characters",
+                            config.vocab, corpus.vocab()));
+  loss_scale_ = 1.0 / (static_cast<double>(plan.data) * plan.microbatches * config.micro_batch *
+                       config.seq);
+  const auto& chunks = plan.stage_of.at(static_cast<std::size_t>(rank));
+  for (int stage : chunks) stages_.emplace_back(config_, stage, virtual_stages_);
+}
+
+const MicroBatch& CpuCompute::micro_batch(int mb) {
+  auto it = batches_.find(mb);
+  if (it == batches_.end())
+    it = batches_.emplace(mb, load_micro_batch(*corpus_, options_.data_seed, step_, replica_,
+                                               microbatches_, mb, config_.micro_batch, config_.seq))
+             .first;
+  return it->second;
+}
+
+void CpuCompute::begin_step(int step) {
+  step_ = step;
+  loss_ = 0;
+  batches_.clear();
+  for (auto& s : stages_) s.begin_step();
+}
+
+double CpuCompute::end_step() { return loss_; }
+
+Buffer CpuCompute::run(const ComputeOp& op, Buffer input) {
+  if (op.kind == ir::OpKind::OPT) {
+    for (auto& s : stages_) s.adam(options_.adam, step_ + 1);
+    return {};
+  }
+  if (op.chunk < 0 || op.chunk >= chunks())
+    throw Error(fmt::format("chunk {} out of range (this rank has {})", op.chunk, chunks()));
+  if (op.slice < 0 || op.slice + 1 >= static_cast<int>(offsets_.size()))
+    throw Error(fmt::format("slice {} out of range (the plan has {})", op.slice, offsets_.size() - 1));
+  if (op.mb < 0 || op.mb >= microbatches_)
+    throw Error(fmt::format("micro-batch {} out of range (m = {})", op.mb, microbatches_));
+  GptStage& st = chunk_stage(op.chunk);
+  const int t0 = offsets_[static_cast<std::size_t>(op.slice)];
+  const int t1 = offsets_[static_cast<std::size_t>(op.slice) + 1];
+  const Eigen::Index rows = static_cast<Eigen::Index>(config_.micro_batch) * (t1 - t0);
+  switch (op.kind) {
+    case ir::OpKind::F: {
+      const MicroBatch* data = (st.is_first() || st.is_last()) ? &micro_batch(op.mb) : nullptr;
+      Mat x;
+      if (!st.is_first()) x = to_mat(input, rows, config_.hidden, "F input");
+      Mat y = st.forward(op.mb, op.slice, t0, t1, x, data ? &data->tokens : nullptr,
+                         data ? &data->targets : nullptr, loss_scale_, &loss_);
+      if (st.is_last()) return {};
+      return to_buffer(y);
+    }
+    case ir::OpKind::B:
+    case ir::OpKind::BW: {
+      Mat dy;
+      if (!st.is_last()) dy = to_mat(input, rows, config_.hidden, "B input");
+      Mat dx = st.backward_input(op.mb, op.slice, dy);
+      if (op.kind == ir::OpKind::BW) st.backward_weight(op.mb, op.slice);
+      if (st.is_first()) return {};
+      return to_buffer(dx);
+    }
+    case ir::OpKind::W:
+      st.backward_weight(op.mb, op.slice);
+      return {};
+    default:
+      throw Error(fmt::format("{} is not a compute op", ir::to_string(op.kind)));
+  }
+}
+
+Buffer CpuCompute::allocate(const TensorKey& key) {
+  if (key.slice < 0 || key.slice + 1 >= static_cast<int>(offsets_.size()))
+    throw Error(fmt::format("RECV of slice {}: the plan has {} slices", key.slice, offsets_.size() - 1));
+  const int tokens = offsets_[static_cast<std::size_t>(key.slice) + 1] - offsets_[static_cast<std::size_t>(key.slice)];
+  return host_buffer(static_cast<std::int64_t>(config_.micro_batch) * tokens * config_.hidden);
+}
+
+Buffer CpuCompute::grad_bucket(int chunk, int index, int count) {
+  if (chunk < 0 || chunk >= chunks() || count < 1 || index < 0 || index >= count)
+    throw Error(fmt::format("gradient bucket {} of {} of chunk {}: out of range", index, count, chunk));
+  std::vector<double>& g = chunk_stage(chunk).grads();
+  const auto n = static_cast<std::int64_t>(g.size());
+  const std::int64_t begin = n * index / count, end = n * (index + 1) / count;
+  Buffer b;
+  // A view: the stage owns the memory, valid until end_step (see Compute::grad_bucket).
+  b.data = std::shared_ptr<void>(g.data() + begin, [](void*) {});
+  b.elements = end - begin;
+  b.dtype = DType::F64;
+  return b;
+}
+
+// ---------------------------------------------------------------------------------
+// Fabric
+
+struct CpuFabric::Pending {
+  P2POp* op = nullptr;
+  int self = 0;
+  bool done = false;
+};
+
+void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
+  std::vector<Pending> mine(ops.size());
+  std::vector<std::tuple<int, int, int>> touched;
+  std::unique_lock lock(control_->mutex());
+  if (control_->failed()) throw Aborted{};
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    P2POp& op = ops[i];
+    mine[i] = Pending{&op, self, false};
+    if (op.kind == ir::OpKind::SEND) {
+      auto key = std::make_tuple(comm, self, op.peer);
+      sends_[key].push_back(&mine[i]);
+      touched.push_back(key);
+    } else if (op.kind == ir::OpKind::RECV) {
+      auto key = std::make_tuple(comm, op.peer, self);
+      recvs_[key].push_back(&mine[i]);
+      touched.push_back(key);
+    } else {
+      throw Error(fmt::format("transport: {} is not SEND or RECV", ir::to_string(op.kind)));
+    }
+  }
+  auto forget_mine = [&] {
+    for (auto* table : {&sends_, &recvs_})
+      for (auto& [key, queue] : *table)
+        std::erase_if(queue, [&](Pending* p) { return p >= mine.data() && p < mine.data() + mine.size(); });
+  };
+  try {
+    // Match heads of each touched channel in posting order (NCCL: per peer, FIFO).
+    for (const auto& key : touched) {
+      auto& sq = sends_[key];
+      auto& rq = recvs_[key];
+      while (!sq.empty() && !rq.empty()) {
+        Pending* s = sq.front();
+        Pending* r = rq.front();
+        const P2POp& so = *s->op;
+        P2POp& ro = *r->op;
+        if (!(so.key == ro.key) || so.buffer.bytes() != ro.buffer.bytes() ||
+            so.buffer.dtype != ro.buffer.dtype)
+          throw Error(fmt::format(
+              "rank {} {} ({} bytes) was matched with rank {} {} ({} bytes): the k-th SEND "
+              "between two ranks must carry the tensor of the k-th RECV",
+              s->self, so.label, so.buffer.bytes(), r->self, ro.label, ro.buffer.bytes()));
+        std::memcpy(ro.buffer.data.get(), so.buffer.data.get(), static_cast<std::size_t>(so.buffer.bytes()));
+        s->done = r->done = true;
+        sq.erase(sq.begin());
+        rq.erase(rq.begin());
+      }
+    }
+    control_->notify_all();
+    control_->wait(lock, [&] {
+      return std::all_of(mine.begin(), mine.end(), [](const Pending& p) { return p.done; });
+    });
+  } catch (...) {
+    forget_mine();
+    throw;
+  }
+}
+
+void CpuTransport::post(std::span<P2POp> batch) {
+  std::vector<P2POp> world(batch.begin(), batch.end());
+  for (auto& op : world) {
+    if (op.peer < 0 || op.peer >= stages_)
+      throw Error(fmt::format("{}: peer {} is not a pipeline rank (p = {})", op.label, op.peer, stages_));
+    op.peer = replica_ * stages_ + op.peer;
+  }
+  fabric_->post(CpuFabric::kP2P, replica_ * stages_ + rank_, world);
+}
+
+void CpuTransport::all_reduce(const Buffer& buffer, int tag) {
+  const int n = data_;
+  if (n <= 1) return;
+  if (buffer.dtype != DType::F64) throw Error("CPU all-reduce: expected doubles");
+  double* data = buffer.as<double>();
+  const std::int64_t len = buffer.elements;
+  auto seg_begin = [&](int s) { return len * s / n; };
+  auto seg_len = [&](int s) { return seg_begin(s + 1) - seg_begin(s); };
+  const int self = replica_ * stages_ + rank_;
+  const int next = ((replica_ + 1) % n) * stages_ + rank_;
+  const int prev = ((replica_ + n - 1) % n) * stages_ + rank_;
+  const int i = replica_;
+  auto exchange = [&](int step, int send_seg, int recv_seg) {
+    P2POp ops[2];
+    ops[0].kind = ir::OpKind::SEND;
+    ops[0].peer = next;
+    ops[0].key = TensorKey{ir::OpKind::ALLREDUCE, tag, step, send_seg};
+    ops[0].buffer = host_buffer(seg_len(send_seg));
+    std::copy(data + seg_begin(send_seg), data + seg_begin(send_seg) + seg_len(send_seg),
+              ops[0].buffer.as<double>());
+    ops[0].label = fmt::format("ALLREDUCE(b{}) ring step {} send to rank {}", tag, step, next);
+    ops[1].kind = ir::OpKind::RECV;
+    ops[1].peer = prev;
+    ops[1].key = TensorKey{ir::OpKind::ALLREDUCE, tag, step, recv_seg};
+    ops[1].buffer = host_buffer(seg_len(recv_seg));
+    ops[1].label = fmt::format("ALLREDUCE(b{}) ring step {} receive from rank {}", tag, step, prev);
+    fabric_->post(CpuFabric::kDP, self, ops);
+    return ops[1].buffer;
+  };
+  // Reduce-scatter: after n − 1 steps, replica i holds the full sum of segment i + 1.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_seg = ((i - s) % n + n) % n;
+    const int recv_seg = ((i - s - 1) % n + n) % n;
+    Buffer got = exchange(s, send_seg, recv_seg);
+    double* dst = data + seg_begin(recv_seg);
+    const double* src = got.as<double>();
+    for (std::int64_t k = 0; k < seg_len(recv_seg); ++k) dst[k] += src[k];
+  }
+  // All-gather the finished segments around the ring.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_seg = ((i + 1 - s) % n + n) % n;
+    const int recv_seg = ((i - s) % n + n) % n;
+    Buffer got = exchange(n - 1 + s, send_seg, recv_seg);
+    std::copy(got.as<double>(), got.as<double>() + seg_len(recv_seg), data + seg_begin(recv_seg));
+  }
+}
+
+}  // namespace tdpipe::exec::cpu

@@ -1,0 +1,163 @@
+// cpu_calibrate.cpp — per-op medians from measured CPU runs, transport
+// micro-benchmarks, and the platform description, as a traces::Profile.
+#include "tdpipe/exec/cpu/calibrate.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "tdpipe/exec/interpreter.hpp"
+#include "tdpipe/ir/error.hpp"
+
+namespace tdpipe::exec::cpu {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  return "unknown CPU";
+}
+
+// Seconds per one-way SEND/RECV of `bytes` between two threads (ping-pong / 2).
+double p2p_seconds(std::int64_t bytes, int repeats) {
+  RunControl control;
+  CpuFabric fabric(control);
+  const std::int64_t elems = std::max<std::int64_t>(1, bytes / 8);
+  auto side = [&](int self, int peer, bool sends_first) {
+    Buffer out = host_buffer(elems), in = host_buffer(elems);
+    for (int i = 0; i < repeats + 1; ++i)
+      for (int half = 0; half < 2; ++half) {
+        P2POp op;
+        const bool send = (half == 0) == sends_first;
+        op.kind = send ? ir::OpKind::SEND : ir::OpKind::RECV;
+        op.peer = peer;
+        op.key = TensorKey{ir::OpKind::F, 0, i, 0};
+        op.buffer = send ? out : in;
+        op.label = "calibration ping-pong";
+        fabric.post(CpuFabric::kP2P, self, std::span<P2POp>(&op, 1));
+      }
+  };
+  std::thread b([&] { side(1, 0, false); });
+  const auto t0 = std::chrono::steady_clock::now();
+  side(0, 1, true);
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  b.join();
+  return total / (2.0 * (repeats + 1));
+}
+
+// Seconds per 2-member ring all-reduce of `bytes`.
+double allreduce_seconds(std::int64_t bytes, int repeats) {
+  RunControl control;
+  CpuFabric fabric(control);
+  const std::int64_t elems = std::max<std::int64_t>(2, bytes / 8);
+  auto member = [&](int replica) {
+    CpuTransport t(fabric, replica, 0, 1, 2);
+    Buffer buf = host_buffer(elems);
+    for (int i = 0; i < repeats; ++i) t.all_reduce(buf, i);
+  };
+  std::thread b([&] { member(1); });
+  const auto t0 = std::chrono::steady_clock::now();
+  member(0);
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  b.join();
+  return total / repeats;
+}
+
+}  // namespace
+
+std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vector<traces::Trace>& measured) {
+  const int p = plan.num_ranks();
+  std::map<std::tuple<int, int, int>, std::vector<double>> samples;  // (kind, stage, slice)
+  for (const auto& t : measured)
+    for (const auto& e : t.events) {
+      if (!e.kind || !ir::is_compute(*e.kind)) continue;
+      const int r = e.rank % p;
+      const int stage = *e.kind == ir::OpKind::OPT ? stage_of(plan, r, 0) : stage_of(plan, r, e.chunk);
+      samples[{static_cast<int>(*e.kind), stage, *e.kind == ir::OpKind::OPT ? -1 : e.slice}].push_back(
+          static_cast<double>(e.dur_ns) * 1e-9);
+    }
+  std::vector<traces::ProfileOp> ops;
+  for (const auto& [key, v] : samples) {
+    traces::ProfileOp op;
+    op.kind = static_cast<ir::OpKind>(std::get<0>(key));
+    op.virtual_stage = std::get<1>(key);
+    op.slice = std::get<2>(key);
+    const auto [a, b] = stage_layers(plan.scenario.model.layers, op.virtual_stage, plan.virtual_stages());
+    op.layers = b - a;
+    op.seconds = median(v);
+    op.samples = static_cast<int>(v.size());
+    ops.push_back(op);
+  }
+  return ops;
+}
+
+TransportMeasurement measure_transport(int repeats) {
+  TransportMeasurement m;
+  const std::int64_t small = 8, large = 1 << 20;
+  const double t_small = p2p_seconds(small, repeats);
+  const double t_large = p2p_seconds(large, std::max(10, repeats / 10));
+  m.p2p.latency_seconds = t_small;
+  m.p2p.bytes_per_second = t_large > t_small ? static_cast<double>(large - small) / (t_large - t_small) : 0;
+  const double a_small = allreduce_seconds(16, repeats);
+  const double a_large = allreduce_seconds(large, std::max(10, repeats / 10));
+  m.collective.latency_seconds = a_small;
+  // nccl-tests' bus bandwidth: algbw · 2(n − 1)/n, which is algbw for n = 2.
+  m.collective.bytes_per_second =
+      a_large > a_small ? static_cast<double>(large - 16) / (a_large - a_small) : 0;
+  return m;
+}
+
+traces::Profile calibrate(const ir::Plan& plan, const CalibrateOptions& options) {
+  CpuRunOptions run;
+  run.train = options.train;
+  run.train.steps = options.warmup_steps + options.steps;
+  run.keep_step_traces = true;
+  const RunResult r = run_cpu(plan, run);
+  const std::vector<traces::Trace> measured(r.step_traces.begin() + options.warmup_steps, r.step_traces.end());
+
+  traces::Profile prof;
+  prof.scenario = plan.scenario.name;
+  prof.stages = plan.stages;
+  prof.ops = profile_ops(plan, measured);
+  const TransportMeasurement tm = measure_transport(options.transport_repeats);
+  prof.p2p = tm.p2p;
+  prof.collective = tm.collective;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int ranks = plan.num_ranks() * std::max(1, plan.data);
+  prof.platform.backend = "cpu";
+  prof.platform.device = cpu_model();
+  prof.platform.cores = cores;
+  prof.platform.ranks = ranks;
+  prof.platform.threads_per_rank = 1;
+  prof.platform.description = fmt::format(
+      "{} rank threads (one compute thread each, plus p2p/dp stream threads that mostly wait) "
+      "sharing {} cores; op times measured inside the running schedule, so they include that sharing",
+      ranks, cores);
+  std::vector<double> iters(r.iteration_seconds.begin() + options.warmup_steps, r.iteration_seconds.end());
+  prof.metadata["schedule"] = plan.schedule;
+  prof.metadata["chunks"] = std::to_string(plan.chunks);
+  prof.metadata["slices"] = std::to_string(plan.slices);
+  prof.metadata["data"] = std::to_string(plan.data);
+  prof.metadata["measured_steps"] = std::to_string(options.steps);
+  prof.metadata["median_iteration_seconds"] = fmt::format("{:.9g}", median(iters));
+  prof.metadata["dtype"] = "f64";
+  return prof;
+}
+
+}  // namespace tdpipe::exec::cpu

@@ -1,0 +1,527 @@
+// cpu_gpt.cpp — forward, split backward (B / W) and Adam of one GPT virtual stage.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "tdpipe/exec/cpu/gpt.hpp"
+#include "tdpipe/ir/error.hpp"
+
+namespace tdpipe::exec::cpu {
+namespace {
+
+using Vec = Eigen::RowVectorXd;
+using MapMat = Eigen::Map<Mat>;
+using MapVec = Eigen::Map<Vec>;
+
+std::uint64_t fnv1a(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+enum class Init { Normal, Ones, Zeros };
+
+struct ParamSpec {
+  std::string name;
+  int rows = 0, cols = 0;
+  Init init = Init::Normal;
+  std::size_t offset = 0;
+};
+
+// LayerNorm over rows: y = xhat ⊙ g + b. Keeps xhat and 1/σ for backward.
+void ln_forward(const Mat& x, const MapVec& g, const MapVec& b, double eps, Mat& xhat,
+                Eigen::VectorXd& rstd, Mat& y) {
+  const Eigen::Index n = x.cols();
+  xhat.resize(x.rows(), n);
+  rstd.resize(x.rows());
+  for (Eigen::Index r = 0; r < x.rows(); ++r) {
+    const double mean = x.row(r).mean();
+    const double var = (x.row(r).array() - mean).square().sum() / static_cast<double>(n);
+    rstd(r) = 1.0 / std::sqrt(var + eps);
+    xhat.row(r) = (x.row(r).array() - mean) * rstd(r);
+  }
+  y = (xhat.array().rowwise() * g.array()).rowwise() + b.array();
+}
+
+// dL/dx of LayerNorm given dL/dy.
+Mat ln_backward(const Mat& dy, const Mat& xhat, const Eigen::VectorXd& rstd, const MapVec& g) {
+  const double n = static_cast<double>(dy.cols());
+  Mat dxhat = dy.array().rowwise() * g.array();
+  Mat dx(dy.rows(), dy.cols());
+  for (Eigen::Index r = 0; r < dy.rows(); ++r) {
+    const double m1 = dxhat.row(r).sum() / n;
+    const double m2 = dxhat.row(r).dot(xhat.row(r)) / n;
+    dx.row(r) = rstd(r) * (dxhat.row(r).array() - m1 - xhat.row(r).array() * m2);
+  }
+  return dx;
+}
+
+constexpr double kGeluC = 0.7978845608028654;  // sqrt(2/pi)
+
+double gelu(double u) { return 0.5 * u * (1.0 + std::tanh(kGeluC * (u + 0.044715 * u * u * u))); }
+double gelu_grad(double u) {
+  const double inner = kGeluC * (u + 0.044715 * u * u * u);
+  const double t = std::tanh(inner);
+  return 0.5 * (1.0 + t) + 0.5 * u * (1.0 - t * t) * kGeluC * (1.0 + 3.0 * 0.044715 * u * u);
+}
+
+// Forward state of one block for one (mb, slice), and what B hands to W.
+struct BlockState {
+  Mat xhat1, h, q, a, xhat2, h2, u, g;
+  Eigen::VectorXd rstd1, rstd2;
+  std::vector<Mat> probs;  // per (sequence, head): T × t1
+  // Filled by B for W.
+  Mat dh, dq, dk, dv, dy_attn, dh2, du, dz;
+};
+
+struct HeadState {
+  Mat xhatf, hf, probs;
+  Eigen::VectorXd rstdf;
+  Mat dlogits, dhf;
+};
+
+struct SliceState {
+  int t0 = 0, t1 = 0;
+  std::vector<BlockState> blocks;
+  HeadState head;
+  std::vector<std::vector<int>> tokens;  // stage 0: ids of this slice, per sequence
+  Mat dx0;                               // stage 0: gradient at the embedding output
+  bool backward_done = false;
+};
+
+// Per-(mb, block) keys/values of the whole sequence (filled slice by slice) and the
+// gradients later slices pushed back to earlier rows.
+struct KvState {
+  Mat k, v, dk, dv;
+};
+
+}  // namespace
+
+struct GptStage::Impl {
+  GptConfig cfg;
+  int stage = 0, stages = 1;
+  int first_block = 0, last_block = 0;
+  std::vector<ParamSpec> specs;
+  std::map<std::string, std::size_t> index;
+  std::vector<double> params, grads, m1, m2;
+  std::map<std::pair<int, int>, SliceState> slices;          // (mb, slice)
+  std::map<std::pair<int, int>, KvState> kv;                 // (mb, block)
+
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+  int nblocks() const { return last_block - first_block; }
+
+  void add(const std::string& name, int rows, int cols, Init init) {
+    ParamSpec s{name, rows, cols, init, 0};
+    index[name] = specs.size();
+    specs.push_back(s);
+  }
+  std::string bname(int l, const char* p) const { return fmt::format("block{}.{}", l, p); }
+
+  MapMat P(const std::string& name) {
+    const ParamSpec& s = specs[index.at(name)];
+    return MapMat(params.data() + s.offset, s.rows, s.cols);
+  }
+  MapMat G(const std::string& name) {
+    const ParamSpec& s = specs[index.at(name)];
+    return MapMat(grads.data() + s.offset, s.rows, s.cols);
+  }
+  MapVec Pv(const std::string& name) {
+    const ParamSpec& s = specs[index.at(name)];
+    return MapVec(params.data() + s.offset, s.rows * s.cols);
+  }
+  MapVec Gv(const std::string& name) {
+    const ParamSpec& s = specs[index.at(name)];
+    return MapVec(grads.data() + s.offset, s.rows * s.cols);
+  }
+
+  void build() {
+    const int H = cfg.hidden, F = cfg.ffn;
+    if (first()) {
+      add("embed.tok", cfg.vocab, H, Init::Normal);
+      add("embed.pos", cfg.seq, H, Init::Normal);
+    }
+    for (int l = first_block; l < last_block; ++l) {
+      add(bname(l, "ln1.g"), 1, H, Init::Ones);
+      add(bname(l, "ln1.b"), 1, H, Init::Zeros);
+      // No bias on q/k/v: a key bias has an exactly-zero gradient (softmax is shift
+      // invariant) that round-off would turn into Adam noise of size lr.
+      add(bname(l, "wq"), H, H, Init::Normal);
+      add(bname(l, "wk"), H, H, Init::Normal);
+      add(bname(l, "wv"), H, H, Init::Normal);
+      add(bname(l, "wo"), H, H, Init::Normal);
+      add(bname(l, "bo"), 1, H, Init::Zeros);
+      add(bname(l, "ln2.g"), 1, H, Init::Ones);
+      add(bname(l, "ln2.b"), 1, H, Init::Zeros);
+      add(bname(l, "w1"), H, F, Init::Normal);
+      add(bname(l, "b1"), 1, F, Init::Zeros);
+      add(bname(l, "w2"), F, H, Init::Normal);
+      add(bname(l, "b2"), 1, H, Init::Zeros);
+    }
+    if (last()) {
+      add("head.ln.g", 1, H, Init::Ones);
+      add("head.ln.b", 1, H, Init::Zeros);
+      add("head.out", H, cfg.vocab, Init::Normal);
+      add("head.bias", 1, cfg.vocab, Init::Zeros);
+    }
+    std::size_t total = 0;
+    for (auto& s : specs) {
+      s.offset = total;
+      total += static_cast<std::size_t>(s.rows) * s.cols;
+    }
+    params.assign(total, 0.0);
+    grads.assign(total, 0.0);
+    m1.assign(total, 0.0);
+    m2.assign(total, 0.0);
+    // Each tensor is seeded by its name, so any partition of the model starts from
+    // the same weights as the single-device reference.
+    for (const auto& s : specs) {
+      double* p = params.data() + s.offset;
+      const std::size_t n = static_cast<std::size_t>(s.rows) * s.cols;
+      if (s.init == Init::Ones) std::fill(p, p + n, 1.0);
+      if (s.init != Init::Normal) continue;
+      std::mt19937_64 rng(cfg.seed ^ fnv1a(s.name));
+      std::normal_distribution<double> dist(0.0, 0.02);
+      for (std::size_t i = 0; i < n; ++i) p[i] = dist(rng);
+    }
+  }
+
+  KvState& kv_of(int mb, int l) {
+    auto [it, inserted] = kv.try_emplace({mb, l});
+    if (inserted) {
+      const int rows = cfg.micro_batch * cfg.seq;
+      it->second.k = Mat::Zero(rows, cfg.hidden);
+      it->second.v = Mat::Zero(rows, cfg.hidden);
+      it->second.dk = Mat::Zero(rows, cfg.hidden);
+      it->second.dv = Mat::Zero(rows, cfg.hidden);
+    }
+    return it->second;
+  }
+
+  Mat block_forward(int mb, int l, int t0, int t1, const Mat& x, BlockState& st) {
+    const int b = cfg.micro_batch, T = t1 - t0, H = cfg.hidden;
+    const int nh = cfg.heads, dh = H / nh;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+    Mat h;
+    ln_forward(x, Pv(bname(l, "ln1.g")), Pv(bname(l, "ln1.b")), cfg.ln_eps, st.xhat1, st.rstd1, h);
+    st.h = h;
+    st.q = h * P(bname(l, "wq"));
+    Mat k = h * P(bname(l, "wk"));
+    Mat v = h * P(bname(l, "wv"));
+    KvState& cache = kv_of(mb, l);
+    for (int i = 0; i < b; ++i) {
+      cache.k.middleRows(i * cfg.seq + t0, T) = k.middleRows(i * T, T);
+      cache.v.middleRows(i * cfg.seq + t0, T) = v.middleRows(i * T, T);
+    }
+    st.a.resize(b * T, H);
+    st.probs.assign(static_cast<std::size_t>(b * nh), Mat());
+    for (int i = 0; i < b; ++i) {
+      for (int hd = 0; hd < nh; ++hd) {
+        const Mat qh = st.q.block(i * T, hd * dh, T, dh);
+        const Mat kh = cache.k.block(i * cfg.seq, hd * dh, t1, dh);
+        const Mat vh = cache.v.block(i * cfg.seq, hd * dh, t1, dh);
+        Mat s = (qh * kh.transpose()) * scale;
+        for (int r = 0; r < T; ++r) {
+          const int pos = t0 + r;  // keys after the query's position are masked
+          const double mx = s.row(r).head(pos + 1).maxCoeff();
+          double sum = 0;
+          for (int c = 0; c < t1; ++c) {
+            const double e = c <= pos ? std::exp(s(r, c) - mx) : 0.0;
+            s(r, c) = e;
+            sum += e;
+          }
+          s.row(r) /= sum;
+        }
+        st.a.block(i * T, hd * dh, T, dh) = s * vh;
+        st.probs[static_cast<std::size_t>(i * nh + hd)] = std::move(s);
+      }
+    }
+    Mat x2 = x + Mat((st.a * P(bname(l, "wo"))).rowwise() + Pv(bname(l, "bo")));
+    Mat h2;
+    ln_forward(x2, Pv(bname(l, "ln2.g")), Pv(bname(l, "ln2.b")), cfg.ln_eps, st.xhat2, st.rstd2, h2);
+    st.h2 = h2;
+    st.u = (h2 * P(bname(l, "w1"))).rowwise() + Pv(bname(l, "b1"));
+    st.g = st.u.unaryExpr([](double z) { return gelu(z); });
+    return x2 + Mat((st.g * P(bname(l, "w2"))).rowwise() + Pv(bname(l, "b2")));
+  }
+
+  Mat block_backward(int mb, int l, int t0, int t1, const Mat& dout, BlockState& st) {
+    const int b = cfg.micro_batch, T = t1 - t0, H = cfg.hidden;
+    const int nh = cfg.heads, dh = H / nh;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+    st.dz = dout;
+    Mat dg = dout * P(bname(l, "w2")).transpose();
+    st.du = dg.array() * st.u.unaryExpr([](double z) { return gelu_grad(z); }).array();
+    st.dh2 = st.du * P(bname(l, "w1")).transpose();
+    Mat dx2 = dout + ln_backward(st.dh2, st.xhat2, st.rstd2, Pv(bname(l, "ln2.g")));
+    st.dy_attn = dx2;
+    Mat da = dx2 * P(bname(l, "wo")).transpose();
+    KvState& cache = kv_of(mb, l);
+    st.dq.resize(b * T, H);
+    for (int i = 0; i < b; ++i) {
+      for (int hd = 0; hd < nh; ++hd) {
+        const Mat& p = st.probs[static_cast<std::size_t>(i * nh + hd)];
+        const Mat kh = cache.k.block(i * cfg.seq, hd * dh, t1, dh);
+        const Mat vh = cache.v.block(i * cfg.seq, hd * dh, t1, dh);
+        const Mat qh = st.q.block(i * T, hd * dh, T, dh);
+        const Mat dO = da.block(i * T, hd * dh, T, dh);
+        const Mat dp = dO * vh.transpose();
+        Mat ds = p.array() * (dp.colwise() - (dp.array() * p.array()).rowwise().sum().matrix()).array();
+        ds *= scale;
+        st.dq.block(i * T, hd * dh, T, dh) = ds * kh;
+        // Keys/values of rows < t0 belong to earlier slices: their B reads the sums later.
+        cache.dk.block(i * cfg.seq, hd * dh, t1, dh) += ds.transpose() * qh;
+        cache.dv.block(i * cfg.seq, hd * dh, t1, dh) += p.transpose() * dO;
+      }
+    }
+    st.dk.resize(b * T, H);
+    st.dv.resize(b * T, H);
+    for (int i = 0; i < b; ++i) {
+      st.dk.middleRows(i * T, T) = cache.dk.middleRows(i * cfg.seq + t0, T);
+      st.dv.middleRows(i * T, T) = cache.dv.middleRows(i * cfg.seq + t0, T);
+    }
+    st.dh = st.dq * P(bname(l, "wq")).transpose() + st.dk * P(bname(l, "wk")).transpose() +
+            st.dv * P(bname(l, "wv")).transpose();
+    return dx2 + ln_backward(st.dh, st.xhat1, st.rstd1, Pv(bname(l, "ln1.g")));
+  }
+
+  void block_weight(int l, BlockState& st) {
+    G(bname(l, "w2")).noalias() += st.g.transpose() * st.dz;
+    Gv(bname(l, "b2")) += st.dz.colwise().sum();
+    G(bname(l, "w1")).noalias() += st.h2.transpose() * st.du;
+    Gv(bname(l, "b1")) += st.du.colwise().sum();
+    Gv(bname(l, "ln2.g")) += (st.dh2.array() * st.xhat2.array()).matrix().colwise().sum();
+    Gv(bname(l, "ln2.b")) += st.dh2.colwise().sum();
+    G(bname(l, "wo")).noalias() += st.a.transpose() * st.dy_attn;
+    Gv(bname(l, "bo")) += st.dy_attn.colwise().sum();
+    G(bname(l, "wq")).noalias() += st.h.transpose() * st.dq;
+    G(bname(l, "wk")).noalias() += st.h.transpose() * st.dk;
+    G(bname(l, "wv")).noalias() += st.h.transpose() * st.dv;
+    Gv(bname(l, "ln1.g")) += (st.dh.array() * st.xhat1.array()).matrix().colwise().sum();
+    Gv(bname(l, "ln1.b")) += st.dh.colwise().sum();
+  }
+};
+
+std::pair<int, int> stage_layers(int layers, int stage, int stages) {
+  const int base = layers / stages, extra = layers % stages;
+  // The last `extra` stages get one more block: the first stage carries the
+  // embedding and the last the head, so middle-to-late stages absorb the remainder
+  // as evenly as a contiguous split allows.
+  auto start = [&](int s) { return s * base + std::max(0, s - (stages - extra)); };
+  return {start(stage), start(stage + 1)};
+}
+
+GptConfig GptConfig::from_scenario(const ir::Scenario& sc) {
+  const auto& m = sc.model;
+  auto need = [&](bool ok, const char* field, const std::string& what) {
+    if (!ok)
+      throw Error(fmt::format("{}: model.{}: {} (the CPU executor's GPT)",
+                              sc.source_file.empty() ? sc.name : sc.source_file, field, what));
+  };
+  need(m.layers >= 1, "layers", "expected ≥ 1");
+  need(m.hidden >= 1, "hidden", "expected ≥ 1");
+  need(m.heads >= 1 && m.hidden % m.heads == 0, "heads",
+       fmt::format("expected a divisor of hidden = {}", m.hidden));
+  need(m.seq >= 1, "seq", "expected ≥ 1");
+  need(m.vocab >= 2, "vocab", "expected ≥ 2");
+  GptConfig c;
+  c.layers = m.layers;
+  c.hidden = m.hidden;
+  c.heads = m.heads;
+  c.ffn = m.ffn > 0 ? m.ffn : 4 * m.hidden;
+  c.seq = m.seq;
+  c.vocab = m.vocab;
+  c.micro_batch = std::max(1, sc.parallel.micro_batch);
+  return c;
+}
+
+GptStage::GptStage(const GptConfig& config, int stage, int stages) : impl_(std::make_unique<Impl>()) {
+  if (stages < 1 || stage < 0 || stage >= stages)
+    throw Error(fmt::format("GptStage: stage {} of {} is out of range", stage, stages));
+  impl_->cfg = config;
+  impl_->stage = stage;
+  impl_->stages = stages;
+  std::tie(impl_->first_block, impl_->last_block) = stage_layers(config.layers, stage, stages);
+  impl_->build();
+}
+GptStage::~GptStage() = default;
+GptStage::GptStage(GptStage&&) noexcept = default;
+GptStage& GptStage::operator=(GptStage&&) noexcept = default;
+
+int GptStage::stage() const { return impl_->stage; }
+bool GptStage::is_first() const { return impl_->first(); }
+bool GptStage::is_last() const { return impl_->last(); }
+std::vector<double>& GptStage::params() { return impl_->params; }
+std::vector<double>& GptStage::grads() { return impl_->grads; }
+std::int64_t GptStage::activation_elements(int tokens) const {
+  return static_cast<std::int64_t>(impl_->cfg.micro_batch) * tokens * impl_->cfg.hidden;
+}
+
+void GptStage::begin_step() {
+  std::fill(impl_->grads.begin(), impl_->grads.end(), 0.0);
+  impl_->slices.clear();
+  impl_->kv.clear();
+}
+
+Mat GptStage::forward(int mb, int slice, int t0, int t1, const Mat& x,
+                      const std::vector<std::vector<int>>* tokens,
+                      const std::vector<std::vector<int>>* targets, double loss_scale,
+                      double* loss) {
+  Impl& I = *impl_;
+  const int b = I.cfg.micro_batch, T = t1 - t0, H = I.cfg.hidden;
+  if (T <= 0 || t0 < 0 || t1 > I.cfg.seq)
+    throw Error(fmt::format("stage {}: F{}:s{}: token range [{}, {}) outside the sequence of {}",
+                            I.stage, mb, slice, t0, t1, I.cfg.seq));
+  auto [it, inserted] = I.slices.try_emplace({mb, slice});
+  if (!inserted)
+    throw Error(fmt::format("stage {}: F{}:s{} ran twice in one step", I.stage, mb, slice));
+  SliceState& st = it->second;
+  st.t0 = t0;
+  st.t1 = t1;
+  Mat act;
+  if (I.first()) {
+    if (!tokens || static_cast<int>(tokens->size()) != b)
+      throw Error(fmt::format("stage 0: F{}: expected {} token rows", mb, b));
+    act.resize(b * T, H);
+    MapMat tok = I.P("embed.tok");
+    MapMat pos = I.P("embed.pos");
+    st.tokens.assign(static_cast<std::size_t>(b), {});
+    for (int i = 0; i < b; ++i)
+      for (int r = 0; r < T; ++r) {
+        const int id = (*tokens)[static_cast<std::size_t>(i)][static_cast<std::size_t>(t0 + r)];
+        if (id < 0 || id >= I.cfg.vocab)
+          throw Error(fmt::format("token id {} outside the vocabulary of {}", id, I.cfg.vocab));
+        st.tokens[static_cast<std::size_t>(i)].push_back(id);
+        act.row(i * T + r) = tok.row(id) + pos.row(t0 + r);
+      }
+  } else {
+    if (x.rows() != b * T || x.cols() != H)
+      throw Error(fmt::format("stage {}: F{}:s{}: input is {}×{}, expected {}×{}", I.stage, mb,
+                              slice, x.rows(), x.cols(), b * T, H));
+    act = x;
+  }
+  st.blocks.resize(static_cast<std::size_t>(I.nblocks()));
+  for (int l = I.first_block; l < I.last_block; ++l)
+    act = I.block_forward(mb, l, t0, t1, act, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+  if (!I.last()) return act;
+
+  HeadState& hs = st.head;
+  ln_forward(act, I.Pv("head.ln.g"), I.Pv("head.ln.b"), I.cfg.ln_eps, hs.xhatf, hs.rstdf, hs.hf);
+  Mat logits = (hs.hf * I.P("head.out")).rowwise() + I.Pv("head.bias");
+  hs.probs.resize(logits.rows(), logits.cols());
+  hs.dlogits = Mat::Zero(logits.rows(), logits.cols());
+  double sum_ce = 0;
+  if (!targets || static_cast<int>(targets->size()) != b)
+    throw Error(fmt::format("stage {}: F{}: expected {} target rows", I.stage, mb, b));
+  for (int i = 0; i < b; ++i)
+    for (int r = 0; r < T; ++r) {
+      const int row = i * T + r;
+      const int y = (*targets)[static_cast<std::size_t>(i)][static_cast<std::size_t>(t0 + r)];
+      const double mx = logits.row(row).maxCoeff();
+      Vec e = (logits.row(row).array() - mx).exp();
+      const double z = e.sum();
+      hs.probs.row(row) = e / z;
+      sum_ce += std::log(z) - (logits(row, y) - mx);
+      hs.dlogits.row(row) = hs.probs.row(row) * loss_scale;
+      hs.dlogits(row, y) -= loss_scale;
+    }
+  if (loss) *loss += loss_scale * sum_ce;
+  return Mat();
+}
+
+Mat GptStage::backward_input(int mb, int slice, const Mat& dy) {
+  Impl& I = *impl_;
+  auto it = I.slices.find({mb, slice});
+  if (it == I.slices.end())
+    throw Error(fmt::format("stage {}: B{}:s{} before its F", I.stage, mb, slice));
+  SliceState& st = it->second;
+  if (st.backward_done)
+    throw Error(fmt::format("stage {}: B{}:s{} ran twice", I.stage, mb, slice));
+  st.backward_done = true;
+  Mat grad;
+  if (I.last()) {
+    HeadState& hs = st.head;
+    hs.dhf = hs.dlogits * I.P("head.out").transpose();
+    grad = ln_backward(hs.dhf, hs.xhatf, hs.rstdf, I.Pv("head.ln.g"));
+  } else {
+    const int rows = I.cfg.micro_batch * (st.t1 - st.t0);
+    if (dy.rows() != rows || dy.cols() != I.cfg.hidden)
+      throw Error(fmt::format("stage {}: B{}:s{}: gradient is {}×{}, expected {}×{}", I.stage, mb,
+                              slice, dy.rows(), dy.cols(), rows, I.cfg.hidden));
+    grad = dy;
+  }
+  for (int l = I.last_block - 1; l >= I.first_block; --l)
+    grad = I.block_backward(mb, l, st.t0, st.t1, grad, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+  if (slice == 0) {
+    // Slice 0 is the last backward of this micro-batch: its KV state is spent.
+    for (int l = I.first_block; l < I.last_block; ++l) I.kv.erase({mb, l});
+  }
+  if (I.first()) {
+    st.dx0 = std::move(grad);
+    return Mat();
+  }
+  return grad;
+}
+
+void GptStage::backward_weight(int mb, int slice) {
+  Impl& I = *impl_;
+  auto it = I.slices.find({mb, slice});
+  if (it == I.slices.end() || !it->second.backward_done)
+    throw Error(fmt::format("stage {}: W{}:s{} before its B", I.stage, mb, slice));
+  SliceState& st = it->second;
+  const int T = st.t1 - st.t0;
+  if (I.last()) {
+    HeadState& hs = st.head;
+    I.G("head.out").noalias() += hs.hf.transpose() * hs.dlogits;
+    I.Gv("head.bias") += hs.dlogits.colwise().sum();
+    I.Gv("head.ln.g") += (hs.dhf.array() * hs.xhatf.array()).matrix().colwise().sum();
+    I.Gv("head.ln.b") += hs.dhf.colwise().sum();
+  }
+  for (int l = I.last_block - 1; l >= I.first_block; --l)
+    I.block_weight(l, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+  if (I.first()) {
+    MapMat gtok = I.G("embed.tok");
+    MapMat gpos = I.G("embed.pos");
+    for (std::size_t i = 0; i < st.tokens.size(); ++i)
+      for (int r = 0; r < T; ++r) {
+        const Eigen::Index row = static_cast<Eigen::Index>(i) * T + r;
+        gtok.row(st.tokens[i][static_cast<std::size_t>(r)]) += st.dx0.row(row);
+        gpos.row(st.t0 + r) += st.dx0.row(row);
+      }
+  }
+  I.slices.erase(it);
+}
+
+void GptStage::adam(const AdamConfig& a, int t) {
+  Impl& I = *impl_;
+  const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, t);
+  for (std::size_t i = 0; i < I.params.size(); ++i) {
+    const double g = I.grads[i];
+    I.m1[i] = a.beta1 * I.m1[i] + (1.0 - a.beta1) * g;
+    I.m2[i] = a.beta2 * I.m2[i] + (1.0 - a.beta2) * g * g;
+    I.params[i] -= a.lr * (I.m1[i] / c1) / (std::sqrt(I.m2[i] / c2) + a.eps);
+  }
+}
+
+ParamMap GptStage::named_params() const {
+  ParamMap out;
+  for (const auto& s : impl_->specs) {
+    const auto* p = impl_->params.data() + s.offset;
+    out[s.name].assign(p, p + static_cast<std::size_t>(s.rows) * s.cols);
+  }
+  return out;
+}
+
+ParamMap GptStage::named_grads() const {
+  ParamMap out;
+  for (const auto& s : impl_->specs) {
+    const auto* p = impl_->grads.data() + s.offset;
+    out[s.name].assign(p, p + static_cast<std::size_t>(s.rows) * s.cols);
+  }
+  return out;
+}
+
+}  // namespace tdpipe::exec::cpu

@@ -1,0 +1,226 @@
+// cpu_run.cpp — the thread launcher (ranks × replicas, a watchdog) and the
+// single-device reference training run.
+#include "tdpipe/exec/cpu/run.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "tdpipe/exec/interpreter.hpp"
+#include "tdpipe/ir/error.hpp"
+
+namespace tdpipe::exec::cpu {
+namespace {
+
+// Fails the run when nothing started or ended for `timeout` while a thread waits.
+class Watchdog {
+ public:
+  Watchdog(RunControl& control, double timeout_seconds)
+      : control_(control), timeout_(timeout_seconds), thread_([this] { loop(); }) {}
+  ~Watchdog() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  void loop() {
+    using clock = std::chrono::steady_clock;
+    std::uint64_t last = control_.progress_count();
+    auto since = clock::now();
+    const auto tick = std::chrono::milliseconds(std::clamp<long>(static_cast<long>(timeout_ * 100), 1, 50));
+    while (!stop_) {
+      std::this_thread::sleep_for(tick);
+      const std::uint64_t now = control_.progress_count();
+      if (now != last) {
+        last = now;
+        since = clock::now();
+        continue;
+      }
+      if (std::chrono::duration<double>(clock::now() - since).count() < timeout_) continue;
+      const std::string report = control_.waiting_report();
+      if (report.empty()) continue;
+      control_.fail(fmt::format("watchdog: no op started or finished for {:.3g} s; blocked:\n{}",
+                                timeout_, report));
+      return;
+    }
+  }
+  RunControl& control_;
+  double timeout_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+GptConfig config_for(const ir::Scenario& scenario, const TrainOptions& options) {
+  GptConfig c = GptConfig::from_scenario(scenario);
+  c.seed = options.init_seed;
+  return c;
+}
+
+Corpus corpus_for(const TrainOptions& options) {
+  return Corpus::load(options.corpus_path.empty() ? Corpus::default_path() : options.corpus_path);
+}
+
+}  // namespace
+
+double weights_l2(const ParamMap& params) {
+  double s = 0;
+  for (const auto& [name, v] : params)
+    for (double x : v) s += x * x;
+  return std::sqrt(s);
+}
+
+RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
+  if (!plan.lowered)
+    throw Error(fmt::format("plan '{}' is not lowered: run ir::lower first (SEND/RECV are needed)",
+                            plan.schedule));
+  const int p = plan.num_ranks();
+  const int d = std::max(1, plan.data);
+  if (p < 1) throw Error("plan has no ranks");
+  if (static_cast<int>(plan.stage_of.size()) != p)
+    throw Error(fmt::format("plan.stage_of has {} rows, expected one per rank ({})", plan.stage_of.size(), p));
+  const GptConfig config = config_for(plan.scenario, options.train);
+  const Corpus corpus = corpus_for(options.train);
+
+  RunControl control;
+  CpuFabric fabric(control);
+  const auto origin = std::chrono::steady_clock::now();
+  CpuClock clock(origin);
+  std::vector<std::unique_ptr<CpuCompute>> computes;
+  std::vector<std::unique_ptr<CpuTransport>> transports;
+  for (int k = 0; k < d; ++k)
+    for (int r = 0; r < p; ++r) {
+      computes.push_back(std::make_unique<CpuCompute>(config, plan, r, k, corpus, options.train));
+      transports.push_back(std::make_unique<CpuTransport>(fabric, k, r, p, d));
+    }
+
+  RunResult result;
+  const int steps = options.train.steps;
+  const int trace_step = options.trace_step < 0 ? steps - 1 : options.trace_step;
+  result.trace.origin = "cpu";
+  result.trace.schedule = plan.schedule;
+  result.trace.scenario = plan.scenario.name;
+  result.trace.ranks = p * d;
+  {
+    Watchdog watchdog(control, options.watchdog_seconds);
+    for (int step = 0; step < steps; ++step) {
+      std::vector<RankStepResult> outs(static_cast<std::size_t>(p * d));
+      const std::int64_t step_start = clock.now_ns(ir::Stream::Compute);
+      std::vector<std::thread> threads;
+      for (int w = 0; w < p * d; ++w)
+        threads.emplace_back([&, w] {
+          Backend backend{computes[static_cast<std::size_t>(w)].get(),
+                          transports[static_cast<std::size_t>(w)].get(), &clock};
+          try {
+            outs[static_cast<std::size_t>(w)] = run_rank_step(plan, w % p, w, step, backend, control);
+          } catch (const Aborted&) {
+          }
+        });
+      for (auto& t : threads) t.join();
+      if (control.failed()) throw Error(control.failure());
+      const std::int64_t step_end = clock.now_ns(ir::Stream::Compute);
+      double loss = 0;
+      for (const auto& o : outs) loss += o.loss;
+      result.loss_per_step.push_back(loss);
+      result.iteration_seconds.push_back(static_cast<double>(step_end - step_start) * 1e-9);
+      if (step == trace_step || options.keep_step_traces) {
+        std::int64_t t0 = std::numeric_limits<std::int64_t>::max();
+        for (const auto& o : outs)
+          for (const auto& e : o.events) t0 = std::min(t0, e.start_ns);
+        traces::Trace t;
+        for (auto& o : outs)
+          for (auto& e : o.events) {
+            e.start_ns -= t0;
+            t.events.push_back(std::move(e));
+          }
+        if (options.keep_step_traces) result.step_traces.push_back(t);
+        if (step == trace_step) result.trace.events = std::move(t.events);
+      }
+    }
+  }
+
+  for (int r = 0; r < p; ++r) {
+    auto& c = *computes[static_cast<std::size_t>(r)];
+    for (int ch = 0; ch < c.chunks(); ++ch) {
+      result.weights.merge(c.chunk_stage(ch).named_params());
+      result.grads.merge(c.chunk_stage(ch).named_grads());
+    }
+  }
+  for (int k = 1; k < d; ++k)
+    for (int r = 0; r < p; ++r) {
+      auto& c0 = *computes[static_cast<std::size_t>(r)];
+      auto& ck = *computes[static_cast<std::size_t>(k * p + r)];
+      for (int ch = 0; ch < c0.chunks(); ++ch) {
+        const auto& a = c0.chunk_stage(ch).params();
+        const auto& b = ck.chunk_stage(ch).params();
+        for (std::size_t i = 0; i < a.size(); ++i)
+          result.replica_divergence = std::max(result.replica_divergence, std::abs(a[i] - b[i]));
+      }
+    }
+
+  for (auto& t : result.step_traces) {
+    t.origin = result.trace.origin;
+    t.schedule = result.trace.schedule;
+    t.scenario = result.trace.scenario;
+    t.ranks = result.trace.ranks;
+  }
+  auto& md = result.trace.metadata;
+  md["backend"] = "cpu";
+  md["steps"] = std::to_string(steps);
+  md["trace_step"] = std::to_string(trace_step);
+  md["pipeline"] = std::to_string(p);
+  md["data"] = std::to_string(d);
+  md["microbatches"] = std::to_string(plan.microbatches);
+  md["chunks"] = std::to_string(plan.chunks);
+  md["slices"] = std::to_string(plan.slices);
+  md["threads"] = std::to_string(p * d);
+  md["hardware_concurrency"] = std::to_string(std::thread::hardware_concurrency());
+  md["iteration_seconds"] = fmt::format("{:.9g}", result.iteration_seconds.empty() ? 0.0 : result.iteration_seconds[static_cast<std::size_t>(trace_step)]);
+  md["loss"] = fmt::format("{:.17g}", result.loss_per_step.empty() ? 0.0 : result.loss_per_step.back());
+  md["model"] = fmt::format("layers={} hidden={} heads={} ffn={} seq={} vocab={} micro_batch={}",
+                            config.layers, config.hidden, config.heads, config.ffn, config.seq,
+                            config.vocab, config.micro_batch);
+  return result;
+}
+
+RunResult run_reference(const ir::Scenario& scenario, int data, int microbatches,
+                        const TrainOptions& options) {
+  const GptConfig config = config_for(scenario, options);
+  const Corpus corpus = corpus_for(options);
+  if (corpus.vocab() > config.vocab)
+    throw Error(fmt::format("model.vocab = {} is smaller than the corpus's {} characters",
+                            config.vocab, corpus.vocab()));
+  GptStage model(config, 0, 1);
+  const double scale = 1.0 / (static_cast<double>(data) * microbatches * config.micro_batch * config.seq);
+  RunResult result;
+  for (int step = 0; step < options.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    model.begin_step();
+    double loss = 0;
+    for (int k = 0; k < data; ++k)
+      for (int mb = 0; mb < microbatches; ++mb) {
+        const int id = k * microbatches + mb;
+        MicroBatch batch = load_micro_batch(corpus, options.data_seed, step, k, microbatches, mb,
+                                            config.micro_batch, config.seq);
+        model.forward(id, 0, 0, config.seq, Mat(), &batch.tokens, &batch.targets, scale, &loss);
+        model.backward_input(id, 0, Mat());
+        model.backward_weight(id, 0);
+      }
+    result.grads = model.named_grads();
+    model.adam(options.adam, step + 1);
+    result.loss_per_step.push_back(loss);
+    result.iteration_seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  result.weights = model.named_params();
+  result.trace.origin = "cpu";
+  result.trace.scenario = scenario.name;
+  result.trace.schedule = "reference";
+  result.trace.ranks = 1;
+  return result;
+}
+
+}  // namespace tdpipe::exec::cpu

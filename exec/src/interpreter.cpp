@@ -1,0 +1,372 @@
+// interpreter.cpp — one rank's lowered ops, one host thread per stream, waits on
+// data (tensors present), explicit deps and gradient completeness; records events.
+#include "tdpipe/exec/interpreter.hpp"
+
+#include <array>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/plan_io.hpp"
+
+namespace tdpipe::exec {
+namespace {
+
+using ir::Op;
+using ir::OpKind;
+
+// The op's text form (ir/plan_io.hpp), for events and errors.
+std::string op_label(const Op& op) { return ir::op_to_text(op); }
+
+std::string key_text(const TensorKey& k) {
+  return fmt::format("{} of mb {} slice {} from virtual stage {}",
+                     k.payload == OpKind::F ? "activation" : "gradient", k.mb, k.slice, k.stage);
+}
+
+struct Item {
+  int first = 0, last = 0;  // ops [first, last) of the rank, posted together
+};
+
+class RankRun {
+ public:
+  RankRun(const ir::Plan& plan, int rank, int trace_rank, int step, const Backend& backend,
+          RunControl& control)
+      : plan_(plan),
+        ops_(plan.ranks.at(static_cast<std::size_t>(rank))),
+        rank_(rank),
+        trace_rank_(trace_rank),
+        step_(step),
+        backend_(backend),
+        control_(control),
+        done_(ops_.size(), 0),
+        events_(ops_.size()) {
+    const int chunks = static_cast<int>(plan.stage_of.at(static_cast<std::size_t>(rank)).size());
+    grad_ops_.assign(static_cast<std::size_t>(chunks), {});
+    reduce_count_.assign(static_cast<std::size_t>(chunks), 0);
+    for (int i = 0; i < static_cast<int>(ops_.size()); ++i) {
+      const Op& op = ops_[static_cast<std::size_t>(i)];
+      const int s = static_cast<int>(op.stream);
+      if (s < 0 || s >= 3) throw Error(fmt::format("rank {}: op {} has stream {}", rank, i, s));
+      auto& list = items_[static_cast<std::size_t>(s)];
+      const bool joins = ir::is_p2p(op.kind) && op.batch >= 0 && !list.empty() &&
+                         list.back().last == i && ir::is_p2p(ops_[static_cast<std::size_t>(i - 1)].kind) &&
+                         ops_[static_cast<std::size_t>(i - 1)].batch == op.batch;
+      if (joins)
+        list.back().last = i + 1;
+      else
+        list.push_back({i, i + 1});
+      if (op.kind == OpKind::W || op.kind == OpKind::BW || (op.kind == OpKind::B && !has_w(op))) {
+        check_chunk(op, i);
+        grad_ops_[static_cast<std::size_t>(op.chunk)].push_back(i);
+      }
+      if (op.kind == OpKind::ALLREDUCE) {
+        check_chunk(op, i);
+        reduce_index_[i] = reduce_count_[static_cast<std::size_t>(op.chunk)]++;
+        reduce_ops_.push_back(i);
+      }
+      if (op.kind == OpKind::REDUCE_SCATTER || op.kind == OpKind::ALL_GATHER)
+        throw Error(fmt::format("rank {} op {} {}: sharded optimizer collectives are not supported "
+                                "by this executor; lower with plain ALLREDUCE buckets",
+                                rank, i, op_label(op)));
+    }
+    if (plan.data > 1)
+      for (int c = 0; c < chunks; ++c)
+        if (reduce_count_[static_cast<std::size_t>(c)] == 0)
+          throw Error(fmt::format("rank {}: the plan has d = {} replicas but no ALLREDUCE for chunk {}: "
+                                  "its gradients would diverge", rank, plan.data, c));
+  }
+
+  RankStepResult run() {
+    backend_.compute->begin_step(step_);
+    std::array<std::thread, 3> threads;
+    for (int s = 1; s < 3; ++s)
+      if (!items_[static_cast<std::size_t>(s)].empty()) threads[static_cast<std::size_t>(s)] = std::thread([this, s] { worker(s); });
+    worker(0);
+    for (auto& t : threads)
+      if (t.joinable()) t.join();
+    if (control_.failed()) throw Aborted{};
+    RankStepResult out;
+    out.loss = backend_.compute->end_step();
+    out.events = std::move(events_);
+    return out;
+  }
+
+ private:
+  // Does the plan run a separate W for B's (mb, chunk, slice)? Without one, B alone
+  // is the last gradient op (a plan may skip W on a chunk with no weights).
+  bool has_w(const Op& b) const {
+    for (const Op& o : ops_)
+      if (o.kind == OpKind::W && o.mb == b.mb && o.chunk == b.chunk && o.slice == b.slice) return true;
+    return false;
+  }
+  void check_chunk(const Op& op, int i) const {
+    if (op.chunk < 0 || op.chunk >= static_cast<int>(grad_ops_.size()))
+      throw Error(fmt::format("rank {} op {} {}: chunk {} but stage_of[{}] has {} chunks", rank_, i,
+                              op_label(op), op.chunk, rank_, grad_ops_.size()));
+  }
+  int stage(int rank, int chunk) const { return stage_of(plan_, rank, chunk); }
+
+  // What a compute op consumes from another virtual stage, if anything.
+  std::optional<TensorKey> input_key(const Op& op) const {
+    const int s = stage(rank_, op.chunk);
+    if (op.kind == OpKind::F && s > 0) return TensorKey{OpKind::F, s - 1, op.mb, op.slice};
+    if ((op.kind == OpKind::B || op.kind == OpKind::BW) && s < plan_.virtual_stages() - 1)
+      return TensorKey{OpKind::B, s + 1, op.mb, op.slice};
+    return std::nullopt;
+  }
+  std::optional<TensorKey> output_key(const Op& op) const {
+    const int s = stage(rank_, op.chunk);
+    if (op.kind == OpKind::F && s < plan_.virtual_stages() - 1) return TensorKey{OpKind::F, s, op.mb, op.slice};
+    if ((op.kind == OpKind::B || op.kind == OpKind::BW) && s > 0) return TensorKey{OpKind::B, s, op.mb, op.slice};
+    return std::nullopt;
+  }
+  // The tensor a SEND/RECV carries: named by the producer's ids.
+  TensorKey comm_key(const Op& op) const {
+    if (op.payload != OpKind::F && op.payload != OpKind::B)
+      throw Error(fmt::format("rank {}: {}: payload must be F or B", rank_, op_label(op)));
+    const int producer = op.kind == OpKind::SEND ? rank_ : op.peer;
+    if (producer < 0 || producer >= plan_.num_ranks())
+      throw Error(fmt::format("rank {}: {}: peer {} is not a rank of the plan", rank_, op_label(op), op.peer));
+    return TensorKey{op.payload, stage(producer, op.chunk), op.mb, op.slice};
+  }
+
+  bool deps_done(const Op& op) const {
+    for (const ir::OpRef& d : op.deps) {
+      // Cross-rank dependencies are carried by SEND/RECV once a plan is lowered.
+      if (d.rank != rank_) continue;
+      if (d.index < 0 || d.index >= static_cast<int>(done_.size()) || !done_[static_cast<std::size_t>(d.index)])
+        return false;
+    }
+    return true;
+  }
+  bool all_done(const std::vector<int>& list) const {
+    for (int i : list)
+      if (!done_[static_cast<std::size_t>(i)]) return false;
+    return true;
+  }
+
+  std::string peer_text(int peer) const {
+    return fmt::format("rank {}", trace_rank_ - rank_ + peer);
+  }
+
+  void wait_for(std::unique_lock<std::mutex>& lock, ir::Stream stream, const std::string& what,
+                const std::function<bool()>& ready) {
+    if (ready()) return;
+    control_.set_waiting(trace_rank_, stream, what);
+    control_.wait(lock, ready);
+    control_.set_waiting(trace_rank_, stream, "");
+  }
+
+  void record(int i, std::int64_t start, std::int64_t end) {
+    const Op& op = ops_[static_cast<std::size_t>(i)];
+    traces::TraceEvent e;
+    e.rank = trace_rank_;
+    e.stream = static_cast<int>(op.stream);
+    e.name = op_label(op);
+    e.kind = op.kind;
+    e.mb = op.mb;
+    e.chunk = op.chunk;
+    e.slice = op.slice;
+    e.peer = ir::is_p2p(op.kind) ? trace_rank_ - rank_ + op.peer : -1;
+    e.bytes = op.bytes;
+    e.start_ns = start;
+    e.dur_ns = end - start;
+    events_[static_cast<std::size_t>(i)] = std::move(e);
+  }
+
+  void finish(const Item& item, std::int64_t start, std::int64_t end) {
+    for (int i = item.first; i < item.last; ++i) record(i, start, end);
+    std::lock_guard lock(control_.mutex());
+    for (int i = item.first; i < item.last; ++i) done_[static_cast<std::size_t>(i)] = 1;
+    control_.progress();
+    control_.notify_all();
+  }
+
+  void worker(int s) {
+    const auto stream = static_cast<ir::Stream>(s);
+    std::string current;
+    try {
+      for (const Item& item : items_[static_cast<std::size_t>(s)]) {
+        const Op& op = ops_[static_cast<std::size_t>(item.first)];
+        current = op_label(op);
+        if (ir::is_compute(op.kind))
+          run_compute(item.first, stream);
+        else if (ir::is_p2p(op.kind))
+          run_batch(item, stream);
+        else if (op.kind == OpKind::ALLREDUCE)
+          run_allreduce(item.first, stream);
+        else
+          run_noop(item, stream);  // LOAD / OFFLOAD / CKPT: everything stays in host memory
+      }
+    } catch (const Aborted&) {
+    } catch (const std::exception& e) {
+      control_.fail(fmt::format("rank {} ({} stream) failed in {}: {}", trace_rank_,
+                                ir::to_string(stream), current, e.what()));
+    }
+    control_.set_waiting(trace_rank_, stream, "");
+  }
+
+  void run_compute(int i, ir::Stream stream) {
+    const Op& op = ops_[static_cast<std::size_t>(i)];
+    ComputeOp cop{op.kind, op.mb, op.chunk, op.slice, op.kind == OpKind::OPT ? -1 : stage(rank_, op.chunk)};
+    const auto in_key = op.kind == OpKind::OPT ? std::nullopt : input_key(op);
+    Buffer input;
+    {
+      std::unique_lock lock(control_.mutex());
+      std::string what = fmt::format("{} waiting for", op_label(op));
+      if (in_key) what += " the " + key_text(*in_key);
+      if (!op.deps.empty()) what += " its deps";
+      if (op.kind == OpKind::OPT) what += " every ALLREDUCE";
+      wait_for(lock, stream, what, [&] {
+        return deps_done(op) && (!in_key || tensors_.count(*in_key)) &&
+               (op.kind != OpKind::OPT || all_done(reduce_ops_));
+      });
+      if (in_key) {
+        auto it = tensors_.find(*in_key);
+        input = std::move(it->second);
+        tensors_.erase(it);
+      }
+    }
+    const std::int64_t start = backend_.clock->now_ns(stream);
+    control_.progress();
+    Buffer out = backend_.compute->run(cop, std::move(input));
+    const std::int64_t end = backend_.clock->now_ns(stream);
+    if (op.kind != OpKind::OPT) {
+      if (const auto key = output_key(op); key && !out.empty()) {
+        std::lock_guard lock(control_.mutex());
+        tensors_[*key] = std::move(out);
+      }
+    }
+    finish({i, i + 1}, start, end);
+  }
+
+  void run_batch(const Item& item, ir::Stream stream) {
+    std::vector<P2POp> batch;
+    std::string label;
+    std::vector<TensorKey> sends;
+    for (int i = item.first; i < item.last; ++i) {
+      const Op& op = ops_[static_cast<std::size_t>(i)];
+      P2POp p;
+      p.kind = op.kind;
+      p.peer = op.peer;
+      p.key = comm_key(op);
+      p.label = op_label(op);
+      label += (label.empty() ? "" : "+") + p.label;
+      if (op.kind == OpKind::SEND) sends.push_back(p.key);
+      batch.push_back(std::move(p));
+    }
+    {
+      std::unique_lock lock(control_.mutex());
+      wait_for(lock, stream, label + " waiting for the tensors it sends / its deps", [&] {
+        for (int i = item.first; i < item.last; ++i)
+          if (!deps_done(ops_[static_cast<std::size_t>(i)])) return false;
+        for (const auto& k : sends)
+          if (!tensors_.count(k)) return false;
+        return true;
+      });
+      for (auto& p : batch)
+        if (p.kind == OpKind::SEND) p.buffer = tensors_.at(p.key);
+    }
+    for (auto& p : batch)
+      if (p.kind == OpKind::RECV) p.buffer = backend_.compute->allocate(p.key);
+    std::string peers;
+    for (const auto& p : batch) peers += (peers.empty() ? "" : ", ") + peer_text(p.peer);
+    control_.set_waiting(trace_rank_, stream,
+                         fmt::format("{} blocked in transport, waiting for peer {}", label, peers));
+    const std::int64_t start = backend_.clock->now_ns(stream);
+    control_.progress();
+    backend_.transport->post(batch);
+    const std::int64_t end = backend_.clock->now_ns(stream);
+    control_.set_waiting(trace_rank_, stream, "");
+    {
+      std::lock_guard lock(control_.mutex());
+      for (auto& p : batch) {
+        if (p.kind == OpKind::SEND)
+          tensors_.erase(p.key);
+        else
+          tensors_[p.key] = std::move(p.buffer);
+      }
+    }
+    finish(item, start, end);
+  }
+
+  void run_allreduce(int i, ir::Stream stream) {
+    const Op& op = ops_[static_cast<std::size_t>(i)];
+    const auto& grads = grad_ops_[static_cast<std::size_t>(op.chunk)];
+    {
+      std::unique_lock lock(control_.mutex());
+      wait_for(lock, stream, fmt::format("{} waiting for the gradients of chunk {}", op_label(op), op.chunk),
+               [&] { return deps_done(op) && all_done(grads); });
+    }
+    Buffer bucket = backend_.compute->grad_bucket(op.chunk, reduce_index_.at(i),
+                                                  reduce_count_[static_cast<std::size_t>(op.chunk)]);
+    control_.set_waiting(trace_rank_, stream,
+                         fmt::format("{} blocked in the data-parallel ring", op_label(op)));
+    const std::int64_t start = backend_.clock->now_ns(stream);
+    control_.progress();
+    backend_.transport->all_reduce(bucket, op.tag);
+    const std::int64_t end = backend_.clock->now_ns(stream);
+    control_.set_waiting(trace_rank_, stream, "");
+    finish({i, i + 1}, start, end);
+  }
+
+  void run_noop(const Item& item, ir::Stream stream) {
+    {
+      std::unique_lock lock(control_.mutex());
+      const Op& op = ops_[static_cast<std::size_t>(item.first)];
+      wait_for(lock, stream, op_label(op) + " waiting for its deps", [&] { return deps_done(op); });
+    }
+    const std::int64_t t = backend_.clock->now_ns(stream);
+    finish(item, t, t);
+  }
+
+  const ir::Plan& plan_;
+  const std::vector<Op>& ops_;
+  int rank_, trace_rank_, step_;
+  Backend backend_;
+  RunControl& control_;
+  std::array<std::vector<Item>, 3> items_;
+  std::vector<char> done_;                      // guarded by control_.mutex()
+  std::map<TensorKey, Buffer> tensors_;         // guarded by control_.mutex()
+  std::vector<std::vector<int>> grad_ops_;      // per chunk: its last gradient ops
+  std::vector<int> reduce_count_;               // per chunk: ALLREDUCE ops
+  std::map<int, int> reduce_index_;             // op index → bucket index in its chunk
+  std::vector<int> reduce_ops_;
+  std::vector<traces::TraceEvent> events_;
+};
+
+}  // namespace
+
+int stage_of(const ir::Plan& plan, int rank, int chunk) {
+  if (rank < 0 || rank >= static_cast<int>(plan.stage_of.size()))
+    throw Error(fmt::format("plan.stage_of has no row for rank {}", rank));
+  const auto& row = plan.stage_of[static_cast<std::size_t>(rank)];
+  if (chunk < 0 || chunk >= static_cast<int>(row.size()))
+    throw Error(fmt::format("plan.stage_of[{}] has no chunk {} (it has {})", rank, chunk, row.size()));
+  const int s = row[static_cast<std::size_t>(chunk)];
+  if (s < 0 || s >= plan.virtual_stages())
+    throw Error(fmt::format("plan.stage_of[{}][{}] = {} is not a virtual stage (p·v = {})", rank,
+                            chunk, s, plan.virtual_stages()));
+  return s;
+}
+
+RankStepResult run_rank_step(const ir::Plan& plan, int rank, int trace_rank, int step,
+                             const Backend& backend, RunControl& control) {
+  try {
+    RankRun run(plan, rank, trace_rank, step, backend, control);
+    return run.run();
+  } catch (const Aborted&) {
+    throw;
+  } catch (const std::exception& e) {
+    control.fail(fmt::format("rank {}: {}", trace_rank, e.what()));
+    throw Aborted{};
+  }
+}
+
+}  // namespace tdpipe::exec

@@ -1,0 +1,43 @@
+// run_control.cpp — first-failure wins; a table of what each thread waits on.
+#include "tdpipe/exec/run_control.hpp"
+
+#include <fmt/format.h>
+
+namespace tdpipe::exec {
+
+void RunControl::fail(const std::string& message) {
+  {
+    std::lock_guard lock(info_mu_);
+    if (failed_.load()) return;
+    failure_ = message;
+    failed_.store(true);
+  }
+  // Take the wait mutex so no waiter misses the wake-up between its check and wait.
+  { std::lock_guard lock(mu_); }
+  cv_.notify_all();
+}
+
+std::string RunControl::failure() const {
+  std::lock_guard lock(info_mu_);
+  return failure_;
+}
+
+void RunControl::set_waiting(int rank, ir::Stream stream, std::string what) {
+  std::lock_guard lock(info_mu_);
+  const auto key = std::make_pair(rank, static_cast<int>(stream));
+  if (what.empty())
+    waiting_.erase(key);
+  else
+    waiting_[key] = std::move(what);
+}
+
+std::string RunControl::waiting_report() const {
+  std::lock_guard lock(info_mu_);
+  std::string out;
+  for (const auto& [key, what] : waiting_)
+    out += fmt::format("  rank {} ({} stream): {}\n", key.first,
+                       ir::to_string(static_cast<ir::Stream>(key.second)), what);
+  return out;
+}
+
+}  // namespace tdpipe::exec

@@ -1,0 +1,103 @@
+// plan_index.cpp — flat look-up tables over a plan's ops (see plan_index.hpp).
+#include "plan_index.hpp"
+
+#include <algorithm>
+
+namespace tdpipe::ir::detail {
+
+StageMap make_stage_map(const Plan& plan) {
+  StageMap map;
+  map.ranks = plan.num_ranks();
+  map.chunks = std::max(1, plan.chunks);
+  if (!plan.stage_of.empty()) {
+    for (const auto& row : plan.stage_of) map.chunks = std::max<int>(map.chunks, static_cast<int>(row.size()));
+  }
+  const int v_stages = map.ranks * map.chunks;
+  map.stage.assign(static_cast<std::size_t>(v_stages), -1);
+  map.rank_of.assign(static_cast<std::size_t>(v_stages), -1);
+  map.chunk_of.assign(static_cast<std::size_t>(v_stages), -1);
+  for (int r = 0; r < map.ranks; ++r) {
+    for (int c = 0; c < map.chunks; ++c) {
+      int vs = c * map.ranks + r;
+      if (!plan.stage_of.empty()) {
+        vs = -1;
+        if (r < static_cast<int>(plan.stage_of.size()) &&
+            c < static_cast<int>(plan.stage_of[static_cast<std::size_t>(r)].size()))
+          vs = plan.stage_of[static_cast<std::size_t>(r)][static_cast<std::size_t>(c)];
+      }
+      // A stage claimed twice keeps its first owner; the validator reports it.
+      if (vs < 0 || vs >= v_stages || map.rank_of[static_cast<std::size_t>(vs)] >= 0) continue;
+      map.stage[static_cast<std::size_t>(r) * map.chunks + c] = vs;
+      map.rank_of[static_cast<std::size_t>(vs)] = r;
+      map.chunk_of[static_cast<std::size_t>(vs)] = c;
+    }
+  }
+  return map;
+}
+
+std::pair<int, int> PlanIndex::locate(int global) const {
+  const auto it = std::upper_bound(offset.begin(), offset.end(), global);
+  const int rank = static_cast<int>(it - offset.begin()) - 1;
+  return {rank, global - offset[static_cast<std::size_t>(rank)]};
+}
+
+std::pair<Slot, int> slot_and_key(const PlanIndex& ix, const Op& op, int rank) {
+  Slot slot = kSlots;
+  int sender = rank;
+  switch (op.kind) {
+    case OpKind::F: slot = kSlotF; break;
+    case OpKind::B:
+    case OpKind::BW: slot = kSlotBwd; break;
+    case OpKind::W: slot = kSlotW; break;
+    case OpKind::SEND:
+      if (op.payload == OpKind::F) slot = kSlotSendF;
+      else if (op.payload == OpKind::B) slot = kSlotSendB;
+      break;
+    case OpKind::RECV:
+      sender = op.peer;
+      if (op.payload == OpKind::F) slot = kSlotRecvF;
+      else if (op.payload == OpKind::B) slot = kSlotRecvB;
+      break;
+    default: break;
+  }
+  if (slot == kSlots) return {kSlots, -1};
+  return {slot, ix.key(op.mb, ix.stages.stage_of(sender, op.chunk), op.slice)};
+}
+
+PlanIndex build_index(const Plan& plan) {
+  PlanIndex ix;
+  ix.stages = make_stage_map(plan);
+  ix.microbatches = std::max(plan.microbatches, 0);
+  ix.slices = std::max(plan.slices, 1);
+  ix.offset.assign(static_cast<std::size_t>(plan.num_ranks()) + 1, 0);
+  for (int r = 0; r < plan.num_ranks(); ++r) {
+    const auto& ops = plan.ranks[static_cast<std::size_t>(r)];
+    ix.offset[static_cast<std::size_t>(r) + 1] =
+        ix.offset[static_cast<std::size_t>(r)] + static_cast<int>(ops.size());
+    // Without m and S in the plan, the key range comes from the ops themselves (an
+    // op outside a stated range is not filed; the validator reports it).
+    if (plan.microbatches <= 0 || plan.slices <= 0)
+      for (const Op& op : ops) {
+        if (op.mb >= ix.microbatches && op.mb < (1 << 24)) ix.microbatches = op.mb + 1;
+        if (op.slice >= ix.slices && op.slice < (1 << 16)) ix.slices = op.slice + 1;
+      }
+  }
+  const std::size_t keys = static_cast<std::size_t>(ix.microbatches) *
+                           static_cast<std::size_t>(ix.stages.virtual_stages()) *
+                           static_cast<std::size_t>(ix.slices);
+  ix.cells.assign(keys * kSlots, -1);
+  for (int r = 0; r < plan.num_ranks(); ++r) {
+    const auto& ops = plan.ranks[static_cast<std::size_t>(r)];
+    const int base = ix.offset[static_cast<std::size_t>(r)];
+    for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+      const auto [slot, key] = slot_and_key(ix, ops[static_cast<std::size_t>(i)], r);
+      if (key < 0) continue;
+      auto& cell = ix.cell(slot, key);
+      if (cell < 0) cell = base + i;
+      else ix.duplicates.push_back({slot, cell, base + i});
+    }
+  }
+  return ix;
+}
+
+}  // namespace tdpipe::ir::detail

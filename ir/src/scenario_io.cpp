@@ -1,0 +1,696 @@
+// scenario_io.cpp — scenario files (YAML) → checked Scenario, and Scenario ⇄ JSON.
+//
+// Every problem is reported as "FILE:LINE: FIELD: what was expected" (line numbers
+// from yaml-cpp marks, 1-based), so a user can jump to the line and fix it. Scalars
+// are converted here rather than with YAML::Node::as<>, which would throw bare
+// yaml-cpp exceptions without the field's name.
+//
+// YAML units (converted to SI at once): *_gbps are gigaBITS per second (network
+// convention: nvlink_gbps 2400 = 300 GB/s each way); hbm_gbytes_per_s gigaBYTES
+// per second (datasheet convention); hbm_gib GiB; peak_tflops 10^12 FLOP/s;
+// *_us and synthetic times microseconds.
+#include "tdpipe/ir/scenario_io.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include "tdpipe/ir/error.hpp"
+
+namespace tdpipe::ir {
+namespace {
+
+using nlohmann::json;
+
+const std::vector<std::string> kScheduleNames = {"gpipe", "1f1b",  "interleaved", "zb-h1",
+                                                 "zb-h2", "zb-v", "tdpipe"};
+const std::vector<std::string> kDtypes = {"bf16", "fp16", "fp32"};
+const std::vector<std::string> kRecomputeNames = {"none", "selective", "full"};
+const std::vector<std::string> kTopologies = {"fat-tree", "rail-optimized"};
+
+// Defaults for fabric latencies: NCCL's tuner assumes ~3.4 µs per NVLink hop and
+// ~14 µs per network hop (NVIDIA/nccl src/graph/tuning.cc).
+constexpr double kDefaultNvlinkLatencyUs = 3.4;
+constexpr double kDefaultIbLatencyUs = 14.0;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+double gbps_to_bytes(double gbit_per_s) { return gbit_per_s * 1e9 / 8.0; }
+double us_to_seconds(double us) { return us / 1e6; }  // division rounds once
+
+/// NIC speed a node of this GPU usually has (DGX A100: HDR 200 Gb/s; DGX H100/H200:
+/// NDR 400 Gb/s), used when the scenario gives no ib_gbps_per_nic.
+double default_nic_gbps(const std::string& gpu_name) {
+  if (gpu_name.rfind("h100", 0) == 0 || gpu_name.rfind("h200", 0) == 0) return 400;
+  if (gpu_name == "cpu") return 10;
+  return 200;
+}
+
+std::string join(const std::vector<std::string>& names) {
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      const bool same = std::tolower(static_cast<unsigned char>(a[i - 1])) ==
+                        std::tolower(static_cast<unsigned char>(b[j - 1]));
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (same ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+/// The known name closest to `word`, if it is close enough to be a likely typo.
+std::optional<std::string> closest(std::string_view word, const std::vector<std::string>& known) {
+  // A known name the word begins ("a100" → "a100-80g") beats any edit distance.
+  if (!word.empty())
+    for (const auto& k : known)
+      if (k.size() > word.size() && k.compare(0, word.size(), word) == 0) return k;
+  std::optional<std::string> best;
+  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  for (const auto& k : known) {
+    const std::size_t d = edit_distance(word, k);
+    if (d < best_d) best_d = d, best = k;
+  }
+  const std::size_t limit = std::max<std::size_t>(2, word.size() / 3);
+  if (best && best_d <= limit) return best;
+  return std::nullopt;
+}
+
+/// "did you mean 'x'? " when a known name is a likely typo of `got`, else "".
+std::string suggestion(std::string_view got, const std::vector<std::string>& known) {
+  auto c = closest(got, known);
+  return c ? fmt::format("did you mean '{}'? ", *c) : std::string();
+}
+
+std::string one_of(std::string_view what, std::string_view got, const std::vector<std::string>& known) {
+  return fmt::format("unknown {} '{}'; {}expected one of: {}", what, got, suggestion(got, known), join(known));
+}
+
+/// Where errors point: the source name and a line.
+class Reporter {
+ public:
+  explicit Reporter(std::string source) : source_(std::move(source)) {}
+
+  [[noreturn]] void fail(const YAML::Mark& mark, std::string_view field, std::string_view what) const {
+    const int line = mark.is_null() ? 1 : mark.line + 1;
+    throw Error(fmt::format("{}:{}: {}: {}", source_, line, field, what));
+  }
+
+ private:
+  std::string source_;
+};
+
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null: return "nothing";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a map";
+    case YAML::NodeType::Scalar:
+      return node.Tag() == "!" ? fmt::format("the string \"{}\"", node.Scalar())
+                               : fmt::format("'{}'", node.Scalar());
+    default: return "an undefined value";
+  }
+}
+
+bool is_plain_scalar(const YAML::Node& node) {
+  return node.IsScalar() && node.Tag() != "!";  // "!" marks a quoted scalar
+}
+
+/// One YAML map being read: checks that it is a map, rejects unknown and duplicate
+/// keys (suggesting the closest known one), and converts values with field names.
+class MapReader {
+ public:
+  MapReader(const Reporter& rep, const YAML::Node& node, std::string path, YAML::Mark where,
+            std::vector<std::string> known)
+      : rep_(rep), path_(std::move(path)), where_(where), known_(std::move(known)) {
+    if (!node.IsMap())
+      rep_.fail(node.IsNull() || node.Mark().is_null() ? where : node.Mark(), label(),
+                fmt::format("expected a map with keys ({}), got {}", join(known_), describe(node)));
+    // Missing keys point at the parent key's line ("parallel:"), which the user sees.
+    where_ = where.is_null() ? node.Mark() : where;
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      const YAML::Node& key = it->first;
+      if (!key.IsScalar())
+        rep_.fail(key.Mark(), label(), fmt::format("expected a key name, got {}", describe(key)));
+      const std::string name = key.Scalar();
+      if (std::find(known_.begin(), known_.end(), name) == known_.end()) {
+        rep_.fail(key.Mark(), field(name),
+                  fmt::format("unknown key; {}known keys: {}", suggestion(name, known_), join(known_)));
+      }
+      if (entries_.count(name))
+        rep_.fail(key.Mark(), field(name),
+                  fmt::format("duplicate key (first given on line {})", entries_.at(name).key_mark.line + 1));
+      entries_.emplace(name, Entry{it->second, key.Mark()});
+    }
+  }
+
+  std::string label() const { return path_.empty() ? "scenario" : path_; }
+  std::string field(std::string_view key) const {
+    return path_.empty() ? std::string(key) : fmt::format("{}.{}", path_, key);
+  }
+  bool has(const std::string& key) const { return entries_.count(key) != 0; }
+  const YAML::Node& node(const std::string& key) const { return entries_.at(key).value; }
+  /// Line of the key if given, else of the map itself (for defaults checked later).
+  YAML::Mark mark(const std::string& key) const {
+    auto it = entries_.find(key);
+    return it == entries_.end() ? where_ : it->second.key_mark;
+  }
+  YAML::Mark map_mark() const { return where_; }
+  const Reporter& reporter() const { return rep_; }
+
+  [[noreturn]] void missing(const std::string& key, std::string_view expected) const {
+    rep_.fail(where_, field(key), fmt::format("missing; expected {}", expected));
+  }
+
+  /// An integer ≥ `min`; `def` when absent (nullopt: required).
+  int get_int(const std::string& key, std::optional<int> def, int min, std::string_view meaning) const {
+    const std::string expected =
+        min == 1 ? fmt::format("a positive integer ({})", meaning)
+                 : fmt::format("an integer ≥ {} ({})", min, meaning);
+    if (!has(key)) {
+      if (!def) missing(key, expected);
+      return *def;
+    }
+    const YAML::Node& n = node(key);
+    long long v = 0;
+    bool ok = is_plain_scalar(n);
+    if (ok) {
+      const std::string& s = n.Scalar();
+      const char* first = s.data() + (s.size() > 1 && s[0] == '+' ? 1 : 0);
+      auto [ptr, ec] = std::from_chars(first, s.data() + s.size(), v);
+      ok = ec == std::errc() && ptr == s.data() + s.size() && !s.empty();
+    }
+    if (!ok) rep_.fail(mark(key), field(key), fmt::format("expected {}, got {}", expected, describe(n)));
+    if (v < min || v > std::numeric_limits<int>::max())
+      rep_.fail(mark(key), field(key), fmt::format("expected {}, got {}", expected, v));
+    return static_cast<int>(v);
+  }
+
+  /// A finite number ≥ 0 (or > 0 when `positive`); `def` when absent.
+  double get_number(const std::string& key, std::optional<double> def, bool positive,
+                    std::string_view meaning) const {
+    const std::string expected = fmt::format("a {} number ({})", positive ? "positive" : "non-negative", meaning);
+    if (!has(key)) {
+      if (!def) missing(key, expected);
+      return *def;
+    }
+    const YAML::Node& n = node(key);
+    double v = 0;
+    bool ok = is_plain_scalar(n);
+    if (ok) {
+      const std::string& s = n.Scalar();
+      const char* first = s.data() + (s.size() > 1 && s[0] == '+' ? 1 : 0);
+      auto [ptr, ec] = std::from_chars(first, s.data() + s.size(), v);
+      ok = ec == std::errc() && ptr == s.data() + s.size() && !s.empty() && std::isfinite(v);
+    }
+    if (!ok) rep_.fail(mark(key), field(key), fmt::format("expected {}, got {}", expected, describe(n)));
+    if (positive ? !(v > 0) : v < 0)
+      rep_.fail(mark(key), field(key), fmt::format("expected {}, got {}", expected, n.Scalar()));
+    return v;
+  }
+
+  std::string get_string(const std::string& key, std::optional<std::string> def,
+                         std::string_view meaning) const {
+    if (!has(key)) {
+      if (!def) missing(key, fmt::format("a string ({})", meaning));
+      return *def;
+    }
+    const YAML::Node& n = node(key);
+    if (!n.IsScalar())
+      rep_.fail(mark(key), field(key), fmt::format("expected a string ({}), got {}", meaning, describe(n)));
+    return n.Scalar();
+  }
+
+  /// A string that must be one of `known`.
+  std::string get_choice(const std::string& key, const std::string& def, std::string_view what,
+                         const std::vector<std::string>& known) const {
+    const std::string v = get_string(key, def, fmt::format("one of {}", join(known)));
+    if (std::find(known.begin(), known.end(), v) == known.end())
+      rep_.fail(mark(key), field(key), one_of(what, v, known));
+    return v;
+  }
+
+  bool get_bool(const std::string& key, bool def) const {
+    if (!has(key)) return def;
+    const YAML::Node& n = node(key);
+    if (is_plain_scalar(n)) {
+      const std::string& s = n.Scalar();
+      if (s == "true" || s == "True" || s == "TRUE") return true;
+      if (s == "false" || s == "False" || s == "FALSE") return false;
+    }
+    rep_.fail(mark(key), field(key), fmt::format("expected true or false, got {}", describe(n)));
+  }
+
+ private:
+  struct Entry {
+    YAML::Node value;
+    YAML::Mark key_mark;
+  };
+  const Reporter& rep_;
+  std::string path_;
+  YAML::Mark where_;
+  std::vector<std::string> known_;
+  std::map<std::string, Entry> entries_;
+};
+
+/// Applies per-GPU overrides (peak_tflops, hbm_gib, hbm_gbytes_per_s, nvlink_gbps) to a spec.
+void apply_gpu_overrides(const MapReader& r, GpuSpec& gpu) {
+  if (r.has("peak_tflops"))
+    gpu.peak_flops = r.get_number("peak_tflops", {}, true, "dense bf16 TFLOP/s per GPU") * 1e12;
+  if (r.has("hbm_gib")) gpu.hbm_bytes = r.get_number("hbm_gib", {}, true, "GPU memory in GiB") * kGiB;
+  if (r.has("hbm_gbytes_per_s"))
+    gpu.hbm_bytes_per_second = r.get_number("hbm_gbytes_per_s", {}, true, "HBM bandwidth in GB/s") * 1e9;
+}
+
+GpuSpec read_gpu(const MapReader& r) {
+  const std::string name = r.get_string("gpu", std::nullopt, fmt::format("a GPU preset: {}", join(gpu_preset_names())));
+  const auto names = gpu_preset_names();
+  if (std::find(names.begin(), names.end(), name) == names.end())
+    r.reporter().fail(r.mark("gpu"), r.field("gpu"), one_of("GPU", name, names));
+  return gpu_preset(name);
+}
+
+const std::vector<std::string> kGpuOverrideKeys = {"peak_tflops", "hbm_gib", "hbm_gbytes_per_s"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+const std::vector<std::string> kModelKeys = {"name", "layers", "hidden", "ffn",
+                                             "heads", "seq", "vocab", "dtype"};
+
+ModelConfig read_model(const MapReader& r) {
+  ModelConfig m;
+  m.name = r.get_string("name", "", "the model's name");
+  m.layers = r.get_int("layers", std::nullopt, 1, "transformer layers");
+  m.hidden = r.get_int("hidden", std::nullopt, 1, "hidden size");
+  m.heads = r.get_int("heads", std::nullopt, 1, "attention heads");
+  if (r.has("ffn") || m.hidden > std::numeric_limits<int>::max() / 4)
+    m.ffn = r.get_int("ffn", std::nullopt, 1, "MLP inner size; default 4*hidden");
+  else
+    m.ffn = 4 * m.hidden;
+  m.seq = r.get_int("seq", std::nullopt, 1, "sequence length in tokens");
+  m.vocab = r.get_int("vocab", std::nullopt, 1, "vocabulary size");
+  m.dtype = r.get_choice("dtype", "bf16", "dtype", kDtypes);
+  if (m.hidden % m.heads != 0)
+    r.reporter().fail(r.mark("hidden"), "model.hidden",
+             fmt::format("expected a multiple of heads ({}), got {}", m.heads, m.hidden));
+  return m;
+}
+
+ClusterConfig read_cluster(const Reporter& rep, const YAML::Node& node, YAML::Mark where) {
+  MapReader r(rep, node, "cluster", where,
+              with({"gpu", "nodes", "groups", "gpus_per_node", "nvlink_gbps", "ib_gbps_per_nic",
+                    "nics_per_node", "topology", "nvlink_latency_us", "ib_latency_us"},
+                   kGpuOverrideKeys));
+  ClusterConfig c;
+  if (r.has("groups")) {
+    if (r.has("gpu") || r.has("nodes"))
+      rep.fail(r.mark(r.has("gpu") ? "gpu" : "nodes"), r.has("gpu") ? "cluster.gpu" : "cluster.nodes",
+               "give either gpu + nodes (one group) or groups (a list of {gpu, nodes}), not both");
+    const YAML::Node& list = r.node("groups");
+    if (!list.IsSequence() || list.size() == 0)
+      rep.fail(r.mark("groups"), "cluster.groups",
+               fmt::format("expected a non-empty list of {{gpu: NAME, nodes: N}}, got {}", describe(list)));
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      MapReader g(rep, list[i], fmt::format("cluster.groups[{}]", i),
+                  list[i].Mark().is_null() ? r.mark("groups") : list[i].Mark(),
+                  with({"gpu", "nodes", "nvlink_gbps"}, kGpuOverrideKeys));
+      NodeGroup group;
+      group.gpu = read_gpu(g);
+      apply_gpu_overrides(r, group.gpu);  // cluster-wide overrides first, the group's own win
+      apply_gpu_overrides(g, group.gpu);
+      if (g.has("nvlink_gbps"))
+        group.gpu.nvlink_bytes_per_second =
+            gbps_to_bytes(g.get_number("nvlink_gbps", {}, true, "NVLink Gb/s per GPU each way"));
+      group.nodes = g.get_int("nodes", std::nullopt, 1, "nodes of this GPU");
+      c.groups.push_back(group);
+    }
+  } else {
+    if (!r.has("gpu")) r.missing("gpu", fmt::format("a GPU preset ({}), or groups", join(gpu_preset_names())));
+    NodeGroup group;
+    group.gpu = read_gpu(r);
+    apply_gpu_overrides(r, group.gpu);
+    group.nodes = r.get_int("nodes", std::nullopt, 1, "number of nodes");
+    c.groups.push_back(group);
+  }
+  c.gpus_per_node = r.get_int("gpus_per_node", 8, 1, "GPUs per node");
+  if (r.has("nvlink_gbps"))
+    c.nvlink_bytes_per_second = gbps_to_bytes(r.get_number("nvlink_gbps", {}, true, "NVLink Gb/s per GPU each way"));
+  double nic_gbps = std::numeric_limits<double>::max();
+  for (const auto& g : c.groups) nic_gbps = std::min(nic_gbps, default_nic_gbps(g.gpu.name));
+  c.ib_bytes_per_second_per_nic = gbps_to_bytes(r.get_number("ib_gbps_per_nic", nic_gbps, true, "InfiniBand Gb/s per NIC"));
+  c.nics_per_node = r.get_int("nics_per_node", 8, 1, "NICs per node");
+  c.topology = r.get_choice("topology", "fat-tree", "topology", kTopologies);
+  c.nvlink_latency_seconds =
+      us_to_seconds(r.get_number("nvlink_latency_us", kDefaultNvlinkLatencyUs, false, "NVLink latency in µs"));
+  c.ib_latency_seconds = us_to_seconds(r.get_number("ib_latency_us", kDefaultIbLatencyUs, false, "network latency in µs"));
+  return c;
+}
+
+Recompute recompute_from(const std::string& s) {
+  if (s == "selective") return Recompute::Selective;
+  if (s == "full") return Recompute::Full;
+  return Recompute::None;
+}
+
+std::string recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+    default: return "none";
+  }
+}
+
+/// Interleaving assigns micro-batches to chunks in groups of p (Megatron), so m % p = 0.
+void check_interleaving(const MapReader& r, const std::string& chunks_key, int chunks, int m, int p) {
+  if (chunks > 1 && m % p != 0)
+    r.reporter().fail(r.mark(chunks_key), r.field(chunks_key),
+                      fmt::format("interleaving {} chunks needs the micro-batch count ({}) to be a "
+                                  "multiple of the pipeline stages ({})",
+                                  chunks, m, p));
+}
+
+ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::Mark where,
+                             const ModelConfig& model, const MapReader& model_keys,
+                             const ClusterConfig& cluster) {
+  MapReader r(rep, node, "parallel", where,
+              {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
+               "sequence_parallel", "slices"});
+  ParallelConfig p;
+  p.tensor = r.get_int("tensor", 1, 1, "tensor-parallel size");
+  p.pipeline = r.get_int("pipeline", 1, 1, "pipeline stages");
+  p.data = r.get_int("data", 1, 1, "data-parallel replicas");
+  p.chunks = r.get_int("chunks", 1, 1, "model chunks per pipeline rank");
+  p.micro_batch = r.get_int("micro_batch", 1, 1, "sequences per micro-batch");
+  p.global_batch = r.get_int("global_batch", std::nullopt, 1, "sequences per iteration");
+  p.recompute = recompute_from(r.get_choice("recompute", "none", "recompute", kRecomputeNames));
+  p.sequence_parallel = r.get_bool("sequence_parallel", false);
+  p.slices = r.get_int("slices", 1, 1, "temporal slices per micro-batch");
+
+  const long long gpus_needed = static_cast<long long>(p.tensor) * p.pipeline * p.data;
+  long long nodes = 0;  // summed here in 64 bits: absurd node counts must not overflow
+  for (const auto& g : cluster.groups) nodes += g.nodes;
+  if (gpus_needed != nodes * cluster.gpus_per_node)
+    rep.fail(r.map_mark(), "parallel",
+             fmt::format("tensor*pipeline*data = {}*{}*{} = {} GPUs, but the cluster has {} ({} nodes "
+                         "x {} GPUs per node); expected them equal",
+                         p.tensor, p.pipeline, p.data, gpus_needed, nodes * cluster.gpus_per_node,
+                         nodes, cluster.gpus_per_node));
+  const long long vstages = static_cast<long long>(p.pipeline) * p.chunks;
+  if (model.layers % vstages != 0)
+    rep.fail(model_keys.mark("layers"), "model.layers",
+             fmt::format("{} layers do not split evenly over pipeline*chunks = {}*{} = {} virtual "
+                         "stages; expected a multiple of {}",
+                         model.layers, p.pipeline, p.chunks, vstages, vstages));
+  // hidden first: with hidden % heads == 0 checked, a heads error implies nothing about hidden.
+  for (auto [key, value] : {std::pair<const char*, int>{"hidden", model.hidden},
+                            {"heads", model.heads}, {"ffn", model.ffn}})
+    if (value % p.tensor != 0)
+      rep.fail(model_keys.mark(key), fmt::format("model.{}", key),
+               fmt::format("{} {} is not divisible by tensor = {}; expected a multiple of {}", key,
+                           value, p.tensor, p.tensor));
+  const long long per_step = static_cast<long long>(p.micro_batch) * p.data;
+  if (p.global_batch % per_step != 0)
+    rep.fail(r.mark("global_batch"), "parallel.global_batch",
+             fmt::format("expected a multiple of micro_batch*data = {}*{} = {}, got {}", p.micro_batch,
+                         p.data, per_step, p.global_batch));
+  check_interleaving(r, "chunks", p.chunks, static_cast<int>(p.global_batch / per_step), p.pipeline);
+  if (p.slices > model.seq)
+    rep.fail(r.mark("slices"), "parallel.slices",
+             fmt::format("expected at most seq = {} slices (each slice needs a token), got {}",
+                         model.seq, p.slices));
+  if (p.sequence_parallel && model.seq % p.tensor != 0)
+    rep.fail(r.mark("sequence_parallel"), "parallel.sequence_parallel",
+             fmt::format("sequence parallelism splits seq = {} over tensor = {}; expected seq to be "
+                         "a multiple of tensor",
+                         model.seq, p.tensor));
+  return p;
+}
+
+Synthetic read_synthetic(const Reporter& rep, const YAML::Node& node, YAML::Mark where,
+                         ParallelConfig& parallel) {
+  MapReader r(rep, node, "synthetic", where,
+              {"stages", "microbatches", "chunks", "slices", "time", "p2p_latency", "activation_bytes"});
+  Synthetic s;
+  s.stages = r.get_int("stages", std::nullopt, 1, "pipeline stages p");
+  s.microbatches = r.get_int("microbatches", std::nullopt, 1, "micro-batches m");
+  s.chunks = r.get_int("chunks", 1, 1, "model chunks v per rank");
+  const int slices = r.get_int("slices", 1, 1, "temporal slices per micro-batch");
+  if (!r.has("time")) r.missing("time", "a map {F: µs, B: µs, W: µs}");
+  MapReader t(rep, r.node("time"), "synthetic.time", r.mark("time"), {"F", "B", "W"});
+  s.f_seconds = us_to_seconds(t.get_number("F", std::nullopt, true, "forward time in µs"));
+  s.b_seconds = us_to_seconds(t.get_number("B", std::nullopt, true, "input-gradient time in µs"));
+  s.w_seconds = us_to_seconds(t.get_number("W", std::nullopt, false, "weight-gradient time in µs"));
+  s.p2p_latency_seconds = us_to_seconds(r.get_number("p2p_latency", 0.0, false, "µs per cross-rank dependency"));
+  s.activation_bytes = r.get_number("activation_bytes", 0.0, false, "bytes one F keeps alive");
+  check_interleaving(r, "chunks", s.chunks, s.microbatches, s.stages);
+  // Mirror the shape into `parallel` so code reading parallel.* sees the same p, m, v, S.
+  parallel.pipeline = s.stages;
+  parallel.chunks = s.chunks;
+  parallel.global_batch = s.microbatches;
+  parallel.slices = slices;
+  return s;
+}
+
+Scenario parse_root(const YAML::Node& root, const std::string& source_name) {
+  Reporter rep(source_name);
+  MapReader top(rep, root, "", YAML::Mark(), {"name", "model", "cluster", "parallel", "schedule", "synthetic"});
+  Scenario sc;
+  sc.source_file = source_name;
+  sc.name = top.get_string("name", std::filesystem::path(source_name).stem().string(), "the scenario's name");
+  sc.schedule = top.get_choice("schedule", "1f1b", "schedule", kScheduleNames);
+  if (top.has("synthetic")) {
+    for (const char* key : {"model", "parallel"})
+      if (top.has(key))
+        rep.fail(top.mark(key), key,
+                 "not used by a synthetic scenario (its stages, microbatches, chunks, slices and "
+                 "times go under synthetic); remove one of the two");
+    sc.synthetic = read_synthetic(rep, top.node("synthetic"), top.mark("synthetic"), sc.parallel);
+    if (top.has("cluster")) sc.cluster = read_cluster(rep, top.node("cluster"), top.mark("cluster"));
+    return sc;
+  }
+  for (const char* key : {"model", "cluster", "parallel"})
+    if (!top.has(key))
+      top.missing(key, "a map (model, cluster and parallel are required unless the scenario is synthetic)");
+  const MapReader model_keys(rep, top.node("model"), "model", top.mark("model"), kModelKeys);
+  sc.model = read_model(model_keys);
+  sc.cluster = read_cluster(rep, top.node("cluster"), top.mark("cluster"));
+  sc.parallel = read_parallel(rep, top.node("parallel"), top.mark("parallel"), sc.model, model_keys,
+                              sc.cluster);
+  return sc;
+}
+
+// ---------------------------------------------------------------- JSON
+
+/// Reads a JSON object field by field, naming the path on errors and rejecting unknown keys.
+class JsonReader {
+ public:
+  JsonReader(const json& j, std::string path, std::vector<std::string> known) : j_(j), path_(std::move(path)) {
+    if (!j.is_object()) throw Error(fmt::format("{}: expected an object, got {}", path_, j.type_name()));
+    for (const auto& [key, value] : j.items())
+      if (std::find(known.begin(), known.end(), key) == known.end())
+        throw Error(fmt::format("{}.{}: unknown key; known keys: {}", path_, key, join(known)));
+  }
+  std::string path(const std::string& key) const { return path_ + "." + key; }
+  const json& at(const std::string& key) const {
+    if (!j_.contains(key)) throw Error(fmt::format("{}: missing", path(key)));
+    return j_.at(key);
+  }
+  bool has(const std::string& key) const { return j_.contains(key); }
+  int get_int(const std::string& key) const {
+    const json& v = at(key);
+    if (!v.is_number_integer() || v.get<long long>() < std::numeric_limits<int>::min() ||
+        v.get<long long>() > std::numeric_limits<int>::max())
+      throw Error(fmt::format("{}: expected an integer, got {}", path(key), v.dump()));
+    return v.get<int>();
+  }
+  double get_double(const std::string& key) const {
+    const json& v = at(key);
+    if (!v.is_number()) throw Error(fmt::format("{}: expected a number, got {}", path(key), v.dump()));
+    return v.get<double>();
+  }
+  bool get_bool(const std::string& key) const {
+    const json& v = at(key);
+    if (!v.is_boolean()) throw Error(fmt::format("{}: expected true or false, got {}", path(key), v.dump()));
+    return v.get<bool>();
+  }
+  std::string get_string(const std::string& key) const {
+    const json& v = at(key);
+    if (!v.is_string()) throw Error(fmt::format("{}: expected a string, got {}", path(key), v.dump()));
+    return v.get<std::string>();
+  }
+
+ private:
+  const json& j_;
+  std::string path_;
+};
+
+json gpu_to_json(const GpuSpec& g) {
+  return {{"name", g.name},
+          {"peak_flops", g.peak_flops},
+          {"hbm_bytes", g.hbm_bytes},
+          {"hbm_bytes_per_second", g.hbm_bytes_per_second},
+          {"nvlink_bytes_per_second", g.nvlink_bytes_per_second}};
+}
+
+GpuSpec gpu_from_json(const json& j, const std::string& path) {
+  JsonReader r(j, path, {"name", "peak_flops", "hbm_bytes", "hbm_bytes_per_second", "nvlink_bytes_per_second"});
+  return {r.get_string("name"), r.get_double("peak_flops"), r.get_double("hbm_bytes"),
+          r.get_double("hbm_bytes_per_second"), r.get_double("nvlink_bytes_per_second")};
+}
+
+}  // namespace
+
+Scenario parse_scenario(std::string_view yaml_text, const std::string& source_name) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml_text));
+  } catch (const YAML::Exception& e) {
+    const int line = e.mark.is_null() ? 1 : e.mark.line + 1;
+    throw Error(fmt::format("{}:{}: YAML syntax: {}", source_name, line, e.msg));
+  }
+  try {
+    return parse_root(root, source_name);
+  } catch (const YAML::Exception& e) {
+    // Not expected (values are converted by hand); kept so no yaml-cpp exception escapes bare.
+    const int line = e.mark.is_null() ? 1 : e.mark.line + 1;
+    throw Error(fmt::format("{}:{}: YAML: {}", source_name, line, e.msg));
+  }
+}
+
+Scenario load_scenario(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw Error(fmt::format("{}: scenario file not found (expected a YAML file, e.g. scenarios/gpt3-175b-a100-8x8.yaml)", path));
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw Error(fmt::format("{}: not a regular file; expected a YAML scenario file", path));
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in) throw Error(fmt::format("{}: cannot read the scenario file", path));
+  return parse_scenario(text.str(), path);
+}
+
+json to_json(const Scenario& s) {
+  json groups = json::array();
+  for (const auto& g : s.cluster.groups) groups.push_back({{"gpu", gpu_to_json(g.gpu)}, {"nodes", g.nodes}});
+  json j = {
+      {"name", s.name},
+      {"source_file", s.source_file},
+      {"schedule", s.schedule},
+      {"model",
+       {{"name", s.model.name}, {"layers", s.model.layers}, {"hidden", s.model.hidden},
+        {"ffn", s.model.ffn}, {"heads", s.model.heads}, {"seq", s.model.seq},
+        {"vocab", s.model.vocab}, {"dtype", s.model.dtype}}},
+      {"cluster",
+       {{"groups", groups},
+        {"gpus_per_node", s.cluster.gpus_per_node},
+        {"nvlink_bytes_per_second", s.cluster.nvlink_bytes_per_second},
+        {"ib_bytes_per_second_per_nic", s.cluster.ib_bytes_per_second_per_nic},
+        {"nics_per_node", s.cluster.nics_per_node},
+        {"topology", s.cluster.topology},
+        {"nvlink_latency_seconds", s.cluster.nvlink_latency_seconds},
+        {"ib_latency_seconds", s.cluster.ib_latency_seconds}}},
+      {"parallel",
+       {{"tensor", s.parallel.tensor}, {"pipeline", s.parallel.pipeline}, {"data", s.parallel.data},
+        {"chunks", s.parallel.chunks}, {"micro_batch", s.parallel.micro_batch},
+        {"global_batch", s.parallel.global_batch}, {"recompute", recompute_name(s.parallel.recompute)},
+        {"sequence_parallel", s.parallel.sequence_parallel}, {"slices", s.parallel.slices}}},
+      {"synthetic", nullptr},
+  };
+  if (s.synthetic) {
+    const Synthetic& y = *s.synthetic;
+    j["synthetic"] = {{"stages", y.stages},       {"microbatches", y.microbatches},
+                      {"chunks", y.chunks},       {"f_seconds", y.f_seconds},
+                      {"b_seconds", y.b_seconds}, {"w_seconds", y.w_seconds},
+                      {"p2p_latency_seconds", y.p2p_latency_seconds},
+                      {"activation_bytes", y.activation_bytes}};
+  }
+  return j;
+}
+
+Scenario scenario_from_json(const json& j) {
+  const std::string root = "scenario";
+  JsonReader r(j, root, {"name", "source_file", "schedule", "model", "cluster", "parallel", "synthetic"});
+  Scenario s;
+  s.name = r.get_string("name");
+  s.source_file = r.get_string("source_file");
+  s.schedule = r.get_string("schedule");
+
+  JsonReader m(r.at("model"), r.path("model"), {"name", "layers", "hidden", "ffn", "heads", "seq", "vocab", "dtype"});
+  s.model = {m.get_string("name"), m.get_int("layers"), m.get_int("hidden"), m.get_int("ffn"),
+             m.get_int("heads"), m.get_int("seq"), m.get_int("vocab"), m.get_string("dtype")};
+
+  JsonReader c(r.at("cluster"), r.path("cluster"),
+               {"groups", "gpus_per_node", "nvlink_bytes_per_second", "ib_bytes_per_second_per_nic",
+                "nics_per_node", "topology", "nvlink_latency_seconds", "ib_latency_seconds"});
+  const json& groups = c.at("groups");
+  if (!groups.is_array()) throw Error(fmt::format("{}: expected an array", c.path("groups")));
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const std::string gp = fmt::format("{}[{}]", c.path("groups"), i);
+    JsonReader g(groups[i], gp, {"gpu", "nodes"});
+    s.cluster.groups.push_back({gpu_from_json(g.at("gpu"), g.path("gpu")), g.get_int("nodes")});
+  }
+  s.cluster.gpus_per_node = c.get_int("gpus_per_node");
+  s.cluster.nvlink_bytes_per_second = c.get_double("nvlink_bytes_per_second");
+  s.cluster.ib_bytes_per_second_per_nic = c.get_double("ib_bytes_per_second_per_nic");
+  s.cluster.nics_per_node = c.get_int("nics_per_node");
+  s.cluster.topology = c.get_string("topology");
+  s.cluster.nvlink_latency_seconds = c.get_double("nvlink_latency_seconds");
+  s.cluster.ib_latency_seconds = c.get_double("ib_latency_seconds");
+
+  JsonReader p(r.at("parallel"), r.path("parallel"),
+               {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
+                "sequence_parallel", "slices"});
+  s.parallel.tensor = p.get_int("tensor");
+  s.parallel.pipeline = p.get_int("pipeline");
+  s.parallel.data = p.get_int("data");
+  s.parallel.chunks = p.get_int("chunks");
+  s.parallel.micro_batch = p.get_int("micro_batch");
+  s.parallel.global_batch = p.get_int("global_batch");
+  const std::string rc = p.get_string("recompute");
+  if (std::find(kRecomputeNames.begin(), kRecomputeNames.end(), rc) == kRecomputeNames.end())
+    throw Error(fmt::format("{}: expected one of {}, got \"{}\"", p.path("recompute"), join(kRecomputeNames), rc));
+  s.parallel.recompute = recompute_from(rc);
+  s.parallel.sequence_parallel = p.get_bool("sequence_parallel");
+  s.parallel.slices = p.get_int("slices");
+
+  if (r.has("synthetic") && !r.at("synthetic").is_null()) {
+    JsonReader y(r.at("synthetic"), r.path("synthetic"),
+                 {"stages", "microbatches", "chunks", "f_seconds", "b_seconds", "w_seconds",
+                  "p2p_latency_seconds", "activation_bytes"});
+    Synthetic syn;
+    syn.stages = y.get_int("stages");
+    syn.microbatches = y.get_int("microbatches");
+    syn.chunks = y.get_int("chunks");
+    syn.f_seconds = y.get_double("f_seconds");
+    syn.b_seconds = y.get_double("b_seconds");
+    syn.w_seconds = y.get_double("w_seconds");
+    syn.p2p_latency_seconds = y.get_double("p2p_latency_seconds");
+    syn.activation_bytes = y.get_double("activation_bytes");
+    s.synthetic = syn;
+  }
+  return s;
+}
+
+}  // namespace tdpipe::ir

@@ -1,0 +1,346 @@
+// validate.cpp — rejects broken plans before anything runs; reports memory.
+//
+// Checks run in phases (shape, fields, coverage, order, SEND/RECV pairing,
+// deadlock); the first phase with problems throws one tdpipe::Error listing them
+// (up to kListed, then a count), each naming the rank, the op's position and its
+// text form. Memory: walking each rank's ops in order, an F adds one in-flight
+// activation and its mem_bytes, a B/BW removes one; every compute op's mem_bytes
+// (negative for B/BW/W that free) is summed; the peaks are reported.
+#include "tdpipe/ir/validate.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "plan_index.hpp"
+#include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/plan_io.hpp"
+#include "tdpipe/ir/replay.hpp"
+
+namespace tdpipe::ir {
+namespace {
+
+constexpr std::size_t kListed = 12;
+
+class Checker {
+ public:
+  explicit Checker(const Plan& plan) : plan_(plan) {}
+
+  ValidationReport run() {
+    check_shape();
+    flush("plan shape");
+    ix_ = detail::build_index(plan_);
+    check_fields();
+    flush("op fields");
+    check_coverage();
+    flush("compute ops");
+    check_order();
+    flush("op order");
+    if (has_p2p()) {
+      check_p2p();
+      flush("SEND/RECV");
+    }
+    // Unit durations: the question is only whether every op can complete.
+    detail::replay_indexed(plan_, ix_, [](const Op&, int) -> std::int64_t { return 1; });
+    return memory();
+  }
+
+ private:
+  const Op& op(int g) const {
+    const auto [r, i] = ix_.locate(g);
+    return plan_.ranks[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)];
+  }
+  /// "rank 1 op #5 F3.c1"
+  std::string where(int g) const {
+    const auto [r, i] = ix_.locate(g);
+    return fmt::format("rank {} op #{} {}", r, i, op_to_text(op(g)));
+  }
+  int rank_of(int g) const { return ix_.locate(g).first; }
+
+  void problem(std::string text) {
+    ++count_;
+    if (problems_.size() < kListed) problems_.push_back(std::move(text));
+  }
+  void flush(const char* phase) {
+    if (problems_.empty()) return;
+    std::string msg = fmt::format("invalid plan{}: {} problem(s) with {}:",
+                                  plan_.schedule.empty() ? "" : " (" + plan_.schedule + ")", count_, phase);
+    for (const auto& p : problems_) msg += "\n  " + p;
+    if (count_ > problems_.size()) msg += fmt::format("\n  … and {} more", count_ - problems_.size());
+    throw Error(msg);
+  }
+
+  void check_shape() {
+    const int p = plan_.num_ranks();
+    if (p == 0) problem("the plan has no ranks");
+    if (plan_.stages != 0 && plan_.stages != p)
+      problem(fmt::format("plan.stages is {} but the plan lists {} rank(s)", plan_.stages, p));
+    if (plan_.microbatches < 1) problem(fmt::format("plan.microbatches is {}; expected ≥ 1", plan_.microbatches));
+    if (plan_.chunks < 1) problem(fmt::format("plan.chunks is {}; expected ≥ 1", plan_.chunks));
+    if (plan_.slices < 1) problem(fmt::format("plan.slices is {}; expected ≥ 1", plan_.slices));
+    if (plan_.stage_of.empty() || p == 0 || plan_.chunks < 1) return;
+    if (static_cast<int>(plan_.stage_of.size()) != p) {
+      problem(fmt::format("stage_of has {} row(s); expected one per rank ({})", plan_.stage_of.size(), p));
+      return;
+    }
+    const int stages = p * plan_.chunks;
+    std::vector<std::pair<int, int>> owner(static_cast<std::size_t>(stages), {-1, -1});
+    for (int r = 0; r < p; ++r) {
+      const auto& row = plan_.stage_of[static_cast<std::size_t>(r)];
+      if (static_cast<int>(row.size()) != plan_.chunks) {
+        problem(fmt::format("stage_of[{}] has {} entries; expected one per chunk ({})", r, row.size(),
+                            plan_.chunks));
+        continue;
+      }
+      for (int c = 0; c < plan_.chunks; ++c) {
+        const int vs = row[static_cast<std::size_t>(c)];
+        if (vs < 0 || vs >= stages) {
+          problem(fmt::format("stage_of[{}][{}] = {}; expected a virtual stage in 0..{}", r, c, vs, stages - 1));
+          continue;
+        }
+        auto& o = owner[static_cast<std::size_t>(vs)];
+        if (o.first >= 0)
+          problem(fmt::format("virtual stage {} is run by rank {} chunk {} and by rank {} chunk {}", vs,
+                              o.first, o.second, r, c));
+        else
+          o = {r, c};
+      }
+    }
+    for (int vs = 0; vs < stages; ++vs)
+      if (owner[static_cast<std::size_t>(vs)].first < 0)
+        problem(fmt::format("virtual stage {} is run by no rank's chunk (stage_of)", vs));
+  }
+
+  void check_fields() {
+    const int p = plan_.num_ranks();
+    for (int r = 0; r < p; ++r) {
+      const auto& ops = plan_.ranks[static_cast<std::size_t>(r)];
+      const int base = ix_.offset[static_cast<std::size_t>(r)];
+      for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+        const Op& o = ops[static_cast<std::size_t>(i)];
+        const int g = base + i;
+        const bool ids = o.kind == OpKind::F || o.kind == OpKind::B || o.kind == OpKind::W ||
+                         o.kind == OpKind::BW || is_p2p(o.kind);
+        if (ids) {
+          if (o.mb < 0 || o.mb >= plan_.microbatches)
+            problem(fmt::format("{}: micro-batch {} outside 0..{} (plan.microbatches = {})", where(g), o.mb,
+                                plan_.microbatches - 1, plan_.microbatches));
+          if (o.chunk < 0 || o.chunk >= plan_.chunks)
+            problem(fmt::format("{}: chunk {} outside 0..{} (plan.chunks = {})", where(g), o.chunk,
+                                plan_.chunks - 1, plan_.chunks));
+          if (o.slice < 0 || o.slice >= plan_.slices)
+            problem(fmt::format("{}: slice {} outside 0..{} (plan.slices = {})", where(g), o.slice,
+                                plan_.slices - 1, plan_.slices));
+        }
+        if (is_p2p(o.kind)) {
+          if (o.payload != OpKind::F && o.payload != OpKind::B)
+            problem(fmt::format("{}: payload {}; expected F (activation) or B (gradient)", where(g),
+                                to_string(o.payload)));
+          if (o.peer < 0 || o.peer >= p || o.peer == r)
+            problem(fmt::format("{}: peer {}; expected another rank in 0..{}", where(g), o.peer, p - 1));
+        }
+        for (const OpRef& d : o.deps) {
+          const bool ok = d.rank >= 0 && d.rank < p && d.index >= 0 &&
+                          d.index < static_cast<int>(plan_.ranks[static_cast<std::size_t>(d.rank)].size());
+          if (!ok)
+            problem(fmt::format("{}: depends on rank {} op #{}, which does not exist", where(g), d.rank, d.index));
+          else if (d.rank == r && d.index == i)
+            problem(fmt::format("{}: depends on itself", where(g)));
+        }
+      }
+    }
+  }
+
+  Op expected(OpKind kind, int mb, int vs, int s) const {
+    Op o;
+    o.kind = kind;
+    o.mb = mb;
+    o.chunk = ix_.stages.chunk_of[static_cast<std::size_t>(vs)];
+    o.slice = s;
+    return o;
+  }
+
+  void check_coverage() {
+    for (const auto& d : ix_.duplicates) {
+      if (d.slot > detail::kSlotW) continue;  // SEND/RECV duplicates: check_p2p
+      const Op& a = op(d.first);
+      const Op& b = op(d.second);
+      if (a.kind != b.kind)
+        problem(fmt::format("{} and {}: a backward is either one BW or one B plus one W", where(d.first),
+                            where(d.second)));
+      else
+        problem(fmt::format("duplicate {}: {} and {}", op_to_text(a), where(d.first), where(d.second)));
+    }
+    const int m = plan_.microbatches, V = ix_.stages.virtual_stages(), S = plan_.slices;
+    for (int vs = 0; vs < V; ++vs)
+      for (int mb = 0; mb < m; ++mb) {
+        const int r = ix_.stages.rank_of[static_cast<std::size_t>(vs)];
+        if (r < 0) continue;
+        for (int s = 0; s < S; ++s) {
+          const int f = ix_.find(detail::kSlotF, mb, vs, s);
+          const int b = ix_.find(detail::kSlotBwd, mb, vs, s);
+          const int w = ix_.find(detail::kSlotW, mb, vs, s);
+          auto detail_of = [&] { return fmt::format("micro-batch {}, virtual stage {}, slice {}", mb, vs, s); };
+          if (f < 0)
+            problem(fmt::format("missing {} on rank {} ({})", op_to_text(expected(OpKind::F, mb, vs, s)), r,
+                                detail_of()));
+          if (b < 0) {
+            if (w >= 0)
+              problem(fmt::format("missing {} on rank {}: {} has no input-gradient op before it",
+                                  op_to_text(expected(OpKind::B, mb, vs, s)), r, where(w)));
+            else
+              problem(fmt::format("missing {} (or B and W) on rank {} ({})",
+                                  op_to_text(expected(OpKind::BW, mb, vs, s)), r, detail_of()));
+          } else if (op(b).kind == OpKind::B && w < 0) {
+            problem(fmt::format("missing {} on rank {} ({} computes the input gradient only)",
+                                op_to_text(expected(OpKind::W, mb, vs, s)), r, where(b)));
+          } else if (op(b).kind == OpKind::BW && w >= 0) {
+            problem(fmt::format("{} and {}: a fused BW already computes the weight gradient", where(b), where(w)));
+          }
+        }
+      }
+  }
+
+  /// `later` must come after `earlier` on one rank; both global indices.
+  void need_before(int earlier, int later, const char* why) {
+    if (earlier < 0 || later < 0 || rank_of(earlier) != rank_of(later) || earlier < later) return;
+    const auto [r, i] = ix_.locate(later);
+    const auto [r2, i2] = ix_.locate(earlier);
+    problem(fmt::format("rank {}: {} (op #{}) comes before {} (op #{}); {}", r, op_to_text(op(later)), i,
+                        op_to_text(op(earlier)), i2, why));
+    (void)r2;
+  }
+
+  void check_order() {
+    const int m = plan_.microbatches, V = ix_.stages.virtual_stages(), S = plan_.slices;
+    for (int vs = 0; vs < V; ++vs)
+      for (int mb = 0; mb < m; ++mb)
+        for (int s = 0; s < S; ++s) {
+          const int f = ix_.find(detail::kSlotF, mb, vs, s);
+          const int b = ix_.find(detail::kSlotBwd, mb, vs, s);
+          const int w = ix_.find(detail::kSlotW, mb, vs, s);
+          need_before(f, b, "a backward needs its forward's activations");
+          need_before(b, w, "W needs the output gradient its B received");
+          if (s > 0) {
+            need_before(ix_.find(detail::kSlotF, mb, vs, s - 1), f, "slices of a micro-batch run forward in order");
+            need_before(b, ix_.find(detail::kSlotBwd, mb, vs, s - 1), "backward runs slices in reverse order");
+          }
+        }
+  }
+
+  bool has_p2p() const {
+    for (const auto& ops : plan_.ranks)
+      for (const Op& o : ops)
+        if (is_p2p(o.kind)) return true;
+    return plan_.lowered;
+  }
+
+  static Op comm(OpKind kind, const Op& producer, OpKind payload, int peer) {
+    Op o;
+    o.kind = kind;
+    o.payload = payload;
+    o.mb = producer.mb;
+    o.chunk = producer.chunk;
+    o.slice = producer.slice;
+    o.peer = peer;
+    o.stream = Stream::P2P;
+    return o;
+  }
+
+  void check_p2p() {
+    const auto& st = ix_.stages;
+    for (const auto& d : ix_.duplicates)
+      if (d.slot > detail::kSlotW)
+        problem(fmt::format("duplicate {}: {} and {}", op_to_text(op(d.first)), where(d.first), where(d.second)));
+    const int V = st.virtual_stages();
+    const int keys = ix_.keys();
+    // Every cross-rank data dependency needs its SEND on the producer's rank and its RECV on the consumer's.
+    for (int k = 0; k < keys; ++k) {
+      const int vs = ix_.stage_of_key(k);
+      for (int which = 0; which < 2; ++which) {
+        const bool fwd = which == 0;
+        const int prod = ix_.cell(fwd ? detail::kSlotF : detail::kSlotBwd, k);
+        const int send = ix_.cell(fwd ? detail::kSlotSendF : detail::kSlotSendB, k);
+        const int recv = ix_.cell(fwd ? detail::kSlotRecvF : detail::kSlotRecvB, k);
+        const int to = fwd ? vs + 1 : vs - 1;
+        const bool cross = prod >= 0 && to >= 0 && to < V &&
+                           st.rank_of[static_cast<std::size_t>(to)] != rank_of(prod);
+        if (cross) {
+          const int from_rank = rank_of(prod);
+          const int to_rank = st.rank_of[static_cast<std::size_t>(to)];
+          const OpKind payload = fwd ? OpKind::F : OpKind::B;
+          const std::string s_text = op_to_text(comm(OpKind::SEND, op(prod), payload, to_rank));
+          const std::string r_text = op_to_text(comm(OpKind::RECV, op(prod), payload, from_rank));
+          if (send < 0 && recv < 0)
+            problem(fmt::format("{} feeds virtual stage {} on rank {} but neither {} on rank {} nor {} on rank {} "
+                                "exists",
+                                where(prod), to, to_rank, s_text, from_rank, r_text, to_rank));
+          else if (send < 0)
+            problem(fmt::format("{} has no matching {} on rank {}", where(recv), s_text, from_rank));
+          else if (recv < 0)
+            problem(fmt::format("{} has no matching {} on rank {}", where(send), r_text, to_rank));
+          else {
+            const Op& so = op(send);
+            const Op& ro = op(recv);
+            if (rank_of(send) != from_rank)
+              problem(fmt::format("{}: {} is produced on rank {}, so the SEND belongs there", where(send),
+                                  op_to_text(op(prod)), from_rank));
+            else if (so.peer != to_rank)
+              problem(fmt::format("{} goes to rank {} but the consumer (virtual stage {}) runs on rank {}",
+                                  where(send), so.peer, to, to_rank));
+            if (rank_of(recv) != to_rank)
+              problem(fmt::format("{}: the consumer (virtual stage {}) runs on rank {}, so the RECV belongs there",
+                                  where(recv), to, to_rank));
+            if (so.bytes != ro.bytes)
+              problem(fmt::format("{} carries {} bytes but {} expects {}", where(send), so.bytes, where(recv),
+                                  ro.bytes));
+          }
+          continue;
+        }
+        // No cross-rank dependency here: any SEND/RECV filed under this key is stray.
+        for (int g : {send, recv}) {
+          if (g < 0) continue;
+          if (prod < 0)
+            problem(fmt::format("{}: no {} produces what it carries", where(g),
+                                op_to_text(expected(fwd ? OpKind::F : OpKind::BW, ix_.mb_of_key(k), vs,
+                                                    ix_.slice_of_key(k)))));
+          else
+            problem(fmt::format("{}: {} and its consumer (virtual stage {}) are on one rank or the consumer does "
+                                "not exist; no transfer is needed",
+                                where(g), where(prod), to));
+        }
+      }
+    }
+  }
+
+  ValidationReport memory() const {
+    ValidationReport report;
+    report.ranks.resize(plan_.ranks.size());
+    for (std::size_t r = 0; r < plan_.ranks.size(); ++r) {
+      int inflight = 0;
+      double bytes = 0;
+      RankMemory& mem = report.ranks[r];
+      for (const Op& o : plan_.ranks[r]) {
+        if (!is_compute(o.kind)) continue;
+        if (o.kind == OpKind::F) ++inflight;
+        if (o.kind == OpKind::B || o.kind == OpKind::BW) --inflight;
+        bytes += o.mem_bytes;
+        mem.peak_inflight = std::max(mem.peak_inflight, inflight);
+        mem.peak_activation_bytes = std::max(mem.peak_activation_bytes, bytes);
+      }
+    }
+    return report;
+  }
+
+  const Plan& plan_;
+  detail::PlanIndex ix_;
+  std::vector<std::string> problems_;
+  std::size_t count_ = 0;
+};
+
+}  // namespace
+
+ValidationReport validate(const Plan& plan) { return Checker(plan).run(); }
+
+}  // namespace tdpipe::ir

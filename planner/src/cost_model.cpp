@@ -1,0 +1,596 @@
+// cost_model.cpp — the default cost model: Megatron FLOP counts, a saturating GEMM
+// efficiency curve with an HBM roofline, memory-bound element-wise work, ring
+// collectives for tensor parallelism, Korthikanti et al. activation memory.
+//
+// The constants (Efficiencies) are one set for every scenario. They are physical:
+//  - gemm_max 0.80: large fp16/bf16 GEMMs on A100 reach ~80% of the 312 TFLOP/s peak.
+//  - gemm_half_seconds 64 µs: a GEMM that would take 64 µs at peak (2·10¹⁰ FLOPs on an
+//    A100) runs at half of gemm_max; below that, launch, tail and wave-quantisation
+//    effects dominate (the same shape as Calculon's size-indexed table). Expressed in
+//    seconds so that a faster GPU needs proportionally larger GEMMs to saturate.
+//  - hbm 0.90: streaming kernels (fused softmax, bias-GeLU, LayerNorm) reach ~90% of HBM
+//    bandwidth.
+//  - nvlink 0.65: NCCL ring collectives of tens of MB inside a DGX A100 achieve ~65% of
+//    the per-direction NVLink bandwidth on the critical path (~195 of 300 GB/s bus
+//    bandwidth; users measure up to 232 GB/s for large all-reduces; Calculon uses 0.6–0.65).
+//    Latency per ring step: the scenario's nvlink/ib latency (NCCL's 3.4 / 14 µs defaults).
+//  - network 0.90: InfiniBand delivers ~90% of line rate to large messages.
+//  - optimizer_bytes_per_param 36: one fused Adam step reads the fp32 gradient, master
+//    weight and two moments, writes the three fp32 states and the 16-bit weight, then
+//    zeroes the gradient buffer (4+4+4+4 read, 4+4+4+2 write, 4 zero, ≈2 for the norm).
+// With them the model reproduces Korthikanti et al. 2022 Table 5 (22B, 175B, 530B, 1T,
+// full recompute and sequence parallel + selective) within 2% (closed form
+// m + (p−1)/v micro-batch periods; see tests/planner/test_cost_model.cpp).
+#include "tdpipe/planner/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "tdpipe/ir/error.hpp"
+
+namespace tdpipe::planner {
+namespace {
+
+using ir::OpKind;
+
+constexpr double kA100Peak = 312e12;
+constexpr double kA100Hbm = 2039e9;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+double elem_bytes(const ir::Scenario& sc) { return sc.model.dtype == "fp32" ? 4.0 : 2.0; }
+
+// Continuous costs of one layer (tokens and prefix may be fractional: the slice solver
+// searches over them).
+struct LayerCostD {
+  OpCost f, b, w;
+};
+
+struct Shape {
+  double b, h, ffn, a, t, e;
+  bool sp;
+};
+
+Shape shape_of(const ir::Scenario& sc) {
+  const auto& m = sc.model;
+  if (m.hidden <= 0 || m.heads <= 0 || m.ffn <= 0 || m.layers <= 0)
+    throw Error(fmt::format("{}: model: hidden, ffn, heads and layers must be positive for the "
+                            "cost model (got hidden {}, ffn {}, heads {}, layers {})",
+                            sc.name, m.hidden, m.ffn, m.heads, m.layers));
+  return Shape{double(std::max(1, sc.parallel.micro_batch)), double(m.hidden), double(m.ffn),
+               double(m.heads), double(std::max(1, sc.parallel.tensor)), elem_bytes(sc),
+               sc.parallel.sequence_parallel};
+}
+
+// Time of one GEMM (or `batch` of them) on `gpu`.
+double gemm_seconds(double m, double n, double k, const ir::GpuSpec& gpu, double batch, double e) {
+  const double flops = 2 * m * n * k * batch;
+  if (flops <= 0) return 0;
+  return flops / (gpu.peak_flops * gemm_efficiency(m, n, k, gpu, batch, e));
+}
+
+double hbm_seconds(double bytes, const ir::GpuSpec& gpu) {
+  return bytes / (gpu.hbm_bytes_per_second * default_efficiencies().hbm);
+}
+
+LayerCostD layer_cost_d(const ir::Scenario& sc, const ir::GpuSpec& gpu, double len, double prefix) {
+  const Shape s = shape_of(sc);
+  const double T = s.b * len;      // tokens of this micro-batch slice
+  const double K = prefix + len;   // keys each query of the slice attends to
+  const double d = s.h / s.a;      // head size
+  const double heads = s.b * s.a / s.t;  // attention heads on this TP rank
+  const double e = s.e;
+
+  // GEMMs with weights: QKV, output projection, MLP up, MLP down (forward shapes m×k·k×n).
+  struct G { double m, n, k; };
+  const G gemms[] = {{T, 3 * s.h / s.t, s.h}, {T, s.h, s.h / s.t},
+                     {T, s.ffn / s.t, s.h}, {T, s.h, s.ffn / s.t}};
+  double gemm_flops = 0, f_gemm = 0, b_gemm = 0, w_gemm = 0;
+  for (const G& g : gemms) {
+    gemm_flops += 2 * g.m * g.n * g.k;
+    f_gemm += gemm_seconds(g.m, g.n, g.k, gpu, 1, e);  // Y = X·W
+    b_gemm += gemm_seconds(g.m, g.k, g.n, gpu, 1, e);  // dX = dY·Wᵀ
+    w_gemm += gemm_seconds(g.k, g.n, g.m, gpu, 1, e);  // dW = Xᵀ·dY
+  }
+  // Attention core: scores QKᵀ (len×d·d×K) and values P·V (len×K·K×d) per head.
+  const double attn_flops = 4 * T * K * s.h / s.t;
+  const double f_attn = gemm_seconds(len, K, d, gpu, heads, e) + gemm_seconds(len, d, K, gpu, heads, e);
+  // Backward: dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q.
+  const double b_attn = gemm_seconds(len, K, d, gpu, heads, e) + gemm_seconds(K, d, len, gpu, heads, e) +
+                        gemm_seconds(len, d, K, gpu, heads, e) + gemm_seconds(K, d, len, gpu, heads, e);
+
+  // Memory-bound element-wise work, forward, bytes per TP rank: two LayerNorms (read +
+  // write), two bias-dropout-residual adds (read 2, write 1, 1-byte mask) — split by t
+  // only with sequence parallelism —, bias+GeLU on the ffn activations, and
+  // scale-mask-softmax + dropout over the len×K scores (read/write each, 1-byte mask).
+  const double ew_replicated = T * (10 * e * s.h + 2 * s.h) / (s.sp ? s.t : 1.0);
+  const double ew_mlp = T * 2 * e * s.ffn / s.t;
+  const double ew_attn = T * K * s.a * (4 * e + 1) / s.t;
+  const double f_ew = hbm_seconds(ew_replicated + ew_mlp + ew_attn, gpu);
+  const double attn_ew = hbm_seconds(ew_attn, gpu);
+
+  // Tensor-parallel collectives on b·len·h elements, folded into the op that waits on them.
+  const double bytes = T * s.h * e;
+  const int t = int(s.t);
+  double f_comm = 0, b_comm = 0, w_comm = 0;
+  if (t > 1) {
+    if (s.sp) {
+      const double ag = tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
+      const double rs = tp_collective_seconds(sc, gpu, OpKind::REDUCE_SCATTER, bytes, t);
+      f_comm = 2 * ag + 2 * rs;
+      b_comm = 2 * ag + 2 * rs;
+      w_comm = 2 * ag;  // W re-gathers the sequence-sharded GEMM inputs it did not keep
+    } else {
+      const double ar = tp_collective_seconds(sc, gpu, OpKind::ALLREDUCE, bytes, t);
+      f_comm = 2 * ar;
+      b_comm = 2 * ar;
+    }
+  }
+
+  LayerCostD c;
+  c.f.flops = gemm_flops + attn_flops;
+  c.f.seconds = f_gemm + f_attn + f_ew + f_comm;
+  c.b.flops = gemm_flops + 2 * attn_flops;
+  c.b.seconds = b_gemm + b_attn + 2 * f_ew + b_comm;
+  c.w.flops = gemm_flops;
+  c.w.seconds = w_gemm + w_comm;
+  switch (sc.parallel.recompute) {
+    case ir::Recompute::Full:
+      c.b.flops += c.f.flops;
+      c.b.seconds += c.f.seconds;
+      break;
+    case ir::Recompute::Selective:
+      c.b.flops += attn_flops;
+      c.b.seconds += f_attn + attn_ew;
+      break;
+    case ir::Recompute::None:
+      break;
+  }
+  return c;
+}
+
+// Activation bytes of one layer for a slice, per TP rank (Korthikanti et al. 2022,
+// generalised: the s² term becomes len·(prefix+len); 2-byte figures scaled by dtype).
+double layer_activation_bytes(const ir::Scenario& sc, double len, double prefix) {
+  const Shape s = shape_of(sc);
+  const double T = s.b * len, K = prefix + len;
+  const double scale = s.e / 2;
+  const double scores = (2 * s.e + 1) * s.a * T * K / s.t;  // softmax out, its dropout and mask
+  const double linear = s.sp ? T * s.h * 34 * scale / s.t : T * s.h * (10 + 24 / s.t) * scale;
+  switch (sc.parallel.recompute) {
+    case ir::Recompute::Full: return T * s.h * s.e / (s.sp ? s.t : 1.0);  // the layer input only
+    case ir::Recompute::Selective: return linear;
+    case ir::Recompute::None: break;
+  }
+  return linear + scores;
+}
+
+// Bytes W still needs after B: the inputs of the four weight GEMMs.
+double layer_w_bytes(const ir::Scenario& sc, double len) {
+  const Shape s = shape_of(sc);
+  const double T = s.b * len;
+  return s.e * T * (2 * s.h / (s.sp ? s.t : 1.0) + s.h / s.t + s.ffn / s.t);
+}
+
+double params_per_layer(const ir::Scenario& sc) {
+  const Shape s = shape_of(sc);
+  // Weights split by t: QKV, projection, MLP; biases of the column-parallel GEMMs split,
+  // the others and both LayerNorms replicated.
+  return (4 * s.h * s.h + 2 * s.h * s.ffn + 3 * s.h + s.ffn) / s.t + 6 * s.h;
+}
+
+// Embedding (virtual stage 0) and final LayerNorm + LM head + loss (last stage) costs.
+LayerCostD ends_cost(const ir::Scenario& sc, const ir::GpuSpec& gpu, int vs, int vstages,
+                     double len, double prefix) {
+  LayerCostD c;
+  const Shape s = shape_of(sc);
+  const double T = s.b * len;
+  const double e = s.e;
+  const double bytes = T * s.h * e;
+  const int t = int(s.t);
+  const bool last = vs == vstages - 1;
+  (void)prefix;
+  if (vs == 0) {
+    // Gather rows of the vocab-parallel table, add positions, dropout; the partial
+    // results are summed across the TP ranks (scattered with SP). Gradient: scatter-add.
+    c.f.seconds += hbm_seconds(T * s.h * (3 * e + 1), gpu);
+    if (t > 1)
+      c.f.seconds += tp_collective_seconds(sc, gpu, s.sp ? OpKind::REDUCE_SCATTER : OpKind::ALLREDUCE,
+                                           bytes, t);
+    c.w.seconds += hbm_seconds(T * s.h * 3 * e, gpu);
+  } else if (t > 1 && !s.sp) {
+    // Megatron's scatter/gather of pipeline tensors: each TP rank received 1/t, the full
+    // activation is rebuilt with an NVLink all-gather.
+    c.f.seconds += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
+  }
+  if (!last && t > 1 && !s.sp)
+    c.b.seconds += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
+  if (last) {
+    const double V = sc.model.vocab;
+    const double logits = T * V / s.t;
+    const double head_flops = 2 * T * s.h * V / s.t;
+    c.f.flops += head_flops;
+    c.f.seconds += hbm_seconds(2 * e * T * s.h / (s.sp ? s.t : 1.0), gpu)  // final LayerNorm
+                   + gemm_seconds(T, V / s.t, s.h, gpu, 1, e)
+                   + hbm_seconds(logits * (e + 8), gpu);  // vocab-parallel softmax + loss, fp32
+    c.b.flops += head_flops;
+    c.b.seconds += gemm_seconds(T, s.h, V / s.t, gpu, 1, e) + hbm_seconds(logits * (4 + e), gpu) +
+                   hbm_seconds(4 * e * T * s.h / (s.sp ? s.t : 1.0), gpu);
+    c.w.flops += head_flops;
+    c.w.seconds += gemm_seconds(s.h, V / s.t, T, gpu, 1, e);
+    if (t > 1) {
+      if (s.sp) {
+        c.f.seconds += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
+        c.b.seconds += tp_collective_seconds(sc, gpu, OpKind::REDUCE_SCATTER, bytes, t);
+        c.w.seconds += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
+      } else {
+        c.b.seconds += tp_collective_seconds(sc, gpu, OpKind::ALLREDUCE, bytes, t);
+      }
+    }
+  }
+  return c;
+}
+
+OpCost pick(const LayerCostD& c, OpKind kind) {
+  switch (kind) {
+    case OpKind::F: return c.f;
+    case OpKind::B: return c.b;
+    case OpKind::W: return c.w;
+    case OpKind::BW: return {c.b.flops + c.w.flops, c.b.seconds + c.w.seconds};
+    default: break;
+  }
+  throw Error(fmt::format("cost model: op kind {} is not a per-chunk compute op (expected F, B, W or BW)",
+                          ir::to_string(kind)));
+}
+
+int layers_per_chunk(const ir::Scenario& sc, int vstages) {
+  if (vstages <= 0 || sc.model.layers % vstages != 0)
+    throw Error(fmt::format("{}: model.layers ({}) must be divisible by the {} virtual stages of the plan",
+                            sc.name, sc.model.layers, vstages));
+  return sc.model.layers / vstages;
+}
+
+}  // namespace
+
+const Efficiencies& default_efficiencies() {
+  static const Efficiencies kDefault{};
+  return kDefault;
+}
+
+double gemm_efficiency(double m, double n, double k) {
+  ir::GpuSpec a100;
+  a100.name = "a100-80g";
+  a100.peak_flops = kA100Peak;
+  a100.hbm_bytes_per_second = kA100Hbm;
+  return gemm_efficiency(m, n, k, a100);
+}
+
+double gemm_efficiency(double m, double n, double k, const ir::GpuSpec& gpu, double batch,
+                       double elem_bytes) {
+  const Efficiencies& eff = default_efficiencies();
+  const double flops = 2 * m * n * k * batch;
+  if (flops <= 0 || gpu.peak_flops <= 0) return eff.gemm_max;
+  // Saturating in size: half of gemm_max at gemm_half_seconds of peak work.
+  const double half_flops = gpu.peak_flops * eff.gemm_half_seconds;
+  const double saturating = eff.gemm_max * flops / (flops + half_flops);
+  if (gpu.hbm_bytes_per_second <= 0) return saturating;
+  // Roofline: the operands and the result must cross HBM at least once.
+  const double bytes = elem_bytes * (m * k + k * n + m * n) * batch;
+  const double roofline = flops * gpu.hbm_bytes_per_second * eff.hbm / (bytes * gpu.peak_flops);
+  return std::min(saturating, roofline);
+}
+
+double tp_collective_seconds(const ir::Scenario& sc, const ir::GpuSpec& gpu, OpKind kind, double bytes,
+                             int ranks) {
+  if (ranks <= 1 || bytes <= 0) return 0;
+  const Efficiencies& eff = default_efficiencies();
+  const auto& cl = sc.cluster;
+  double bw, latency;
+  if (ranks <= std::max(1, cl.gpus_per_node)) {
+    bw = (cl.nvlink_bytes_per_second > 0 ? cl.nvlink_bytes_per_second : gpu.nvlink_bytes_per_second) *
+         eff.nvlink;
+    latency = cl.nvlink_latency_seconds;
+  } else {
+    const double per_gpu = cl.ib_bytes_per_second_per_nic * std::max(1, cl.nics_per_node) /
+                           std::max(1, cl.gpus_per_node);
+    bw = std::min(per_gpu, cl.ib_bytes_per_second_per_nic) * eff.network;
+    latency = cl.ib_latency_seconds;
+  }
+  if (bw <= 0)
+    throw Error(fmt::format("{}: cluster: tensor-parallel group of {} GPUs has no bandwidth "
+                            "(nvlink / ib_gbps_per_nic is 0)", sc.name, ranks));
+  const double n = ranks;
+  const double steps = kind == OpKind::ALLREDUCE ? 2 * (n - 1) : (n - 1);
+  return steps / n * bytes / bw + steps * latency;
+}
+
+ir::GpuSpec gpu_of_rank(const ir::Scenario& sc, int rank) {
+  const auto& cl = sc.cluster;
+  if (cl.groups.empty())
+    throw Error(fmt::format("{}: cluster: no GPUs (expected at least one node group)", sc.name));
+  const int t = std::max(1, sc.parallel.tensor), p = std::max(1, sc.parallel.pipeline);
+  const int d = std::max(1, sc.parallel.data);
+  const int per_node = std::max(1, cl.gpus_per_node);
+  std::optional<ir::GpuSpec> out;
+  for (int replica = 0; replica < d; ++replica) {
+    for (int tr = 0; tr < t; ++tr) {
+      int node = ((replica * p + rank) * t + tr) / per_node;
+      const ir::GpuSpec* spec = &cl.groups.back().gpu;
+      for (const auto& g : cl.groups) {
+        if (node < g.nodes) { spec = &g.gpu; break; }
+        node -= g.nodes;
+      }
+      if (!out) {
+        out = *spec;
+        continue;
+      }
+      if (spec->peak_flops < out->peak_flops) out->name = spec->name;
+      out->peak_flops = std::min(out->peak_flops, spec->peak_flops);
+      out->hbm_bytes = std::min(out->hbm_bytes, spec->hbm_bytes);
+      out->hbm_bytes_per_second = std::min(out->hbm_bytes_per_second, spec->hbm_bytes_per_second);
+      out->nvlink_bytes_per_second = std::min(out->nvlink_bytes_per_second, spec->nvlink_bytes_per_second);
+    }
+  }
+  if (out->peak_flops <= 0)
+    throw Error(fmt::format("{}: cluster: GPU '{}' has no peak FLOP/s", sc.name, out->name));
+  return *out;
+}
+
+LayerCost layer_cost(const ir::Scenario& sc, const ir::GpuSpec& gpu, int tokens, int prefix) {
+  const LayerCostD c = layer_cost_d(sc, gpu, tokens, prefix);
+  return LayerCost{c.f, c.b, c.w};
+}
+
+OpCost chunk_cost(const ir::Scenario& sc, const ir::GpuSpec& gpu, OpKind kind, int virtual_stage,
+                  int virtual_stages, int layers, int tokens, int prefix) {
+  const LayerCostD l = layer_cost_d(sc, gpu, tokens, prefix);
+  const LayerCostD ends = ends_cost(sc, gpu, virtual_stage, virtual_stages, tokens, prefix);
+  const OpCost a = pick(l, kind), b = pick(ends, kind);
+  return OpCost{a.flops * layers + b.flops, a.seconds * layers + b.seconds};
+}
+
+double params_of_chunk(const ir::Scenario& sc, int virtual_stage, int virtual_stages, int layers) {
+  const Shape s = shape_of(sc);
+  double params = layers * params_per_layer(sc);
+  const double embedding = double(sc.model.vocab) * s.h / s.t;
+  if (virtual_stage == 0) params += embedding + double(sc.model.seq) * s.h;
+  if (virtual_stage == virtual_stages - 1) {
+    params += 2 * s.h;  // final LayerNorm
+    if (virtual_stage != 0) params += embedding;  // Megatron's copy of the tied word embedding
+  }
+  return params;
+}
+
+double activation_bytes(const ir::Scenario& sc, int virtual_stage, int virtual_stages, int layers,
+                        int tokens, int prefix) {
+  const Shape s = shape_of(sc);
+  double bytes = layers * layer_activation_bytes(sc, tokens, prefix);
+  // Last stage: the fp32 logits and the final LayerNorm's input/output kept for backward.
+  if (virtual_stage == virtual_stages - 1)
+    bytes += 4 * s.b * tokens * (s.h + double(sc.model.vocab)) / s.t;
+  return bytes;
+}
+
+double optimizer_seconds(const ir::Scenario& sc, const ir::GpuSpec& gpu, double params) {
+  (void)sc;
+  return hbm_seconds(params * default_efficiencies().optimizer_bytes_per_param, gpu);
+}
+
+std::vector<int> solve_slices_by(int seq, int slices,
+                                 const std::function<double(double tokens, double prefix)>& cost) {
+  if (slices < 1 || slices > seq)
+    throw Error(fmt::format("slices: {} slices of a {}-token sequence; expected 1 ≤ slices ≤ seq",
+                            slices, seq));
+  if (slices == 1) return {seq};
+  // Length of a slice after `prefix` whose cost is `target` (at most `rest`).
+  auto length_for = [&](double target, double prefix, double rest) {
+    if (cost(rest, prefix) <= target) return rest;
+    double lo = 0, hi = rest;
+    for (int it = 0; it < 100; ++it) {
+      const double mid = 0.5 * (lo + hi);
+      (cost(mid, prefix) < target ? lo : hi) = mid;
+    }
+    return 0.5 * (lo + hi);
+  };
+  // Cut S−1 slices of cost `target` greedily; returns the boundaries.
+  auto cut = [&](double target) {
+    std::vector<double> bounds;
+    double prefix = 0;
+    for (int j = 0; j + 1 < slices; ++j) {
+      prefix += length_for(target, prefix, seq - prefix);
+      bounds.push_back(prefix);
+    }
+    return bounds;
+  };
+  // The last slice's cost falls as the target rises: bisect to make them equal.
+  double lo = 0, hi = cost(seq, 0);
+  for (int it = 0; it < 100; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    const auto bounds = cut(mid);
+    const double last = cost(seq - bounds.back(), bounds.back());
+    (last > mid ? lo : hi) = mid;
+  }
+  const auto bounds = cut(0.5 * (lo + hi));
+  std::vector<int> out;
+  int prev = 0;
+  for (int j = 0; j + 1 < slices; ++j) {
+    int b = int(std::lround(bounds[j]));
+    b = std::clamp(b, prev + 1, seq - (slices - 1 - j));
+    out.push_back(b - prev);
+    prev = b;
+  }
+  out.push_back(seq - prev);
+  return out;
+}
+
+std::vector<int> solve_slices(const ir::Scenario& sc, int slices) {
+  const int seq = sc.model.seq;
+  if (seq <= 0)
+    throw Error(fmt::format("{}: model.seq must be positive to cut temporal slices (got {})", sc.name, seq));
+  if (slices <= 1) return {seq};
+  const ir::GpuSpec gpu = gpu_of_rank(sc, 0);
+  return solve_slices_by(seq, slices, [&](double tokens, double prefix) {
+    if (tokens <= 0) return 0.0;
+    const LayerCostD c = layer_cost_d(sc, gpu, tokens, prefix);
+    return c.f.seconds + c.b.seconds + c.w.seconds;
+  });
+}
+
+void apply_costs(ir::Plan& plan, const ir::Scenario& sc) {
+  const int S = std::max(1, plan.slices);
+  if (sc.synthetic) {
+    const auto& syn = *sc.synthetic;
+    const double act = syn.activation_bytes / S;
+    for (auto& ops : plan.ranks) {
+      for (auto& op : ops) {
+        if (!ir::is_compute(op.kind)) continue;
+        op.flops = 0;
+        switch (op.kind) {
+          case OpKind::F: op.est_seconds = syn.f_seconds / S; op.mem_bytes = act; break;
+          case OpKind::B: op.est_seconds = syn.b_seconds / S; op.mem_bytes = -act; break;
+          case OpKind::W: op.est_seconds = syn.w_seconds / S; op.mem_bytes = 0; break;
+          case OpKind::BW: op.est_seconds = (syn.b_seconds + syn.w_seconds) / S; op.mem_bytes = -act; break;
+          default: op.est_seconds = 0; op.mem_bytes = 0; break;  // OPT
+        }
+      }
+    }
+    return;
+  }
+  const int vstages = plan.virtual_stages();
+  const int layers = layers_per_chunk(sc, vstages);
+  if (int(plan.stage_of.size()) != plan.num_ranks())
+    throw Error(fmt::format("apply_costs: plan has {} ranks but stage_of lists {} (expected one entry per rank)",
+                            plan.num_ranks(), plan.stage_of.size()));
+  if (S > 1 && int(plan.slice_tokens.size()) != S) plan.slice_tokens = solve_slices(sc, S);
+  std::vector<int> tokens(S, sc.model.seq), prefix(S, 0);
+  if (S > 1)
+    for (int j = 0, acc = 0; j < S; ++j) {
+      tokens[j] = plan.slice_tokens[j];
+      prefix[j] = acc;
+      acc += tokens[j];
+    }
+  for (int r = 0; r < plan.num_ranks(); ++r) {
+    const ir::GpuSpec gpu = gpu_of_rank(sc, r);
+    double rank_params = 0;
+    for (int c = 0; c < int(plan.stage_of.at(r).size()); ++c)
+      rank_params += params_of_chunk(sc, plan.stage_of[r][c], vstages, layers);
+    // Costs depend on (kind, chunk, slice) only: compute each once per rank.
+    const int chunks = int(plan.stage_of[r].size());
+    struct Cached {
+      bool set = false;
+      OpCost cost;
+      double mem = 0;
+    };
+    std::vector<Cached> cache(static_cast<std::size_t>(chunks) * S * 4);
+    for (auto& op : plan.ranks[r]) {
+      if (!ir::is_compute(op.kind)) continue;
+      if (op.kind == OpKind::OPT) {
+        op.flops = 0;
+        op.est_seconds = optimizer_seconds(sc, gpu, rank_params);
+        op.mem_bytes = 0;
+        continue;
+      }
+      if (op.chunk < 0 || op.chunk >= chunks || op.slice < 0 || op.slice >= S)
+        throw Error(fmt::format("apply_costs: rank {}: op {} has chunk {} / slice {} outside the plan "
+                                "({} chunks, {} slices)", r, ir::to_string(op.kind), op.chunk, op.slice,
+                                chunks, S));
+      Cached& c = cache[(static_cast<std::size_t>(op.chunk) * S + op.slice) * 4 +
+                        static_cast<std::size_t>(op.kind)];
+      if (!c.set) {
+        const int vs = plan.stage_of[r][op.chunk];
+        const int len = tokens[op.slice], pre = prefix[op.slice];
+        c.cost = chunk_cost(sc, gpu, op.kind, vs, vstages, layers, len, pre);
+        const double act = activation_bytes(sc, vs, vstages, layers, len, pre);
+        const double keep = std::min(act, layers * layer_w_bytes(sc, len));
+        switch (op.kind) {
+          case OpKind::F: c.mem = act; break;
+          case OpKind::B: c.mem = -(act - keep); break;
+          case OpKind::W: c.mem = -keep; break;
+          default: c.mem = -act; break;  // BW
+        }
+        c.set = true;
+      }
+      op.flops = c.cost.flops;
+      op.est_seconds = c.cost.seconds;
+      op.mem_bytes = c.mem;
+    }
+  }
+}
+
+ir::LoweringOptions lowering_options(const ir::Plan& plan, const ir::Scenario& sc) {
+  ir::LoweringOptions opt;
+  if (sc.synthetic) {
+    opt.p2p_bytes = [](const ir::Op&) -> std::int64_t { return 0; };
+    opt.grad_bytes = [](int, int) -> std::int64_t { return 0; };
+    return opt;
+  }
+  const Shape s = shape_of(sc);
+  const std::vector<int> slice_tokens = plan.slice_tokens;
+  const int seq = sc.model.seq;
+  opt.p2p_bytes = [s, slice_tokens, seq](const ir::Op& producer) -> std::int64_t {
+    const int len = slice_tokens.empty() ? seq
+                    : slice_tokens.at(std::clamp(producer.slice, 0, int(slice_tokens.size()) - 1));
+    return std::llround(s.b * len * s.h * s.e / s.t);
+  };
+  const int vstages = plan.virtual_stages();
+  const int layers = layers_per_chunk(sc, vstages);
+  const auto stage_of = plan.stage_of;
+  opt.grad_bytes = [sc, stage_of, vstages, layers, e = s.e](int rank, int chunk) -> std::int64_t {
+    return std::llround(params_of_chunk(sc, stage_of.at(rank).at(chunk), vstages, layers) * e);
+  };
+  std::vector<double> opt_seconds;
+  for (int r = 0; r < int(stage_of.size()); ++r) {
+    double params = 0;
+    for (int vs : stage_of[r]) params += params_of_chunk(sc, vs, vstages, layers);
+    opt_seconds.push_back(optimizer_seconds(sc, gpu_of_rank(sc, r), params));
+  }
+  opt.optimizer_seconds = [opt_seconds](int rank) { return opt_seconds.at(rank); };
+  return opt;
+}
+
+std::vector<MemoryEstimate> memory_per_rank(const ir::Plan& plan, const ir::Scenario& sc) {
+  std::vector<MemoryEstimate> out(plan.num_ranks());
+  const int vstages = plan.virtual_stages();
+  const int layers = sc.synthetic ? 0 : layers_per_chunk(sc, vstages);
+  const bool fp32 = elem_bytes(sc) == 4;
+  for (int r = 0; r < plan.num_ranks(); ++r) {
+    MemoryEstimate& m = out[r];
+    if (!sc.synthetic) {
+      double params = 0;
+      for (int c = 0; c < int(plan.stage_of.at(r).size()); ++c)
+        params += params_of_chunk(sc, plan.stage_of[r][c], vstages, layers);
+      m.weights_bytes = params * (fp32 ? 4 : 2);
+      m.grads_bytes = params * (fp32 ? 4 : 2);
+      m.optimizer_bytes = params * (fp32 ? 8 : 12);
+    }
+    double live = 0, peak = 0;
+    for (const auto& op : plan.ranks[r]) {
+      if (!ir::is_compute(op.kind)) continue;
+      live += op.mem_bytes;
+      peak = std::max(peak, live);
+    }
+    m.activation_bytes = peak;
+  }
+  return out;
+}
+
+std::optional<std::string> check_fits(const std::vector<MemoryEstimate>& memory, const ir::Scenario& sc) {
+  if (sc.synthetic) return std::nullopt;
+  double worst = 0;
+  std::optional<std::string> msg;
+  for (int r = 0; r < int(memory.size()); ++r) {
+    const double have = gpu_of_rank(sc, r).hbm_bytes;
+    const double need = memory[r].total_bytes();
+    if (have <= 0 || need <= have) continue;
+    if (need / have > worst) {
+      worst = need / have;
+      msg = fmt::format("does not fit: needs {:.1f} GiB of {:.1f} GiB on rank {}", need / kGiB,
+                        have / kGiB, r);
+    }
+  }
+  return msg;
+}
+
+}  // namespace tdpipe::planner

@@ -1,0 +1,758 @@
+// engine.cpp — the SimGrid model: platform zones from a PlatformSpec, one actor per
+// (simulated GPU, stream) interpreting the lowered plan, SEND/RECV and collectives as
+// flows over the modelled links.
+//
+// Zones. A star zone per node holds its GPUs' compute hosts ("g<gpu>") with an NVLink
+// up and down link each (NVSwitch). A star zone per leaf switch holds the GPUs' NIC
+// endpoints ("n<gpu>") with their NIC's up and down links; leaves hang off the root star
+// zone (the spine) through one aggregated up and down link. A transfer between GPUs of
+// one node goes g→g, between nodes n→n. Reduced fidelity adds a mirror host per rank
+// ("m<gpu>") standing for its DP ring neighbour: the path to it uses the rank's own up
+// links and, by replica symmetry, its own down links.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <simgrid/plugins/load.h>
+#include <simgrid/s4u.hpp>
+#include <xbt/log.h>
+
+#include "engine.hpp"
+#include "tdpipe/ir/error.hpp"
+#include "tdpipe/sim/placement.hpp"
+
+namespace tdpipe::sim::detail {
+namespace {
+
+namespace sg4 = simgrid::s4u;
+using ir::OpKind;
+
+constexpr double kInfiniteBandwidth = 1e18;  // synthetic scenarios: latency only
+
+double quantise_ns(double seconds) { return static_cast<double>(std::llround(seconds * 1e9)) * 1e-9; }
+std::int64_t to_ns(double seconds) { return std::llround(seconds * 1e9); }
+
+/// Per pipeline rank, shared by every GPU that runs it.
+struct RankInfo {
+  std::vector<int> stream_ops[3];
+  std::vector<std::vector<int>> local_deps;
+  std::vector<std::vector<ir::OpRef>> remote_deps;
+  std::vector<int> match;        ///< SEND/RECV: index of the matching op on the peer rank
+  std::vector<double> seconds;   ///< non-comm ops: duration, quantised to ns
+};
+
+struct OpState {
+  double start = -1, end = -1;
+  bool posted = false, done = false;
+  int recv_steps = 0;  ///< plain ring collectives: steps received from the predecessor
+};
+
+struct GpuRun {
+  int gpu = 0, stage = 0, replica = 0, tp = 0;
+  sg4::Host* compute_host = nullptr;
+  sg4::Host* nic_host = nullptr;
+  sg4::Host* mirror = nullptr;       ///< reduced: DP ring neighbour stand-in
+  sg4::Host* mirror_src = nullptr;   ///< g or n host the mirror is reached from
+  double ring_alpha = 0, ring_beta = 0;
+  std::vector<OpState> ops;
+  sg4::MutexPtr mutex;
+  sg4::ConditionVariablePtr cv;
+  int waiting[3] = {-1, -1, -1};     ///< per stream: op index blocked on (deadlock report)
+};
+
+struct PendingComm {
+  sg4::CommPtr comm;
+  int send_gpu, send_op, recv_gpu, recv_op;
+};
+
+class Model {
+ public:
+  Model(const ir::Plan& plan, const SimOptions& opt, std::function<void(double)> progress)
+      : plan_(plan), opt_(opt), progress_(std::move(progress)) {}
+
+  RawResult run();
+
+ private:
+  void prepare_ranks();
+  void prepare_gpus();
+  void build_platform();
+  void build_synthetic_platform();
+  void build_fabric();
+  void spawn_actors();
+
+  int sim_index(int replica, int stage, int tp) const {
+    if (reduced_) return stage;
+    return gpu_index_.at(place_.gpu(replica, stage, tp));
+  }
+  int peer_index(const GpuRun& g, int stage) const { return sim_index(g.replica, stage, g.tp); }
+  bool same_node(int gpu_a, int gpu_b) const {
+    return gpu_a / spec_.gpus_per_node == gpu_b / spec_.gpus_per_node;
+  }
+  int leaf_of(int gpu) const {
+    const int node = gpu / spec_.gpus_per_node;
+    const int unit = spec_.fat_tree_levels == 1 ? 0 : node / spec_.nodes_per_leaf;
+    if (spec_.topology == Topology::FatTree) return unit;
+    return unit * spec_.nics_per_node + (gpu % spec_.gpus_per_node) / spec_.gpus_per_nic();
+  }
+
+  void wait_op(int gi, int op);
+  void wait_posted(int gi, int op);
+  void wait_recv_steps(int gi, int op, int steps);
+  void wait_deps(int gi, int op, int stream);
+  void mark_done(int gi, int op, double now);
+  void notify(int gi);
+  void post(int gi, int op, std::vector<PendingComm>& mine);
+  void run_collective(int gi, int op);
+  std::string deadlock_report() const;
+
+  void compute_actor(int gi);
+  void p2p_actor(int gi);
+  void dp_actor(int gi);
+
+  const ir::Plan& plan_;
+  const SimOptions& opt_;
+  std::function<void(double)> progress_;
+  bool synthetic_ = false;
+  bool reduced_ = true;
+  PlatformSpec spec_;
+  Placement place_;
+  double synthetic_latency_ = 0;
+  std::vector<RankInfo> ranks_;
+  std::vector<GpuRun> gpus_;
+  std::unordered_map<int, int> gpu_index_;
+  std::vector<sg4::Link*> links_;
+  std::int64_t total_ops_ = 0, done_ops_ = 0, next_progress_ = 0;
+  std::int64_t actors_ = 0, flows_ = 0;
+  std::string collective_;
+  bool deadlocked_ = false;
+  std::string deadlock_message_;
+};
+
+// ---------------------------------------------------------------------------------
+// Plan analysis: streams, implicit dependencies, SEND/RECV matching.
+
+void Model::prepare_ranks() {
+  const int p = plan_.num_ranks();
+  ranks_.resize(p);
+  using MsgKey = std::tuple<int, int, int, int, int, int>;  // src, dst, payload, mb, slice, k
+  std::map<MsgKey, std::pair<int, int>> sends;  // → (rank, op)
+  std::map<std::tuple<int, int, int, int, int>, int> occurrence;
+
+  for (int r = 0; r < p; ++r) {
+    const auto& ops = plan_.ranks[r];
+    RankInfo& info = ranks_[r];
+    const int n = static_cast<int>(ops.size());
+    info.local_deps.assign(n, {});
+    info.remote_deps.assign(n, {});
+    info.match.assign(n, -1);
+    info.seconds.assign(n, 0);
+    std::vector<int> collectives;
+    int last_backward = -1, last_compute = -1;
+    for (int i = 0; i < n; ++i) {
+      const ir::Op& op = ops[i];
+      const int s = static_cast<int>(op.stream);
+      if (s < 0 || s > 2)
+        throw Error(fmt::format("plan rank {} op {} ({}): unknown stream", r, i, op_label(op, plan_)));
+      // Actors know what to do with an op only on its own kind of stream.
+      const bool ok = ir::is_p2p(op.kind) ? op.stream == ir::Stream::P2P
+                      : ir::is_collective(op.kind) ? op.stream == ir::Stream::DP
+                                                   : true;
+      if (!ok)
+        throw Error(fmt::format("plan rank {} op {} ({}): a {} op cannot run on the {} stream", r, i,
+                                op_label(op, plan_), ir::to_string(op.kind), ir::to_string(op.stream)));
+      info.stream_ops[s].push_back(i);
+      if (op.kind == OpKind::B || op.kind == OpKind::W || op.kind == OpKind::BW) last_backward = i;
+      if (ir::is_compute(op.kind) && op.kind != OpKind::OPT) last_compute = i;
+      if (ir::is_collective(op.kind)) collectives.push_back(i);
+      if (!ir::is_p2p(op.kind) && !ir::is_collective(op.kind)) {
+        std::optional<double> over;
+        if (opt_.op_seconds) over = opt_.op_seconds(op, r);
+        const double sec = over ? *over : op.est_seconds;
+        if (!(sec >= 0) || !std::isfinite(sec))
+          throw Error(fmt::format("plan rank {} op {} ({}): duration {} s; expected a finite value ≥ 0",
+                                  r, i, op_label(op, plan_), sec));
+        info.seconds[i] = quantise_ns(sec);
+      }
+      for (const ir::OpRef& d : op.deps) {
+        if (d.rank < 0 || d.rank >= p || d.index < 0 ||
+            d.index >= static_cast<int>(plan_.ranks[d.rank].size()))
+          throw Error(fmt::format("plan rank {} op {} ({}): dependency on rank {} op {} does not exist",
+                                  r, i, op_label(op, plan_), d.rank, d.index));
+        if (d.rank == r) info.local_deps[i].push_back(d.index);
+        else info.remote_deps[i].push_back(d);
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      const ir::Op& op = ops[i];
+      auto add_all = [&](const std::vector<int>& v) {
+        for (int j : v)
+          if (j != i) info.local_deps[i].push_back(j);
+      };
+      // Lowering gives compute → RECV and SEND → producer as explicit deps (a RECV
+      // carries the sender's chunk, so matching by ids here would be wrong).
+      if (ir::is_collective(op.kind)) {
+        if (op.deps.empty() && last_backward >= 0) info.local_deps[i].push_back(last_backward);
+        if (!opt_.overlap_dp && last_compute >= 0) info.local_deps[i].push_back(last_compute);
+      } else if (op.kind == OpKind::OPT) {
+        add_all(collectives);
+      }
+      if (ir::is_p2p(op.kind)) {
+        if (op.peer < 0 || op.peer >= p || op.peer == r)
+          throw Error(fmt::format("plan rank {} op {} ({}): peer {} is not another rank of 0…{}", r, i,
+                                  op_label(op, plan_), op.peer, p - 1));
+        const int src = op.kind == OpKind::SEND ? r : op.peer;
+        const int dst = op.kind == OpKind::SEND ? op.peer : r;
+        const int k = occurrence[{src * p + dst, op.kind == OpKind::SEND ? 0 : 1,
+                                  static_cast<int>(op.payload), op.mb, op.slice}]++;
+        if (op.kind == OpKind::SEND)
+          sends[{src, dst, static_cast<int>(op.payload), op.mb, op.slice, k}] = {r, i};
+      }
+    }
+  }
+  // Match each RECV with the SEND of the same (src, dst, payload, mb, slice, occurrence).
+  std::map<std::tuple<int, int, int, int, int>, int> seen;
+  for (int r = 0; r < p; ++r) {
+    for (int i = 0; i < static_cast<int>(plan_.ranks[r].size()); ++i) {
+      const ir::Op& op = plan_.ranks[r][i];
+      if (op.kind != OpKind::RECV) continue;
+      const int k = seen[{op.peer * p + r, static_cast<int>(op.payload), op.mb, op.slice, 0}]++;
+      auto it = sends.find({op.peer, r, static_cast<int>(op.payload), op.mb, op.slice, k});
+      if (it == sends.end())
+        throw Error(fmt::format("plan rank {} op {} ({}): no matching SEND on rank {}", r, i,
+                                op_label(op, plan_), op.peer));
+      ranks_[r].match[i] = it->second.second;
+      ranks_[it->second.first].match[it->second.second] = i;
+      sends.erase(it);
+    }
+  }
+  if (!sends.empty()) {
+    const auto& [rank, index] = sends.begin()->second;
+    throw Error(fmt::format("plan rank {} op {} ({}): no matching RECV on rank {}", rank, index,
+                            op_label(plan_.ranks[rank][index], plan_),
+                            plan_.ranks[rank][index].peer));
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Which GPUs are simulated, and the platform.
+
+void Model::prepare_gpus() {
+  const int p = plan_.num_ranks();
+  place_.pipeline = p;
+  place_.data = std::max(plan_.data, 1);
+  place_.tensor = synthetic_ ? 1 : std::max(plan_.scenario.parallel.tensor, 1);
+  if (!synthetic_ && place_.gpus() > spec_.gpus())
+    throw Error(fmt::format("plan needs t·p·d = {}·{}·{} = {} GPUs but cluster '{}' has {} ({} nodes × {})",
+                            place_.tensor, p, place_.data, place_.gpus(), spec_.name, spec_.gpus(),
+                            spec_.nodes, spec_.gpus_per_node));
+  if (!synthetic_ && place_.tensor > spec_.gpus_per_node)
+    throw Error(fmt::format("tensor parallel size {} exceeds {} GPUs per node; the simulator keeps a TP "
+                            "group inside a node",
+                            place_.tensor, spec_.gpus_per_node));
+  std::vector<int> gpu_ids;
+  if (reduced_) {
+    for (int r = 0; r < p; ++r) gpu_ids.push_back(place_.gpu(0, r, 0));
+  } else {
+    for (int g = 0; g < place_.gpus(); ++g) gpu_ids.push_back(g);
+  }
+  gpus_.resize(gpu_ids.size());
+  for (std::size_t i = 0; i < gpu_ids.size(); ++i) {
+    GpuRun& g = gpus_[i];
+    g.gpu = gpu_ids[i];
+    g.stage = place_.stage_of(g.gpu);
+    g.replica = place_.replica_of(g.gpu);
+    g.tp = place_.tp_rank_of(g.gpu);
+    g.ops.resize(plan_.ranks[g.stage].size());
+    gpu_index_[g.gpu] = static_cast<int>(i);
+    total_ops_ += static_cast<std::int64_t>(g.ops.size());
+  }
+}
+
+void Model::build_synthetic_platform() {
+  auto* zone = sg4::create_star_zone("synthetic");
+  for (auto& g : gpus_) {
+    g.compute_host = zone->create_host(fmt::format("g{}", g.gpu), 1e9);
+    auto* up = zone->create_link(fmt::format("up{}", g.gpu), kInfiniteBandwidth)
+                   ->set_latency(synthetic_latency_ / 2);
+    auto* down = zone->create_link(fmt::format("down{}", g.gpu), kInfiniteBandwidth)
+                     ->set_latency(synthetic_latency_ / 2);
+    zone->add_route(g.compute_host->get_netpoint(), nullptr, nullptr, nullptr, {sg4::LinkInRoute(up)}, false);
+    zone->add_route(nullptr, g.compute_host->get_netpoint(), nullptr, nullptr, {sg4::LinkInRoute(down)}, false);
+    g.ring_alpha = synthetic_latency_;
+    g.ring_beta = kInfiniteBandwidth;
+    g.mirror_src = g.compute_host;
+    g.mirror = g.compute_host;  // unused: synthetic collectives are latency only
+  }
+  zone->seal();
+}
+
+void Model::build_fabric() {
+  const PlatformSpec& s = spec_;
+  auto* root = sg4::create_star_zone("spine");
+  auto link = [&](sg4::NetZone* zone, const std::string& name, double bw, double lat) {
+    auto* l = zone->create_link(name, bw)->set_latency(lat);
+    links_.push_back(l);
+    return l;
+  };
+  auto up = [](sg4::NetZone* z, sg4::Host* h, sg4::Link* l) {
+    z->add_route(h->get_netpoint(), nullptr, nullptr, nullptr, {sg4::LinkInRoute(l)}, false);
+  };
+  auto down = [](sg4::NetZone* z, sg4::Host* h, sg4::Link* l) {
+    z->add_route(nullptr, h->get_netpoint(), nullptr, nullptr, {sg4::LinkInRoute(l)}, false);
+  };
+  const double nic_bw = reduced_ ? s.nic_bytes_per_second / s.gpus_per_nic() : s.nic_bytes_per_second;
+
+  struct Leaf {
+    sg4::NetZone* zone = nullptr;
+    sg4::NetZone* mirror_zone = nullptr;
+    sg4::Link* up = nullptr;
+    sg4::Link* down = nullptr;
+  };
+  std::map<int, sg4::NetZone*> nodes;
+  std::map<int, Leaf> leaves;
+  std::map<int, std::pair<sg4::Link*, sg4::Link*>> nics;     // (node·nics + nic) → up, down
+  std::vector<sg4::Link*> nvl_down(gpus_.size(), nullptr);
+  std::map<int, int> gpus_in_leaf;
+  for (const auto& g : gpus_) ++gpus_in_leaf[leaf_of(g.gpu)];
+
+  auto leaf_zone = [&](int id) -> Leaf& {
+    Leaf& leaf = leaves[id];
+    if (leaf.zone) return leaf;
+    leaf.zone = sg4::create_star_zone(fmt::format("leaf{}", id))->set_parent(root);
+    auto* gw = leaf.zone->create_router(fmt::format("leaf{}-gw", id));
+    if (s.fat_tree_levels >= 2) {
+      const int nics_under = s.nodes_per_leaf * (s.topology == Topology::FatTree ? s.nics_per_node : 1);
+      const double cap = reduced_ ? gpus_in_leaf[id] * nic_bw / s.oversubscription
+                                  : nics_under * s.nic_bytes_per_second / s.oversubscription;
+      leaf.up = link(root, fmt::format("leaf{}-up", id), cap, s.ib_switch_hop_latency_seconds);
+      leaf.down = link(root, fmt::format("leaf{}-down", id), cap, s.ib_switch_hop_latency_seconds);
+      root->add_route(leaf.zone->get_netpoint(), nullptr, gw, nullptr, {sg4::LinkInRoute(leaf.up)}, false);
+      root->add_route(nullptr, leaf.zone->get_netpoint(), nullptr, gw, {sg4::LinkInRoute(leaf.down)}, false);
+    }
+    return leaf;
+  };
+
+  for (std::size_t i = 0; i < gpus_.size(); ++i) {
+    GpuRun& g = gpus_[i];
+    const int node = g.gpu / s.gpus_per_node;
+    auto*& nz = nodes[node];
+    if (!nz) nz = sg4::create_star_zone(fmt::format("node{}", node))->set_parent(root);
+    g.compute_host = nz->create_host(fmt::format("g{}", g.gpu), s.node_gpu[node].peak_flops);
+    up(nz, g.compute_host,
+       link(nz, fmt::format("nvl{}-up", g.gpu), s.nvlink_bytes_per_second, s.nvlink_latency_seconds / 2));
+    nvl_down[i] = link(nz, fmt::format("nvl{}-down", g.gpu), s.nvlink_bytes_per_second, s.nvlink_latency_seconds / 2);
+    down(nz, g.compute_host, nvl_down[i]);
+    if (s.nodes > 1) {
+      Leaf& leaf = leaf_zone(leaf_of(g.gpu));
+      const int nic = node * s.nics_per_node + (g.gpu % s.gpus_per_node) / s.gpus_per_nic();
+      auto& nl = nics[nic];
+      if (!nl.first) {
+        nl.first = link(leaf.zone, fmt::format("nic{}-up", nic), nic_bw, s.ib_latency_seconds / 2);
+        nl.second = link(leaf.zone, fmt::format("nic{}-down", nic), nic_bw, s.ib_latency_seconds / 2);
+      }
+      g.nic_host = leaf.zone->create_host(fmt::format("n{}", g.gpu), 1);
+      up(leaf.zone, g.nic_host, nl.first);
+      down(leaf.zone, g.nic_host, nl.second);
+    }
+  }
+
+  // Mirrors for reduced DP collectives: placed where the rank's worst ring hop goes.
+  if (reduced_ && place_.data > 1) {
+    for (std::size_t i = 0; i < gpus_.size(); ++i) {
+      GpuRun& g = gpus_[i];
+      int cls = 0;  // 0 node-local, 1 same leaf, 2 across the spine
+      Route worst;
+      for (int k = 0; k < place_.data; ++k) {
+        const int a = place_.gpu(k, g.stage, 0), b = place_.gpu((k + 1) % place_.data, g.stage, 0);
+        const Route rt = route_between(s, a, b);
+        const int c = !rt.inter_node ? 0 : (s.fat_tree_levels >= 2 && leaf_of(a) != leaf_of(b) ? 2 : 1);
+        if (c > cls || k == 0) worst = rt;
+        cls = std::max(cls, c);
+      }
+      const int node = g.gpu / s.gpus_per_node;
+      const std::string name = fmt::format("m{}", g.gpu);
+      if (cls == 0) {
+        g.mirror = nodes[node]->create_host(name, 1);
+        down(nodes[node], g.mirror, nvl_down[i]);
+        g.mirror_src = g.compute_host;
+        g.ring_alpha = s.nvlink_latency_seconds;
+        g.ring_beta = s.nvlink_bytes_per_second;
+      } else {
+        const int lid = leaf_of(g.gpu);
+        Leaf& leaf = leaf_zone(lid);
+        const int nic = node * s.nics_per_node + (g.gpu % s.gpus_per_node) / s.gpus_per_nic();
+        sg4::NetZone* zone = leaf.zone;
+        g.ring_alpha = s.ib_latency_seconds;
+        g.ring_beta = nic_bw;
+        if (cls == 2) {
+          if (!leaf.mirror_zone) {
+            leaf.mirror_zone = sg4::create_star_zone(fmt::format("mleaf{}", lid))->set_parent(root);
+            auto* gw = leaf.mirror_zone->create_router(fmt::format("mleaf{}-gw", lid));
+            root->add_route(nullptr, leaf.mirror_zone->get_netpoint(), nullptr, gw,
+                            {sg4::LinkInRoute(leaf.down)}, false);
+          }
+          zone = leaf.mirror_zone;
+          g.ring_alpha += 2 * s.ib_switch_hop_latency_seconds;
+          g.ring_beta = std::min(nic_bw, leaf.up->get_bandwidth());
+        }
+        g.mirror = zone->create_host(name, 1);
+        down(zone, g.mirror, nics[nic].second);
+        g.mirror_src = g.nic_host;
+      }
+    }
+  } else if (!reduced_ && place_.data > 1) {
+    for (auto& g : gpus_) {
+      const Route rt = route_between(s, g.gpu, place_.gpu((g.replica + 1) % place_.data, g.stage, g.tp));
+      g.ring_alpha = rt.latency_seconds;
+      g.ring_beta = rt.bottleneck_bytes_per_second;
+    }
+  }
+  for (auto& [id, leaf] : leaves) {
+    leaf.zone->seal();
+    if (leaf.mirror_zone) leaf.mirror_zone->seal();
+  }
+  for (auto& [id, nz] : nodes) nz->seal();
+  root->seal();
+}
+
+void Model::build_platform() {
+  if (synthetic_) build_synthetic_platform();
+  else build_fabric();
+}
+
+// ---------------------------------------------------------------------------------
+// Synchronisation between actors: per-GPU done flags under one condition variable.
+
+void Model::notify(int gi) {
+  GpuRun& g = gpus_[gi];
+  std::unique_lock<sg4::Mutex> lock(*g.mutex);
+  g.cv->notify_all();
+}
+
+void Model::wait_op(int gi, int op) {
+  GpuRun& g = gpus_[gi];
+  if (g.ops[op].done) return;
+  std::unique_lock<sg4::Mutex> lock(*g.mutex);
+  while (!g.ops[op].done) g.cv->wait(lock);
+}
+
+void Model::wait_posted(int gi, int op) {
+  GpuRun& g = gpus_[gi];
+  if (g.ops[op].posted) return;
+  std::unique_lock<sg4::Mutex> lock(*g.mutex);
+  while (!g.ops[op].posted) g.cv->wait(lock);
+}
+
+void Model::wait_recv_steps(int gi, int op, int steps) {
+  GpuRun& g = gpus_[gi];
+  if (g.ops[op].recv_steps >= steps) return;
+  std::unique_lock<sg4::Mutex> lock(*g.mutex);
+  while (g.ops[op].recv_steps < steps) g.cv->wait(lock);
+}
+
+void Model::wait_deps(int gi, int op, int stream) {
+  GpuRun& g = gpus_[gi];
+  g.waiting[stream] = op;
+  const RankInfo& info = ranks_[g.stage];
+  for (int d : info.local_deps[op]) wait_op(gi, d);
+  for (const ir::OpRef& d : info.remote_deps[op]) wait_op(peer_index(g, d.rank), d.index);
+}
+
+void Model::mark_done(int gi, int op, double now) {
+  GpuRun& g = gpus_[gi];
+  g.ops[op].end = now;
+  g.ops[op].done = true;
+  ++done_ops_;
+  if (progress_ && done_ops_ * 100 >= next_progress_ * total_ops_) {
+    progress_(static_cast<double>(done_ops_) / static_cast<double>(total_ops_));
+    next_progress_ = done_ops_ * 100 / std::max<std::int64_t>(total_ops_, 1) + 1;
+  }
+  notify(gi);
+}
+
+// ---------------------------------------------------------------------------------
+// Actors.
+
+void Model::compute_actor(int gi) {
+  GpuRun& g = gpus_[gi];
+  const RankInfo& info = ranks_[g.stage];
+  const double speed = g.compute_host->get_speed();
+  for (int op : info.stream_ops[0]) {
+    wait_deps(gi, op, 0);
+    g.ops[op].start = sg4::Engine::get_clock();
+    if (info.seconds[op] > 0) sg4::this_actor::execute(info.seconds[op] * speed);
+    mark_done(gi, op, sg4::Engine::get_clock());
+  }
+  g.waiting[0] = -1;
+}
+
+void Model::post(int gi, int op, std::vector<PendingComm>& mine) {
+  GpuRun& g = gpus_[gi];
+  const ir::Op& o = plan_.ranks[g.stage][op];
+  g.ops[op].posted = true;
+  const int pi = peer_index(g, o.peer);
+  const int pj = ranks_[g.stage].match[op];
+  // No simcall between the check and the start: actors interleave only at simcalls,
+  // so exactly one of the two sides starts the transfer.
+  if (!gpus_[pi].ops[pj].posted) return;  // the peer's post starts the transfer
+  const bool send = o.kind == OpKind::SEND;
+  const int sg = send ? gi : pi, so = send ? op : pj, rg = send ? pi : gi, ro = send ? pj : op;
+  const ir::Op& s_op = plan_.ranks[gpus_[sg].stage][so];
+  double bytes = synthetic_ ? 0.0 : static_cast<double>(s_op.bytes);
+  if (opt_.p2p_split_across_tp) bytes /= place_.tensor;
+  const GpuRun& a = gpus_[sg];
+  const GpuRun& b = gpus_[rg];
+  const bool local = synthetic_ || same_node(a.gpu, b.gpu);
+  sg4::Host* from = local ? a.compute_host : a.nic_host;
+  sg4::Host* to = local ? b.compute_host : b.nic_host;
+  ++flows_;
+  // SimGrid 3.32's wait_any never completes a 0-byte sendto; one byte costs < 0.1 ns.
+  mine.push_back({sg4::Comm::sendto_async(from, to, std::max(bytes, 1.0)), sg, so, rg, ro});
+}
+
+void Model::p2p_actor(int gi) {
+  GpuRun& g = gpus_[gi];
+  const std::vector<int>& ops = ranks_[g.stage].stream_ops[1];
+  const auto& plan_ops = plan_.ranks[g.stage];
+  std::vector<PendingComm> mine;
+  for (std::size_t i = 0; i < ops.size();) {
+    std::size_t j = i + 1;
+    const int batch = plan_ops[ops[i]].batch;
+    while (batch >= 0 && j < ops.size() && plan_ops[ops[j]].batch == batch) ++j;
+    for (std::size_t k = i; k < j; ++k) wait_deps(gi, ops[k], 1);
+    const double now = sg4::Engine::get_clock();
+    for (std::size_t k = i; k < j; ++k) {
+      const ir::Op& o = plan_ops[ops[k]];
+      g.ops[ops[k]].start = now;
+      if (ir::is_p2p(o.kind)) {
+        post(gi, ops[k], mine);
+      } else {
+        if (ranks_[g.stage].seconds[ops[k]] > 0) sg4::this_actor::sleep_for(ranks_[g.stage].seconds[ops[k]]);
+        mark_done(gi, ops[k], sg4::Engine::get_clock());
+      }
+    }
+    while (!mine.empty()) {
+      std::vector<sg4::CommPtr> comms;
+      for (auto& pc : mine) comms.push_back(pc.comm);
+      const auto idx = static_cast<std::size_t>(sg4::Comm::wait_any(comms));
+      const PendingComm pc = mine[idx];
+      mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(idx));
+      const double t = sg4::Engine::get_clock();
+      mark_done(pc.send_gpu, pc.send_op, t);
+      mark_done(pc.recv_gpu, pc.recv_op, t);
+    }
+    for (std::size_t k = i; k < j; ++k) wait_op(gi, ops[k]);
+    i = j;
+  }
+  g.waiting[1] = -1;
+}
+
+void Model::run_collective(int gi, int op) {
+  GpuRun& g = gpus_[gi];
+  const ir::Op& o = plan_.ranks[g.stage][op];
+  const int n = place_.data;
+  if (n <= 1) return;
+  const double bytes = synthetic_ ? 0.0 : static_cast<double>(o.bytes);
+  const int steps = o.kind == OpKind::ALLREDUCE ? 2 * (n - 1) : n - 1;
+  const double alpha = g.ring_alpha, beta = g.ring_beta;
+  bool tree = false;
+  if (o.kind == OpKind::ALLREDUCE) {
+    if (opt_.collective == CollectiveAlgorithm::Tree) tree = true;
+    else if (opt_.collective == CollectiveAlgorithm::Auto)
+      tree = tree_allreduce_seconds(bytes, n, alpha, beta) < ring_allreduce_seconds(bytes, n, alpha, beta);
+  }
+  if (collective_.empty()) collective_ = tree ? "tree" : "ring";
+  if (tree) {
+    // Double binary tree: 2·⌈log2 n⌉ latency-bound hops, 2·S through the NIC (reduce + broadcast).
+    const int depth = static_cast<int>(std::ceil(std::log2(n)));
+    sg4::Host *from, *to;
+    if (reduced_) {
+      from = g.mirror_src;
+      to = g.mirror;
+    } else {
+      const GpuRun& next = gpus_[sim_index((g.replica + 1) % n, g.stage, g.tp)];
+      const bool local = synthetic_ || same_node(g.gpu, next.gpu);
+      from = local ? g.compute_host : g.nic_host;
+      to = local ? next.compute_host : next.nic_host;
+    }
+    if (2 * depth > 1) sg4::this_actor::sleep_for((2 * depth - 1) * alpha);
+    ++flows_;
+    sg4::Comm::sendto_async(from, to, 2 * bytes)->wait();
+    return;
+  }
+  if (reduced_) {
+    // Replica symmetry: every member's step is the same flow; one flow stands for all.
+    if (opt_.collapse_ring_steps) {
+      if (steps > 1) sg4::this_actor::sleep_for((steps - 1) * alpha);
+      ++flows_;
+      sg4::Comm::sendto_async(g.mirror_src, g.mirror, steps * bytes / n)->wait();
+    } else {
+      for (int s = 0; s < steps; ++s) {
+        ++flows_;
+        sg4::Comm::sendto_async(g.mirror_src, g.mirror, bytes / n)->wait();
+      }
+    }
+    return;
+  }
+  // Plain: the real ring. Step s sends to the successor once this member received step s−1.
+  const int next_i = sim_index((g.replica + 1) % n, g.stage, g.tp);
+  GpuRun& next = gpus_[next_i];
+  const bool local = synthetic_ || same_node(g.gpu, next.gpu);
+  sg4::Host* from = local ? g.compute_host : g.nic_host;
+  sg4::Host* to = local ? next.compute_host : next.nic_host;
+  wait_posted(next_i, op);
+  for (int s = 0; s < steps; ++s) {
+    if (s > 0) wait_recv_steps(gi, op, s);
+    ++flows_;
+    sg4::Comm::sendto_async(from, to, bytes / n)->wait();
+    ++next.ops[op].recv_steps;
+    notify(next_i);
+  }
+  wait_recv_steps(gi, op, steps);
+}
+
+void Model::dp_actor(int gi) {
+  GpuRun& g = gpus_[gi];
+  const RankInfo& info = ranks_[g.stage];
+  for (int op : info.stream_ops[2]) {
+    wait_deps(gi, op, 2);
+    const ir::Op& o = plan_.ranks[g.stage][op];
+    g.ops[op].start = sg4::Engine::get_clock();
+    g.ops[op].posted = true;
+    notify(gi);
+    if (ir::is_collective(o.kind)) run_collective(gi, op);
+    else if (info.seconds[op] > 0) sg4::this_actor::sleep_for(info.seconds[op]);
+    mark_done(gi, op, sg4::Engine::get_clock());
+  }
+  g.waiting[2] = -1;
+}
+
+void Model::spawn_actors() {
+  for (std::size_t i = 0; i < gpus_.size(); ++i) {
+    GpuRun& g = gpus_[i];
+    g.mutex = sg4::Mutex::create();
+    g.cv = sg4::ConditionVariable::create();
+    const int gi = static_cast<int>(i);
+    const RankInfo& info = ranks_[g.stage];
+    const std::string base = fmt::format("g{}", g.gpu);
+    if (!info.stream_ops[0].empty()) {
+      sg4::Actor::create(base + "-compute", g.compute_host, [this, gi] { compute_actor(gi); });
+      ++actors_;
+    }
+    if (!info.stream_ops[1].empty()) {
+      sg4::Actor::create(base + "-p2p", g.compute_host, [this, gi] { p2p_actor(gi); });
+      ++actors_;
+    }
+    if (!info.stream_ops[2].empty()) {
+      sg4::Actor::create(base + "-dp", g.compute_host, [this, gi] { dp_actor(gi); });
+      ++actors_;
+    }
+  }
+}
+
+std::string Model::deadlock_report() const {
+  std::string msg = "simulation deadlocked: the plan's blocking order cannot complete;";
+  int shown = 0;
+  for (const auto& g : gpus_) {
+    if (g.replica != 0 || g.tp != 0) continue;
+    for (int s = 0; s < 3; ++s) {
+      const int op = g.waiting[s];
+      if (op < 0 || g.ops[op].done) continue;
+      const ir::Op& o = plan_.ranks[g.stage][op];
+      msg += fmt::format(" rank {} {} stream blocked at op {} ({}{});", g.stage,
+                         ir::to_string(static_cast<ir::Stream>(s)), op, op_label(o, plan_),
+                         ir::is_p2p(o.kind) ? fmt::format(", peer rank {}", o.peer) : "");
+      if (++shown >= 16) return msg + " …";
+    }
+  }
+  return msg;
+}
+
+RawResult Model::run() {
+  synthetic_ = plan_.scenario.synthetic.has_value();
+  reduced_ = synthetic_ || opt_.fidelity == Fidelity::Reduced;
+  if (!plan_.lowered)
+    throw Error(fmt::format("plan '{}' is not lowered: the simulator needs SEND/RECV and collectives "
+                            "(run ir::lower first)",
+                            plan_.schedule));
+  if (plan_.num_ranks() < 1) throw Error("plan has no ranks");
+  if (synthetic_) synthetic_latency_ = quantise_ns(plan_.scenario.synthetic->p2p_latency_seconds);
+  else spec_ = opt_.platform ? *opt_.platform : platform_for(plan_.scenario, opt_.fabric);
+  if (!synthetic_) check_platform(spec_);
+  prepare_ranks();
+  prepare_gpus();
+
+  int argc = 1;
+  char arg0[] = "tdpipe-sim";
+  char* argv[] = {arg0, nullptr};
+  xbt_log_control_set("root.thresh:critical");
+  sg4::Engine engine(&argc, argv);
+  // CM02 without corrections: the latencies and bandwidths we give are the ones used
+  // (LV08, the default, scales latency ×13.01 and bandwidth ×0.97).
+  engine.set_config("network/model:CM02");
+  engine.set_config("network/latency-factor:1");
+  engine.set_config("network/bandwidth-factor:1");
+  engine.set_config("network/weight-S:0");
+  engine.set_config("network/TCP-gamma:0");
+  engine.set_config("network/crosstraffic:0");
+  engine.set_config("contexts/stack-size:128");
+  const bool track = opt_.top_links > 0 && !synthetic_;
+  if (track) sg_link_load_plugin_init();
+  build_platform();
+  if (track)
+    for (auto* l : links_) sg_link_load_track(l);
+  spawn_actors();
+  sg4::Engine::on_deadlock_cb([this] {
+    deadlocked_ = true;
+    deadlock_message_ = deadlock_report();
+  });
+  engine.run();
+  if (deadlocked_ || done_ops_ < total_ops_)
+    throw Error(deadlocked_ ? deadlock_message_ : deadlock_report());
+
+  RawResult out;
+  double makespan = 0;
+  for (const auto& g : gpus_)
+    for (const auto& s : g.ops) makespan = std::max(makespan, s.end);
+  out.makespan_ns = to_ns(makespan);
+  out.timing.resize(plan_.num_ranks());
+  for (const auto& g : gpus_) {
+    if (g.replica != 0 || g.tp != 0) continue;
+    auto& t = out.timing[g.stage];
+    for (const auto& s : g.ops) t.emplace_back(to_ns(s.start), to_ns(s.end));
+  }
+  if (track) {
+    for (auto* l : links_) {
+      const double bw = l->get_bandwidth();
+      LinkUsage u;
+      u.name = l->get_name();
+      u.bytes_per_second = bw;
+      u.peak_utilisation = sg_link_get_max_instantaneous_load(l) / bw;
+      u.mean_utilisation = makespan > 0 ? sg_link_get_cum_load(l) / (makespan * bw) : 0;
+      out.links.push_back(u);
+    }
+    std::stable_sort(out.links.begin(), out.links.end(), [](const LinkUsage& a, const LinkUsage& b) {
+      return a.peak_utilisation > b.peak_utilisation;
+    });
+    if (static_cast<int>(out.links.size()) > opt_.top_links) out.links.resize(opt_.top_links);
+  }
+  out.gpus = reduced_ ? static_cast<std::int64_t>(place_.gpus()) : static_cast<std::int64_t>(gpus_.size());
+  out.actors = actors_;
+  out.flows = flows_;
+  out.collective = collective_;
+  return out;
+}
+
+}  // namespace
+
+RawResult run_engine(const ir::Plan& plan, const SimOptions& options,
+                     const std::function<void(double)>& progress) {
+  Model model(plan, options, progress);
+  return model.run();
+}
+
+}  // namespace tdpipe::sim::detail

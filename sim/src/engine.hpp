@@ -1,0 +1,34 @@
+// engine.hpp — internal: runs one SimGrid simulation of a lowered plan in this process
+// (simulate() calls it in a forked child) and returns raw op timings.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tdpipe/ir/plan.hpp"
+#include "tdpipe/sim/simulate.hpp"
+
+namespace tdpipe::sim::detail {
+
+struct RawResult {
+  /// Representative pipeline (replica 0, TP rank 0): [rank][op] = {start_ns, end_ns}.
+  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> timing;
+  std::int64_t makespan_ns = 0;  ///< over every simulated GPU
+  std::vector<LinkUsage> links;
+  std::int64_t gpus = 0, actors = 0, flows = 0;
+  std::string collective;
+  double wall_seconds = 0;
+  std::int64_t peak_rss_bytes = 0;
+};
+
+/// Runs the simulation; throws tdpipe::Error on bad plans and deadlocks. Must be called
+/// at most once per process (SimGrid 3.32 keeps global engine state).
+RawResult run_engine(const ir::Plan& plan, const SimOptions& options,
+                     const std::function<void(double)>& progress);
+
+/// "F0.c1:s2", "SEND(F0>r1)", "ALLREDUCE(b3)" — the plan text form of one op.
+std::string op_label(const ir::Op& op, const ir::Plan& plan);
+
+}  // namespace tdpipe::sim::detail

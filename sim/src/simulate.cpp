@@ -1,0 +1,293 @@
+// simulate.cpp — runs the engine in a forked child (SimGrid 3.32 allows one engine per
+// process), streams progress and the raw result back through a pipe, and turns op
+// timings into a Trace and its metrics.
+#include "tdpipe/sim/simulate.hpp"
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+
+#include <fmt/format.h>
+
+#include "engine.hpp"
+#include "sim_metrics.hpp"
+#include "tdpipe/ir/error.hpp"
+
+namespace tdpipe::sim {
+namespace {
+
+// ---- a tiny binary encoding for the child → parent messages ----
+
+struct Writer {
+  std::string buf;
+  template <class T> void pod(T v) { buf.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  void str(const std::string& s) {
+    pod<std::uint64_t>(s.size());
+    buf += s;
+  }
+};
+
+struct Reader {
+  const std::string& buf;
+  std::size_t pos = 0;
+  template <class T> T pod() {
+    if (pos + sizeof(T) > buf.size()) throw Error("simulator: truncated result from the SimGrid process");
+    T v;
+    std::memcpy(&v, buf.data() + pos, sizeof v);
+    pos += sizeof v;
+    return v;
+  }
+  std::string str() {
+    const auto n = pod<std::uint64_t>();
+    if (pos + n > buf.size()) throw Error("simulator: truncated result from the SimGrid process");
+    std::string s = buf.substr(pos, n);
+    pos += n;
+    return s;
+  }
+};
+
+std::string encode(const detail::RawResult& r) {
+  Writer w;
+  w.pod<std::uint64_t>(r.timing.size());
+  for (const auto& rank : r.timing) {
+    w.pod<std::uint64_t>(rank.size());
+    for (const auto& [s, e] : rank) {
+      w.pod(s);
+      w.pod(e);
+    }
+  }
+  w.pod(r.makespan_ns);
+  w.pod<std::uint64_t>(r.links.size());
+  for (const auto& l : r.links) {
+    w.str(l.name);
+    w.pod(l.bytes_per_second);
+    w.pod(l.peak_utilisation);
+    w.pod(l.mean_utilisation);
+  }
+  w.pod(r.gpus);
+  w.pod(r.actors);
+  w.pod(r.flows);
+  w.str(r.collective);
+  w.pod(r.wall_seconds);
+  w.pod(r.peak_rss_bytes);
+  return w.buf;
+}
+
+detail::RawResult decode(const std::string& buf) {
+  Reader rd{buf};
+  detail::RawResult r;
+  r.timing.resize(rd.pod<std::uint64_t>());
+  for (auto& rank : r.timing) {
+    rank.resize(rd.pod<std::uint64_t>());
+    for (auto& [s, e] : rank) {
+      s = rd.pod<std::int64_t>();
+      e = rd.pod<std::int64_t>();
+    }
+  }
+  r.makespan_ns = rd.pod<std::int64_t>();
+  r.links.resize(rd.pod<std::uint64_t>());
+  for (auto& l : r.links) {
+    l.name = rd.str();
+    l.bytes_per_second = rd.pod<double>();
+    l.peak_utilisation = rd.pod<double>();
+    l.mean_utilisation = rd.pod<double>();
+  }
+  r.gpus = rd.pod<std::int64_t>();
+  r.actors = rd.pod<std::int64_t>();
+  r.flows = rd.pod<std::int64_t>();
+  r.collective = rd.str();
+  r.wall_seconds = rd.pod<double>();
+  r.peak_rss_bytes = rd.pod<std::int64_t>();
+  return r;
+}
+
+void write_all(int fd, const std::string& data) {
+  std::size_t off = 0;
+  while (off < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      ::_exit(3);
+    }
+    off += static_cast<std::size_t>(n);
+  }
+}
+
+void send_message(int fd, char type, const std::string& payload) {
+  Writer w;
+  w.pod(type);
+  w.pod<std::uint64_t>(payload.size());
+  write_all(fd, w.buf + payload);
+}
+
+bool read_exact(int fd, char* out, std::size_t n) {
+  std::size_t off = 0;
+  while (off < n) {
+    const ssize_t got = ::read(fd, out + off, n - off);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    off += static_cast<std::size_t>(got);
+  }
+  return true;
+}
+
+detail::RawResult run_in_child(const ir::Plan& plan, const SimOptions& options) {
+  int fds[2];
+  if (::pipe(fds) != 0) throw Error(fmt::format("simulator: pipe() failed: {}", std::strerror(errno)));
+  // Unflushed stdio buffers would be written twice (by the child too).
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error(fmt::format("simulator: fork() failed: {}", std::strerror(errno)));
+  if (pid == 0) {
+    ::close(fds[0]);
+    // SimGrid reports deadlocks and aborts on stderr; our message says it better.
+    if (!std::getenv("TDPIPE_SIM_DEBUG")) {
+      const int devnull = ::open("/dev/null", O_WRONLY);
+      if (devnull >= 0) ::dup2(devnull, 2);
+    }
+    try {
+      auto progress = [&](double f) {
+        Writer w;
+        w.pod(f);
+        send_message(fds[1], 'P', w.buf);
+      };
+      const auto t0 = std::chrono::steady_clock::now();
+      detail::RawResult r =
+          detail::run_engine(plan, options, options.progress ? std::function<void(double)>(progress) : nullptr);
+      r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      struct rusage usage {};
+      if (::getrusage(RUSAGE_SELF, &usage) == 0) r.peak_rss_bytes = std::int64_t{usage.ru_maxrss} * 1024;
+      send_message(fds[1], 'R', encode(r));
+    } catch (const std::exception& e) {
+      send_message(fds[1], 'E', e.what());
+    }
+    ::close(fds[1]);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::optional<detail::RawResult> result;
+  std::string error;
+  for (;;) {
+    char header[sizeof(char) + sizeof(std::uint64_t)];
+    if (!read_exact(fds[0], header, sizeof header)) break;
+    const char type = header[0];
+    std::uint64_t len;
+    std::memcpy(&len, header + 1, sizeof len);
+    std::string payload(len, '\0');
+    if (!read_exact(fds[0], payload.data(), len)) break;
+    if (type == 'P' && options.progress) {
+      double f;
+      std::memcpy(&f, payload.data(), sizeof f);
+      options.progress(f);
+    } else if (type == 'R') {
+      result = decode(payload);
+    } else if (type == 'E') {
+      error = payload;
+    }
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!error.empty()) throw Error(error);
+  if (!result) {
+    if (WIFSIGNALED(status))
+      throw Error(fmt::format("simulator: the SimGrid process died with signal {} (rerun with "
+                              "TDPIPE_SIM_DEBUG=1 to see SimGrid's output)",
+                              WTERMSIG(status)));
+    throw Error(fmt::format("simulator: the SimGrid process exited with status {} without a result "
+                            "(rerun with TDPIPE_SIM_DEBUG=1 to see SimGrid's output)",
+                            WIFEXITED(status) ? WEXITSTATUS(status) : -1));
+  }
+  return *result;
+}
+
+// Model FLOPs of one iteration without recompute (Narayanan et al. 2021):
+// 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)).
+double model_flops(const ir::Scenario& sc, double sequences) {
+  const auto& m = sc.model;
+  if (m.layers <= 0 || m.hidden <= 0 || m.seq <= 0) return 0;
+  const double s = m.seq, l = m.layers, h = m.hidden, v = m.vocab;
+  return 72.0 * sequences * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h));
+}
+
+}  // namespace
+
+double ring_allreduce_seconds(double bytes, int n, double alpha, double beta) {
+  if (n <= 1) return 0;
+  return 2.0 * (n - 1) / n * bytes / beta + 2.0 * (n - 1) * alpha;
+}
+
+double tree_allreduce_seconds(double bytes, int n, double alpha, double beta) {
+  if (n <= 1) return 0;
+  return 2.0 * std::ceil(std::log2(n)) * alpha + 2.0 * bytes / beta;
+}
+
+SimResult simulate(const ir::Plan& plan, const SimOptions& options) {
+  const detail::RawResult raw = run_in_child(plan, options);
+  SimResult out;
+  traces::Trace& tr = out.trace;
+  tr.origin = "simgrid";
+  tr.schedule = plan.schedule;
+  tr.scenario = plan.scenario.name;
+  tr.ranks = plan.num_ranks();
+  tr.metadata["engine"] = "simgrid";
+  tr.metadata["fidelity"] = options.fidelity == Fidelity::Reduced ? "reduced" : "plain";
+  tr.metadata["data_parallel"] = std::to_string(plan.data);
+  if (!raw.collective.empty()) tr.metadata["collective"] = raw.collective;
+  for (int r = 0; r < plan.num_ranks(); ++r) {
+    const auto& ops = plan.ranks[r];
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const ir::Op& op = ops[i];
+      traces::TraceEvent ev;
+      ev.rank = r;
+      ev.stream = static_cast<int>(op.stream);
+      ev.name = detail::op_label(op, plan);
+      ev.kind = op.kind;
+      ev.mb = op.mb;
+      ev.chunk = op.chunk;
+      ev.slice = op.slice;
+      ev.peer = op.peer;
+      ev.bytes = op.bytes;
+      ev.start_ns = raw.timing[r][i].first;
+      ev.dur_ns = raw.timing[r][i].second - raw.timing[r][i].first;
+      tr.events.push_back(std::move(ev));
+    }
+  }
+  std::stable_sort(tr.events.begin(), tr.events.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.rank, a.stream, a.start_ns) < std::tie(b.rank, b.stream, b.start_ns);
+  });
+  out.metrics = traces::compute_metrics(tr);
+  out.iteration_seconds = static_cast<double>(out.metrics.iteration_ns) * 1e-9;
+  out.peak_activation_bytes = detail::peak_activation_bytes(plan, raw.timing);
+  out.links = raw.links;
+  out.simulated_gpus = raw.gpus;
+  out.actors = raw.actors;
+  out.flows = raw.flows;
+  out.collective = raw.collective;
+  out.engine_wall_seconds = raw.wall_seconds;
+  out.engine_peak_rss_bytes = raw.peak_rss_bytes;
+  const ir::Scenario& sc = plan.scenario;
+  if (!sc.synthetic && out.iteration_seconds > 0) {
+    const double sequences =
+        static_cast<double>(plan.microbatches) * std::max(sc.parallel.micro_batch, 1) * std::max(plan.data, 1);
+    out.tokens_per_second = sequences * sc.model.seq / out.iteration_seconds;
+    const double gpus = static_cast<double>(std::max(sc.parallel.tensor, 1)) * plan.num_ranks() *
+                        std::max(plan.data, 1);
+    const double peak = sc.cluster.groups.empty() ? 0 : sc.cluster.groups.front().gpu.peak_flops;
+    if (peak > 0) out.mfu = model_flops(sc, sequences) / (out.iteration_seconds * gpus * peak);
+  }
+  return out;
+}
+
+}  // namespace tdpipe::sim

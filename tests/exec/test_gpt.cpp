@@ -1,0 +1,138 @@
+// test_gpt.cpp — the CPU model alone: temporal slices and stage splits compute
+// exactly what the whole sequence on one stage computes; gradients match finite
+// differences; layer partition and corpus sampling.
+#include <catch2/catch.hpp>
+
+#include "exec_test_util.hpp"
+#include "tdpipe/exec/cpu/corpus.hpp"
+#include "tdpipe/exec/cpu/gpt.hpp"
+
+namespace tdpipe::exec::cpu {
+namespace {
+
+GptConfig tiny_config() {
+  GptConfig c;
+  c.layers = 3;
+  c.hidden = 8;
+  c.heads = 2;
+  c.ffn = 16;
+  c.seq = 12;
+  c.vocab = 32;
+  c.micro_batch = 2;
+  return c;
+}
+
+MicroBatch tiny_batch(const GptConfig& c) {
+  const Corpus corpus = Corpus::load(test::source_path("data/tiny_corpus.txt"));
+  return load_micro_batch(corpus, 3, 0, 0, 1, 0, c.micro_batch, c.seq);
+}
+
+// Runs forward of `bounds` slices in order, then B in reverse and W; returns loss.
+double run_sliced(std::vector<GptStage>& stages, const MicroBatch& mb, const std::vector<int>& bounds,
+                  double scale, bool split_w) {
+  double loss = 0;
+  const int S = static_cast<int>(bounds.size()) - 1;
+  for (auto& s : stages) s.begin_step();
+  for (int j = 0; j < S; ++j) {
+    Mat x;
+    for (auto& st : stages)
+      x = st.forward(0, j, bounds[j], bounds[j + 1], x, &mb.tokens, &mb.targets, scale, &loss);
+  }
+  for (int j = S - 1; j >= 0; --j) {
+    Mat g;
+    for (auto it = stages.rbegin(); it != stages.rend(); ++it) {
+      g = it->backward_input(0, j, g);
+      if (!split_w) it->backward_weight(0, j);
+    }
+  }
+  if (split_w)
+    for (int j = 0; j < S; ++j)
+      for (auto& st : stages) st.backward_weight(0, j);
+  return loss;
+}
+
+ParamMap merged_grads(const std::vector<GptStage>& stages) {
+  ParamMap out;
+  for (const auto& s : stages) out.merge(s.named_grads());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("temporal slices and stage splits give the whole-sequence gradients", "[exec][gpt]") {
+  const GptConfig c = tiny_config();
+  const MicroBatch mb = tiny_batch(c);
+  const double scale = 1.0 / (c.micro_batch * c.seq);
+  std::vector<GptStage> whole;
+  whole.emplace_back(c, 0, 1);
+  const double loss_ref = run_sliced(whole, mb, {0, 12}, scale, false);
+  const ParamMap ref = merged_grads(whole);
+
+  const std::vector<std::vector<int>> slicings = {{0, 12}, {0, 6, 12}, {0, 5, 9, 12}, {0, 1, 2, 7, 12}};
+  for (int nstages : {1, 2, 3, 4})
+    for (const auto& bounds : slicings)
+      for (bool split_w : {false, true}) {
+        INFO("stages " << nstages << " slices " << bounds.size() - 1 << " split W " << split_w);
+        std::vector<GptStage> stages;
+        for (int s = 0; s < nstages; ++s) stages.emplace_back(c, s, nstages);
+        const double loss = run_sliced(stages, mb, bounds, scale, split_w);
+        CHECK(loss == Approx(loss_ref).epsilon(1e-12));
+        std::string worst;
+        const double err = test::max_rel_error(merged_grads(stages), ref, &worst);
+        INFO("worst " << worst);
+        CHECK(err < 1e-10);
+      }
+}
+
+TEST_CASE("gradients match central finite differences", "[exec][gpt]") {
+  GptConfig c = tiny_config();
+  c.layers = 1;
+  const MicroBatch mb = tiny_batch(c);
+  const double scale = 1.0 / (c.micro_batch * c.seq);
+  std::vector<GptStage> st;
+  st.emplace_back(c, 0, 1);
+  run_sliced(st, mb, {0, 4, 12}, scale, true);
+  const std::vector<double> g = st[0].grads();
+  std::vector<double>& w = st[0].params();
+  // A spread of parameters across every tensor kind.
+  for (std::size_t i = 3; i < w.size(); i += w.size() / 37) {
+    const double keep = w[i], h = 1e-5;
+    w[i] = keep + h;
+    const double lp = run_sliced(st, mb, {0, 12}, scale, false);
+    w[i] = keep - h;
+    const double lm = run_sliced(st, mb, {0, 12}, scale, false);
+    w[i] = keep;
+    INFO("parameter " << i);
+    CHECK(g[i] == Approx((lp - lm) / (2 * h)).margin(1e-8).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("stage_layers splits contiguously and covers every layer once", "[exec][gpt]") {
+  CHECK(stage_layers(8, 0, 4) == std::pair{0, 2});
+  CHECK(stage_layers(8, 3, 4) == std::pair{6, 8});
+  // Remainder goes to the last stages: 5 over 3 → 1, 2, 2.
+  CHECK(stage_layers(5, 0, 3) == std::pair{0, 1});
+  CHECK(stage_layers(5, 1, 3) == std::pair{1, 3});
+  CHECK(stage_layers(5, 2, 3) == std::pair{3, 5});
+  // More stages than layers: some stages are empty pass-throughs.
+  CHECK(stage_layers(2, 0, 4) == std::pair{0, 0});
+  CHECK(stage_layers(2, 3, 4) == std::pair{1, 2});
+}
+
+TEST_CASE("corpus sampling is deterministic and replica-aware", "[exec][gpt]") {
+  const Corpus corpus = Corpus::load(test::source_path("data/tiny_corpus.txt"));
+  CHECK(corpus.vocab() == 29);
+  const auto a = load_micro_batch(corpus, 7, 2, 1, 4, 3, 2, 16);
+  const auto b = load_micro_batch(corpus, 7, 2, 1, 4, 3, 2, 16);
+  CHECK(a.tokens == b.tokens);
+  // Targets are the inputs shifted by one token.
+  CHECK(std::vector<int>(a.tokens[0].begin() + 1, a.tokens[0].end()) ==
+        std::vector<int>(a.targets[0].begin(), a.targets[0].end() - 1));
+  // Replica 1, micro-batch 3 of 4, sequence 1 is global sequence (1·4 + 3)·2 + 1 = 15.
+  const std::vector<int> global15 = corpus.sequence(7, 2, 15, 16);
+  CHECK(a.tokens[1] == std::vector<int>(global15.begin(), global15.end() - 1));
+  CHECK_THROWS_WITH(Corpus::load("/nonexistent/corpus.txt"),
+                    Catch::Contains("/nonexistent/corpus.txt") && Catch::Contains("cannot read"));
+}
+
+}  // namespace tdpipe::exec::cpu

@@ -1,0 +1,132 @@
+// test_sim_behaviour.cpp — DP overlap switch, reductions vs the plain model, metrics,
+// progress, and bad inputs rejected with a clear message.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "sim_test_util.hpp"
+#include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/scenario_io.hpp"
+#include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/sim/platform.hpp"
+#include "tdpipe/sim/simulate.hpp"
+
+using namespace tdpipe;
+using namespace tdpipe::sim::testing;
+using Catch::Matchers::Contains;
+
+namespace {
+
+ir::Scenario gpt3_dp(int data) {
+  auto sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/gpt3-175b-a100-8x8.yaml");
+  sc.cluster.groups.front().nodes = 8 * data;
+  sc.parallel.data = data;
+  sc.parallel.global_batch = 16 * data;  // m = 16
+  return sc;
+}
+
+std::int64_t total_ns(const traces::Trace& t, ir::OpKind kind) {
+  std::int64_t n = 0;
+  for (const auto& e : t.events)
+    if (e.kind == kind) n += e.dur_ns;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("bucketed DP all-reduce overlaps backward; the switch turns overlap off", "[sim][dp]") {
+  // Lowering fires a chunk's buckets after its last backward op: with two chunks per
+  // rank, chunk 1's reduction runs under chunk 0's remaining backward.
+  const auto built = planner::build_plan(gpt3_dp(4), "interleaved");
+  sim::SimOptions opt;
+  const auto overlapped = sim::simulate(built.lowered, opt);
+  opt.overlap_dp = false;
+  const auto serial = sim::simulate(built.lowered, opt);
+  REQUIRE(total_ns(overlapped.trace, ir::OpKind::ALLREDUCE) > 0);
+  CHECK(overlapped.metrics.iteration_ns < serial.metrics.iteration_ns);
+  // Buckets reduce while later backward ops compute: part of the reduction is hidden.
+  std::int64_t hidden = 0;
+  for (const auto& r : overlapped.metrics.ranks) hidden += r.hidden_comm_ns;
+  CHECK(hidden > 0);
+  // Without overlap every all-reduce starts after the rank's last backward op.
+  for (const auto& e : serial.trace.events) {
+    if (e.kind != ir::OpKind::ALLREDUCE) continue;
+    std::int64_t last_bwd = 0;
+    for (const auto& c : serial.trace.events)
+      if (c.rank == e.rank && (c.kind == ir::OpKind::BW || c.kind == ir::OpKind::B || c.kind == ir::OpKind::W))
+        last_bwd = std::max(last_bwd, c.end_ns());
+    CHECK(e.start_ns >= last_bwd);
+  }
+}
+
+TEST_CASE("reduced and plain fidelity agree within 1% on a small DP pipeline", "[sim][fidelity]") {
+  const auto built = planner::build_plan(gpt3_dp(2), "1f1b");
+  sim::SimOptions opt;
+  opt.collective = sim::CollectiveAlgorithm::Ring;
+  const auto reduced = sim::simulate(built.lowered, opt);
+  opt.fidelity = sim::Fidelity::Plain;
+  const auto plain = sim::simulate(built.lowered, opt);
+  CHECK(plain.simulated_gpus == 8 * 8 * 2);
+  CHECK(reduced.actors < plain.actors);
+  CHECK(std::abs(double(reduced.metrics.iteration_ns) / double(plain.metrics.iteration_ns) - 1) < 0.01);
+}
+
+TEST_CASE("metrics: tokens/s, MFU and activation memory come with the timeline", "[sim][metrics]") {
+  auto sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/gpt3-175b-a100-8x8.yaml");
+  const auto built = planner::build_plan(sc, "1f1b");
+  std::vector<double> fractions;
+  sim::SimOptions opt;
+  opt.progress = [&](double f) { fractions.push_back(f); };
+  const auto res = sim::simulate(built.lowered, opt);
+  const double tokens = 64.0 * 2048;
+  CHECK(res.tokens_per_second == Approx(tokens / res.iteration_seconds));
+  CHECK(res.mfu > 0.1);
+  CHECK(res.mfu < 0.8);
+  REQUIRE(res.peak_activation_bytes.size() == 8);
+  // 1F1B: rank 0 keeps p = 8 micro-batches in flight, the last rank one.
+  CHECK(res.peak_activation_bytes.front() > 4 * res.peak_activation_bytes.back());
+  REQUIRE(!fractions.empty());
+  CHECK(fractions.back() == Approx(1.0));
+  CHECK(std::is_sorted(fractions.begin(), fractions.end()));
+}
+
+TEST_CASE("bad inputs are rejected with a message naming the problem", "[sim][errors]") {
+  auto sc = a100_cluster(2, 8, 2, 1);
+  SECTION("a plan that is not lowered") {
+    auto plan = empty_plan(sc, 2, 1);
+    plan.lowered = false;
+    REQUIRE_THROWS_WITH(sim::simulate(plan), Contains("not lowered"));
+  }
+  SECTION("more GPUs than the cluster has") {
+    auto plan = empty_plan(sc, 2, 2);  // t·p·d = 32 GPUs on 2 nodes
+    REQUIRE_THROWS_WITH(sim::simulate(plan), Contains("32 GPUs") && Contains("has 16"));
+  }
+  SECTION("an impossible fabric") {
+    auto plan = empty_plan(sc, 2, 1);
+    sim::SimOptions opt;
+    opt.fabric.oversubscription = 0.5;
+    REQUIRE_THROWS_WITH(sim::simulate(plan, opt), Contains("impossible fabric") && Contains("oversubscription"));
+    sc.cluster.nics_per_node = 3;
+    REQUIRE_THROWS_WITH(sim::platform_for(sc), Contains("nics_per_node 3 must divide gpus_per_node 8"));
+  }
+  SECTION("a SEND without its RECV") {
+    auto plan = empty_plan(sc, 2, 1);
+    plan.ranks[0].push_back(send_op(1, 1000));
+    REQUIRE_THROWS_WITH(sim::simulate(plan), Contains("rank 0 op 0 (SEND(F0>r1)): no matching RECV on rank 1"));
+  }
+  SECTION("an order that deadlocks names the blocked ops") {
+    auto plan = empty_plan(sc, 2, 1);
+    // Both ranks first wait to receive, then send: blocking rendezvous never completes.
+    plan.ranks[0].push_back(recv_op(1, 1000));
+    plan.ranks[0].push_back(send_op(1, 1000, 1));
+    plan.ranks[1].push_back(recv_op(0, 1000, 1));
+    plan.ranks[1].push_back(send_op(0, 1000));
+    REQUIRE_THROWS_WITH(sim::simulate(plan),
+                        Contains("deadlocked") && Contains("rank 0 p2p stream blocked at op 0 (RECV(F0<r1)"));
+  }
+  SECTION("an unknown platform preset") {
+    REQUIRE_THROWS_WITH(sim::platform_preset("dgx-b300", 1), Contains("dgx-a100-hdr"));
+  }
+}

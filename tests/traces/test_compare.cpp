@@ -1,0 +1,115 @@
+// test_compare.cpp — predicted vs measured: pairing, errors, drift, JSON.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "tdpipe/ir/error.hpp"
+#include "tdpipe/traces/compare.hpp"
+
+using namespace tdpipe;
+using namespace tdpipe::traces;
+
+namespace {
+
+TraceEvent ev(int rank, const char* name, ir::OpKind kind, std::int64_t start, std::int64_t dur) {
+  TraceEvent e;
+  e.rank = rank;
+  e.name = name;
+  e.kind = kind;
+  e.start_ns = start;
+  e.dur_ns = dur;
+  return e;
+}
+
+// Predicted: rank0 F0 [0,10) F1 [10,20) BW0 [30,50); rank1 F0 [10,20) BW0 [20,40) OPT [40,45).
+Trace predicted() {
+  using ir::OpKind;
+  Trace t;
+  t.origin = "analytic";
+  t.schedule = "1f1b";
+  t.ranks = 2;
+  t.events = {ev(0, "F0", OpKind::F, 0, 10), ev(0, "F1", OpKind::F, 10, 10), ev(0, "BW0", OpKind::BW, 30, 20),
+              ev(1, "F0", OpKind::F, 10, 10), ev(1, "BW0", OpKind::BW, 20, 20), ev(1, "OPT", OpKind::OPT, 40, 5)};
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("compare pairs ops by rank and name and measures the gap", "[traces][compare]") {
+  using ir::OpKind;
+  Trace measured;
+  measured.origin = "cpu";
+  measured.schedule = "1f1b";
+  measured.ranks = 2;
+  // Measured starts at 1000 (another origin) — starts are compared relative to the first event.
+  // Durations: F0 12 (+20%), F1 10 (0), BW0 25 (−20% pred error: 20 vs 25), rank1 F0 10, BW0 20, OPT 5;
+  // rank1 has an extra op the prediction lacks; rank0 BW0 starts 7 ns later than predicted.
+  measured.events = {ev(0, "F0", OpKind::F, 1000, 12), ev(0, "F1", OpKind::F, 1012, 10),
+                     ev(0, "BW0", OpKind::BW, 1037, 25), ev(1, "F0", OpKind::F, 1012, 10),
+                     ev(1, "BW0", OpKind::BW, 1022, 20), ev(1, "OPT", OpKind::OPT, 1042, 5),
+                     ev(1, "marker", OpKind::CKPT, 1047, 0)};
+  const Comparison c = compare(predicted(), measured, CompareOptions{2});
+  CHECK(c.predicted_iteration_ns == 50);
+  CHECK(c.measured_iteration_ns == 62);
+  CHECK(c.iteration_error == Approx((50.0 - 62) / 62));
+  CHECK(c.matched == 6);
+  CHECK(c.only_predicted == 0);
+  CHECK(c.only_measured == 1);
+  // Compute duration errors: |10−12|/12, 0, |20−25|/25, 0, 0, 0 → sorted 0,0,0,0,0.1667,0.2.
+  CHECK(c.compute_duration_error.count == 6);
+  CHECK(c.compute_duration_error.median == Approx(0));
+  CHECK(c.compute_duration_error.p90 == Approx(1.0 / 6 + 0.5 * (0.2 - 1.0 / 6)));
+  CHECK(c.compute_duration_error.max == Approx(0.2));
+  // Rank 0 idle: predicted (50−40)/50 = 0.2; measured (62−47)/62.
+  REQUIRE(c.ranks.size() == 2);
+  CHECK(c.ranks[0].bubble_error_pp == Approx(100 * (0.2 - 15.0 / 62)));
+  // Drift: rank0 BW0 predicted 30, measured 37 → +7; rank1 F0/BW0/OPT +2, rank0 F1 +2.
+  REQUIRE(c.largest_drift.size() == 2);
+  CHECK(c.largest_drift[0].rank == 0);
+  CHECK(c.largest_drift[0].name == "BW0");
+  CHECK(c.largest_drift[0].drift_ns() == 7);
+  CHECK(c.largest_drift[1].drift_ns() == 2);
+  CHECK(c.warnings.empty());
+
+  const nlohmann::json j = to_json(c);
+  CHECK(j["iteration_error"].get<double>() == Approx(c.iteration_error));
+  CHECK(j["ranks"].size() == 2);
+  CHECK(j["largest_drift"][0]["name"] == "BW0");
+  CHECK(j["largest_drift"][0]["drift"].get<double>() == Approx(7e-9));
+  CHECK(j["compute_duration_error"]["p90"].get<double>() == Approx(c.compute_duration_error.p90));
+  CHECK(j["matched_ops"] == 6);
+  const std::string text = to_text(c);
+  CHECK_THAT(text, Catch::Contains("iteration time"));
+  CHECK_THAT(text, Catch::Contains("rank   0"));
+}
+
+TEST_CASE("compare: repeated names pair in start order; mismatched traces are rejected", "[traces][compare]") {
+  using ir::OpKind;
+  Trace a;
+  a.ranks = 1;
+  a.events = {ev(0, "SEND(F0>r1)", OpKind::SEND, 10, 1), ev(0, "SEND(F0>r1)", OpKind::SEND, 0, 1)};
+  Trace b = a;
+  b.events[0].start_ns = 12;
+  const Comparison c = compare(a, b);
+  CHECK(c.matched == 2);
+  CHECK(c.largest_drift[0].drift_ns() == 2);
+  CHECK(c.compute_duration_error.count == 0);
+  CHECK(c.all_duration_error.count == 2);
+
+  Trace two = predicted();
+  REQUIRE_THROWS_WITH(compare(two, a), Catch::Contains("the predicted trace has 2 ranks and the measured one 1"));
+  Trace renamed = predicted();
+  for (auto& e : renamed.events) e.name += "x";
+  REQUIRE_THROWS_WITH(compare(predicted(), renamed), Catch::Contains("no op of the predicted trace"));
+  renamed = predicted();
+  renamed.schedule = "gpipe";
+  CHECK(compare(predicted(), renamed).warnings.size() == 1);
+}
+
+TEST_CASE("quantile interpolates linearly", "[traces][compare]") {
+  CHECK(quantile({}, 0.5) == 0);
+  CHECK(quantile({3}, 0.9) == 3);
+  CHECK(quantile({4, 1, 3, 2}, 0.5) == Approx(2.5));
+  CHECK(quantile({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 0.9) == Approx(10));
+  CHECK(quantile({0, 10}, 0.9) == Approx(9));
+}

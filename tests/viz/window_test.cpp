@@ -1,0 +1,244 @@
+// window_test.cpp — the whole window: charts and table follow the traces, a malformed
+// trace gives an error dialog (GUI) or a non-zero exit naming the problem (headless),
+// export and the command line.
+#include <QApplication>
+#include <QDir>
+#include <QFile>
+#include <QMessageBox>
+#include <QProcess>
+#include <QRegularExpression>
+#include <QTemporaryDir>
+#include <QtCharts/QChart>
+#include <QtCharts/QChartView>
+#include <catch2/catch.hpp>
+
+#include "synthetic.hpp"
+#include "tdpipe/traces/chrome_json.hpp"
+#include "tdpipe/viz/charts_panel.hpp"
+#include "tdpipe/viz/legend_bar.hpp"
+#include "tdpipe/viz/metrics_table.hpp"
+#include "tdpipe/viz/op_style.hpp"
+#include "tdpipe/viz/timeline_view.hpp"
+#include "tdpipe/viz/view_command.hpp"
+#include "tdpipe/viz/viewer_window.hpp"
+
+using namespace tdpipe;
+using namespace tdpipe::viz;
+using tdpipe::viz::testing::make_1f1b;
+using tdpipe::viz::testing::OneFOneB;
+
+namespace {
+
+QString write_text(const QTemporaryDir& dir, const QString& name, const QByteArray& text) {
+  const QString path = dir.filePath(name);
+  QFile f(path);
+  REQUIRE(f.open(QIODevice::WriteOnly));
+  f.write(text);
+  return path;
+}
+
+QString table_cell(const MetricsTable& t, const QString& metric, int column) {
+  for (int r = 0; r < t.rowCount(); ++r)
+    if (t.item(r, 0)->text() == metric) return t.item(r, column)->text();
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("window shows charts, legend and metrics for two traces", "[gui][window]") {
+  const auto pred = make_1f1b({});
+  OneFOneB c;
+  c.seed = 21;
+  const auto meas = make_1f1b(c);
+  ViewerWindow w;
+  w.set_traces(pred, meas, "pred.json", "meas.json");
+  CHECK(w.windowTitle() == "tdpipe-view — pred.json vs meas.json");
+  CHECK(w.model().pairing().pairs == static_cast<int>(pred.events.size()));
+  CHECK(w.charts()->scatter_points() == static_cast<int>(pred.events.size()));
+  CHECK(w.charts()->bubble_view()->chart()->series().size() == 1);
+  CHECK(w.charts()->scatter_view()->isVisibleTo(w.charts()));
+  // Legend: the kinds present (F, BW, OPT, SEND, RECV) and the bubble shade.
+  QStringList legend;
+  for (const auto& e : w.legend()->entries()) legend << e.text;
+  CHECK(legend == QStringList{"F", "BW", "OPT", "SEND", "RECV", "idle (bubble)"});
+  // The table's iteration row agrees with the metrics of each side.
+  const auto& mp = *w.metrics(Side::Predicted);
+  CHECK(table_cell(*w.table(), "iteration time", 1) ==
+        QString::number(mp.iteration_ns / 1e6, 'f', 2) + " ms");
+  CHECK_FALSE(table_cell(*w.table(), "iteration time", 3).isEmpty());
+  CHECK(table_cell(*w.table(), "ops (matched)", 3) == QString::number(pred.events.size()));
+
+  w.resize(1400, 800);
+  const QImage img = w.render_image();
+  CHECK(img.size() == QSize(1400, 800));
+}
+
+TEST_CASE("window works with one trace", "[gui][window]") {
+  ViewerWindow w;
+  w.set_traces(make_1f1b({}), std::nullopt, "pred.json");
+  CHECK(w.windowTitle() == "tdpipe-view — pred.json");
+  CHECK(w.charts()->scatter_points() == 0);
+  CHECK_FALSE(w.charts()->scatter_view()->isVisibleTo(w.charts()));  // nothing to compare
+  CHECK(w.model().lanes().size() == 8);
+  CHECK(table_cell(*w.table(), "iteration time", 2) == "–");
+  CHECK(table_cell(*w.table(), "ops (matched)", 0).isEmpty());  // no comparison rows
+}
+
+TEST_CASE("a malformed trace shows an error dialog and keeps the view", "[gui][window][errors]") {
+  QTemporaryDir dir;
+  REQUIRE(dir.isValid());
+  const QString bad = write_text(dir, "broken.json", "{\"traceEvents\": [ {\"ph\": \"X\", \"ts\": ");
+  ViewerWindow w;
+  w.set_traces(make_1f1b({}), std::nullopt, "good.json");
+  const auto lanes_before = w.model().lanes().size();
+  CHECK_FALSE(w.open(bad, {}));
+  REQUIRE(w.error_dialog() != nullptr);
+  CHECK(w.error_dialog()->isVisible());
+  CHECK(w.error_dialog()->text().contains("broken.json"));
+  CHECK(w.last_error().contains("broken.json"));
+  CHECK(w.model().lanes().size() == lanes_before);
+  w.error_dialog()->close();
+
+  // A missing file names the file too.
+  CHECK_FALSE(w.open(dir.filePath("missing.json"), {}));
+  CHECK(w.last_error().contains("missing.json"));
+  CHECK(w.last_error().contains("no such file"));
+}
+
+TEST_CASE("headless render: malformed trace exits non-zero, good traces write a PNG", "[gui][headless]") {
+  QTemporaryDir dir;
+  REQUIRE(dir.isValid());
+  const QString bad = write_text(dir, "bad.json", "[{\"ph\": \"X\", \"name\": \"x\", \"ts\": \"soon\"}]");
+  ViewArgs args;
+  args.predicted = bad;
+  args.render_to = dir.filePath("out.png");
+  CHECK(render_headless(args) == 2);
+  CHECK_FALSE(QFile::exists(*args.render_to));
+
+  const QString pred = dir.filePath("pred.json");
+  const QString meas = dir.filePath("meas.json");
+  OneFOneB c;
+  traces::write_trace(make_1f1b(c), pred.toStdString());
+  c.seed = 2;
+  traces::write_trace(make_1f1b(c), meas.toStdString());
+  args.predicted = pred;
+  args.measured = meas;
+  args.width = 1200;
+  args.height = 700;
+  CHECK(render_headless(args) == 0);
+  const QImage img(*args.render_to);
+  CHECK(img.size() == QSize(1200, 700));
+}
+
+#ifdef TDPIPE_VIEW_EXE
+TEST_CASE("tdpipe-view --render: exit status and message name the problem", "[gui][headless][cli]") {
+  QTemporaryDir dir;
+  REQUIRE(dir.isValid());
+  const QString bad = write_text(dir, "garbage.json", "this is not json");
+  QProcess proc;
+  proc.start(QStringLiteral(TDPIPE_VIEW_EXE), {"--render", dir.filePath("x.png"), bad});
+  REQUIRE(proc.waitForFinished(60'000));
+  CHECK(proc.exitCode() == 2);
+  const QString err = QString::fromLocal8Bit(proc.readAllStandardError());
+  CHECK(err.contains("garbage.json"));
+  CHECK(QRegularExpression("(^|\\n)tdpipe-view: error: [^\\n]*garbage\\.json").match(err).hasMatch());
+  CHECK_FALSE(QFile::exists(dir.filePath("x.png")));
+
+  proc.start(QStringLiteral(TDPIPE_VIEW_EXE), {"--render", dir.filePath("x.png"), "--width", "12"});
+  REQUIRE(proc.waitForFinished(60'000));
+  CHECK(proc.exitCode() == 2);
+  CHECK(QString::fromLocal8Bit(proc.readAllStandardError()).contains("--width"));
+}
+
+#endif
+
+TEST_CASE("parse_view_args", "[cli]") {
+  auto ok = [](QStringList a) { return std::get<ViewArgs>(parse_view_args(a)); };
+  auto err = [](QStringList a) { return std::get<std::string>(parse_view_args(a)); };
+  const auto a = ok({"--render", "o.png", "--width", "800", "p.json", "m.json"});
+  CHECK(a.render_to == QString("o.png"));
+  CHECK(a.width == 800);
+  CHECK(a.height == 900);
+  CHECK(a.predicted == "p.json");
+  CHECK(a.measured == "m.json");
+  CHECK(ok({}).predicted.isEmpty());
+  CHECK(ok({"-h"}).help);
+  CHECK(err({"--render"}) == "--render needs an output file (e.g. --render out.png)");
+  CHECK(err({"--render", "o.png"}) == "--render needs at least one trace file");
+  CHECK(err({"a", "b", "c"}) == "at most two traces (PREDICTED MEASURED), got 3");
+  CHECK(err({"--bogus"}) == "unknown option '--bogus'");
+  CHECK(err({"--height", "x", "a"}).find("--height needs a whole number") == 0);
+}
+
+TEST_CASE("export PNG and SVG", "[gui][window]") {
+  QTemporaryDir dir;
+  ViewerWindow w;
+  w.set_traces(make_1f1b({}), std::nullopt);
+  w.resize(900, 600);
+  const QString png = dir.filePath("v.png");
+  REQUIRE(w.export_png(png));
+  CHECK(QImage(png).size() == QSize(900, 600));
+#ifdef TDPIPE_VIZ_TEST_SVG
+  w.resize(1600, 900);  // wide enough for full op labels
+  const QString svg = dir.filePath("v.svg");
+  REQUIRE(w.export_svg(svg));
+  QFile f(svg);
+  REQUIRE(f.open(QIODevice::ReadOnly));
+  const QByteArray text = f.readAll();
+  CHECK(text.contains("<svg"));
+  CHECK(text.contains(">BW7<"));  // timeline op labels are text in the SVG
+  CHECK(text.contains("r3 compute · pred"));
+#endif
+}
+
+TEST_CASE("reload follows a changed file", "[gui][window]") {
+  QTemporaryDir dir;
+  const QString path = dir.filePath("t.json");
+  OneFOneB c;
+  c.m = 4;
+  traces::write_trace(make_1f1b(c), path.toStdString());
+  ViewerWindow w;
+  REQUIRE(w.open(path, {}));
+  CHECK(w.watched_files() == QStringList{path});
+  const auto n4 = w.model().trace(Side::Predicted).events.size();
+  c.m = 6;
+  traces::write_trace(make_1f1b(c), path.toStdString());
+  REQUIRE(w.reload());
+  CHECK(w.model().trace(Side::Predicted).events.size() > n4);
+  // A reload that fails keeps the view and the watch.
+  write_text(dir, "t.json", "{");
+  CHECK_FALSE(w.reload());
+  CHECK(w.model().trace(Side::Predicted).events.size() > n4);
+  CHECK(w.watched_files() == QStringList{path});
+}
+
+TEST_CASE("any Chrome trace with X events opens: lanes per pid and tid", "[gui][window]") {
+  QTemporaryDir dir;
+  // A profiler-style trace: absolute µs timestamps, string pids, metadata and
+  // begin/end events that are not intervals.
+  const QString path = write_text(dir, "profile.json", R"({"traceEvents": [
+    {"ph": "M", "name": "process_name", "pid": "gpu0", "tid": 0, "args": {"name": "GPU 0"}},
+    {"ph": "X", "name": "gemm", "pid": "gpu0", "tid": 1, "ts": 1700000000000.0, "dur": 250.5},
+    {"ph": "X", "name": "gemm", "pid": "gpu0", "tid": 1, "ts": 1700000000400.0, "dur": 250},
+    {"ph": "X", "name": "nccl:all_reduce", "pid": "gpu0", "tid": 2, "ts": 1700000000300.0, "dur": 500},
+    {"ph": "B", "name": "step", "pid": "gpu0", "tid": 1, "ts": 1700000000000.0},
+    {"ph": "X", "name": "gemm", "pid": "gpu1", "tid": 1, "ts": 1700000000100.0, "dur": 250}
+  ]})");
+  ViewerWindow w;
+  REQUIRE(w.open(path, {}));
+  const auto& m = w.model();
+  REQUIRE(m.lanes().size() == 3);  // gpu0/tid1, gpu0/tid2, gpu1/tid1
+  CHECK(m.end_ns(Side::Predicted) == 800'000);
+  CHECK(m.lanes()[0].events.size() == 2);
+  CHECK(m.lanes()[0].compute);
+  // Foreign events are coloured by name: both gemms alike, the all-reduce apart.
+  const auto& t = m.trace(Side::Predicted);
+  CHECK(op_color(t.events[0]) == op_color(t.events[1]));
+  CHECK(op_color(t.events[0]) != op_color(t.events[2]));
+  QStringList legend;
+  for (const auto& e : w.legend()->entries()) legend << e.text;
+  CHECK(legend == QStringList{"other (by name)", "idle (bubble)"});
+  // The same file as "measured" pairs every op with itself.
+  REQUIRE(w.open(path, path));
+  CHECK(w.model().pairing().pairs == 4);
+}

@@ -1,0 +1,25 @@
+// op_name.hpp — reads an op's text form (the event names tdpipe traces carry) back
+// into its fields, so that foreign tools' traces of tdpipe runs keep their meaning.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include "tdpipe/ir/op.hpp"
+
+namespace tdpipe::traces {
+
+struct ParsedOpName {
+  ir::OpKind kind = ir::OpKind::F;
+  ir::OpKind payload = ir::OpKind::F;  ///< SEND/RECV: what they carry
+  int mb = -1, chunk = 0, slice = 0;
+  int peer = -1;  ///< SEND/RECV
+  int tag = 0;    ///< collectives: bucket
+};
+
+/// Parses "F3", "BW0.c1:s2", "OPT", "SEND(F0.c1>r1)", "RECV(B3<r2)", "ALLREDUCE(b0)",
+/// with an optional "@stream" suffix (the grammar of ir/plan_io.hpp). nullopt when
+/// the name is not an op's text form.
+std::optional<ParsedOpName> parse_op_name(std::string_view name);
+
+}  // namespace tdpipe::traces

@@ -1,0 +1,72 @@
+// profile.hpp — a calibration profile: op costs, transport latency and bandwidth
+// measured on one platform for one scenario. `tdpipe calibrate` writes it; the
+// simulator (`tdpipe sim --profile`) reads op durations from it instead of the
+// cost model.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "tdpipe/ir/op.hpp"
+
+namespace tdpipe::traces {
+
+/// Measured duration of one compute op of one model chunk.
+struct ProfileOp {
+  ir::OpKind kind = ir::OpKind::F;
+  int virtual_stage = -1;  ///< -1: any stage
+  int slice = -1;          ///< -1: any slice
+  int layers = 0;          ///< transformer layers in the measured chunk (0: unknown)
+  double seconds = 0;      ///< per op (median over samples)
+  int samples = 0;
+  friend bool operator==(const ProfileOp&, const ProfileOp&) = default;
+};
+
+/// A link as measured: time(bytes) = latency + bytes / bandwidth.
+struct TransportProfile {
+  double latency_seconds = 0;
+  double bytes_per_second = 0;  ///< 0: not measured
+  double seconds(double bytes) const {
+    return latency_seconds + (bytes_per_second > 0 ? bytes / bytes_per_second : 0);
+  }
+  friend bool operator==(const TransportProfile&, const TransportProfile&) = default;
+};
+
+/// Where the profile was measured.
+struct Platform {
+  std::string backend;      ///< cpu | cuda
+  std::string device;       ///< CPU or GPU model
+  std::string description;  ///< free text for humans
+  int cores = 0;            ///< cores the run could use
+  int ranks = 0;            ///< ranks (threads or processes) sharing those cores / devices
+  int threads_per_rank = 1; ///< compute threads each rank runs
+  friend bool operator==(const Platform&, const Platform&) = default;
+};
+
+struct Profile {
+  std::string scenario;  ///< name of the scenario the costs belong to
+  int stages = 0;        ///< p of the measured runs (0: unknown)
+  Platform platform;
+  std::vector<ProfileOp> ops;
+  TransportProfile p2p;         ///< pipeline SEND/RECV
+  TransportProfile collective;  ///< data-parallel all-reduce (bus bandwidth)
+  std::map<std::string, std::string> metadata;
+  friend bool operator==(const Profile&, const Profile&) = default;
+};
+
+/// Seconds of an op of `kind` at (virtual_stage, slice): the most specific entry
+/// (stage and slice, then stage, then slice, then neither); BW falls back to B + W.
+/// nullopt when the profile has no such op.
+std::optional<double> profile_seconds(const Profile& profile, ir::OpKind kind, int virtual_stage, int slice);
+
+nlohmann::json to_json(const Profile& profile);
+/// Throws tdpipe::Error naming `source` and the field on bad input.
+Profile profile_from_json(const nlohmann::json& j, const std::string& source);
+void write_profile(const Profile& profile, const std::string& path);
+Profile read_profile(const std::string& path);
+
+}  // namespace tdpipe::traces

@@ -1,0 +1,316 @@
+// chrome_json.cpp — Trace ⇄ Chrome Trace Event JSON.
+//
+// Writing: `M` events name each rank (pid) and stream (tid) and fix their order; one
+// `X` event per op with ts/dur in fractional µs (ns / 1000, so that nanoseconds survive
+// the round trip: reading takes llround(µs · 1000)); op fields in `args`; trace-level
+// fields under "otherData" with "generator": "tdpipe".
+// Reading: tdpipe traces map pid → rank and tid → stream directly; any other Chrome
+// trace (Kineto, Perfetto exports, …) has its distinct pids and tids renumbered densely
+// in sorted order, times shifted to start at 0, and each event's kind guessed from its
+// name when the name is a tdpipe op's text form.
+#include "tdpipe/traces/chrome_json.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tdpipe/ir/error.hpp"
+#include "tdpipe/traces/op_name.hpp"
+
+namespace tdpipe::traces {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kGenerator = "tdpipe";
+
+std::string stream_name(int stream) {
+  if (stream >= 0 && stream <= static_cast<int>(ir::Stream::DP))
+    return std::string(ir::to_string(static_cast<ir::Stream>(stream)));
+  return fmt::format("stream {}", stream);
+}
+
+json event_json(const TraceEvent& e) {
+  json args = {{"mb", e.mb}, {"chunk", e.chunk}, {"slice", e.slice}, {"peer", e.peer}, {"bytes", e.bytes}};
+  if (e.kind) args["kind"] = std::string(ir::to_string(*e.kind));
+  return json{{"ph", "X"},
+              {"name", e.name},
+              {"pid", e.rank},
+              {"tid", e.stream},
+              {"ts", double(e.start_ns) / 1000.0},
+              {"dur", double(e.dur_ns) / 1000.0},
+              {"args", std::move(args)}};
+}
+
+// A pid or tid: integers keep their numeric order, strings come after them.
+struct Id {
+  bool is_string = false;
+  std::int64_t number = 0;
+  std::string text;
+  friend bool operator<(const Id& a, const Id& b) {
+    if (a.is_string != b.is_string) return !a.is_string;
+    return a.is_string ? a.text < b.text : a.number < b.number;
+  }
+};
+
+class Reader {
+ public:
+  Reader(const json& root, std::string source) : root_(root), source_(std::move(source)) {}
+
+  Trace read() {
+    const json* events = nullptr;
+    const json* other = nullptr;
+    if (root_.is_array()) {
+      events = &root_;  // the JSON Array Format
+    } else if (root_.is_object()) {
+      auto it = root_.find("traceEvents");
+      if (it == root_.end())
+        fail("top level: expected a \"traceEvents\" array (Chrome Trace Event format)");
+      if (!it->is_array()) fail("traceEvents: expected an array");
+      events = &*it;
+      auto o = root_.find("otherData");
+      if (o != root_.end()) {
+        if (!o->is_object()) fail("otherData: expected an object");
+        other = &*o;
+      }
+    } else {
+      fail("top level: expected an object with \"traceEvents\" or an array of events");
+    }
+
+    Trace trace;
+    const bool native = other && other->contains("generator") && (*other)["generator"] == kGenerator;
+    if (other) read_other(*other, trace);
+    if (!native) trace.origin = trace.origin.empty() ? "chrome" : trace.origin;
+
+    // Foreign traces: renumber pids and tids densely in sorted order.
+    std::map<Id, int> pids, tids;
+    if (!native) {
+      for (std::size_t i = 0; i < events->size(); ++i) {
+        const json& ev = (*events)[i];
+        if (!ev.is_object() || ev.value("ph", "") != "X") continue;
+        pids.emplace(id(ev, "pid", i), 0);
+        tids.emplace(id(ev, "tid", i), 0);
+      }
+      int n = 0;
+      for (auto& [k, v] : pids) v = n++;
+      n = 0;
+      for (auto& [k, v] : tids) v = n++;
+    }
+
+    std::vector<double> starts_us;
+    for (std::size_t i = 0; i < events->size(); ++i) {
+      const json& ev = (*events)[i];
+      if (!ev.is_object()) fail_event(i, "", "expected an object");
+      auto ph = ev.find("ph");
+      if (ph == ev.end()) fail_event(i, "ph", "missing (every event has a phase)");
+      if (!ph->is_string()) fail_event(i, "ph", "expected a string");
+      if (*ph != "X") continue;  // metadata, counters, flows, instants: not intervals
+      TraceEvent e;
+      auto name = ev.find("name");
+      if (name == ev.end() || !name->is_string()) fail_event(i, "name", "expected a string");
+      e.name = name->get<std::string>();
+      if (native) {
+        e.rank = int_field(ev, "pid", i);
+        e.stream = int_field(ev, "tid", i);
+        if (e.rank < 0) fail_event(i, "pid", "expected a rank ≥ 0");
+      } else {
+        e.rank = pids.at(id(ev, "pid", i));
+        e.stream = tids.at(id(ev, "tid", i));
+      }
+      // Foreign traces may carry epoch µs (~1.7e15): shift in µs, where doubles are
+      // still exact, before scaling to ns.
+      starts_us.push_back(micros_field(ev, "ts", i));
+      e.dur_ns = std::llround(micros_field(ev, "dur", i) * 1000.0);
+      if (e.dur_ns < 0) fail_event(i, "dur", "expected a duration ≥ 0");
+
+      // Op fields: from args where present, else from the name when it is an op's text.
+      const std::optional<ParsedOpName> parsed = parse_op_name(e.name);
+      if (parsed) {
+        e.kind = parsed->kind;
+        e.mb = parsed->mb;
+        e.chunk = parsed->chunk;
+        e.slice = parsed->slice;
+        e.peer = parsed->peer;
+      }
+      auto args = ev.find("args");
+      if (args != ev.end()) {
+        if (!args->is_object()) fail_event(i, "args", "expected an object");
+        if (auto k = args->find("kind"); k != args->end()) {
+          if (!k->is_string()) fail_event(i, "args.kind", "expected a string");
+          const auto kind = ir::op_kind_from_string(k->get<std::string>());
+          if (!kind)
+            fail_event(i, "args.kind", fmt::format("unknown op kind \"{}\"", k->get<std::string>()));
+          e.kind = kind;
+        }
+        read_int_arg(*args, "mb", i, e.mb);
+        read_int_arg(*args, "chunk", i, e.chunk);
+        read_int_arg(*args, "slice", i, e.slice);
+        read_int_arg(*args, "peer", i, e.peer);
+        if (auto b = args->find("bytes"); b != args->end()) {
+          if (!b->is_number_integer()) fail_event(i, "args.bytes", "expected an integer");
+          e.bytes = b->get<std::int64_t>();
+        }
+      }
+      trace.events.push_back(std::move(e));
+    }
+
+    double origin_us = 0;
+    if (!native && !starts_us.empty()) origin_us = *std::min_element(starts_us.begin(), starts_us.end());
+    for (std::size_t k = 0; k < trace.events.size(); ++k)
+      trace.events[k].start_ns = std::llround((starts_us[k] - origin_us) * 1000.0);
+    int max_rank = -1;
+    for (const auto& e : trace.events) max_rank = std::max(max_rank, e.rank);
+    if (!native || trace.ranks == 0) trace.ranks = std::max(trace.ranks, max_rank + 1);
+    if (trace.ranks <= max_rank)
+      fail(fmt::format("otherData.ranks: {} but an event is on rank {}", trace.ranks, max_rank));
+    return trace;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(fmt::format("{}: {}", source_, what));
+  }
+  [[noreturn]] void fail_event(std::size_t i, const std::string& field, const std::string& what) const {
+    if (field.empty()) fail(fmt::format("traceEvents[{}]: {}", i, what));
+    fail(fmt::format("traceEvents[{}]: field \"{}\": {}", i, field, what));
+  }
+
+  void read_other(const json& o, Trace& trace) const {
+    auto str = [&](const char* key, std::string& out) {
+      if (auto it = o.find(key); it != o.end()) {
+        if (!it->is_string()) fail(fmt::format("otherData.{}: expected a string", key));
+        out = it->get<std::string>();
+      }
+    };
+    str("origin", trace.origin);
+    str("schedule", trace.schedule);
+    str("scenario", trace.scenario);
+    if (auto it = o.find("ranks"); it != o.end()) {
+      if (!it->is_number_integer() || it->get<std::int64_t>() < 0)
+        fail("otherData.ranks: expected an integer ≥ 0");
+      trace.ranks = it->get<int>();
+    }
+    if (auto it = o.find("metadata"); it != o.end()) {
+      if (!it->is_object()) fail("otherData.metadata: expected an object of strings");
+      for (const auto& [k, v] : it->items()) {
+        if (!v.is_string()) fail(fmt::format("otherData.metadata.{}: expected a string", k));
+        trace.metadata[k] = v.get<std::string>();
+      }
+    }
+  }
+
+  Id id(const json& ev, const char* field, std::size_t i) const {
+    auto it = ev.find(field);
+    if (it == ev.end()) fail_event(i, field, "missing");
+    Id out;
+    if (it->is_number_integer()) {
+      out.number = it->get<std::int64_t>();
+    } else if (it->is_number()) {
+      out.number = std::llround(it->get<double>());
+    } else if (it->is_string()) {
+      out.is_string = true;
+      out.text = it->get<std::string>();
+    } else {
+      fail_event(i, field, "expected a number or a string");
+    }
+    return out;
+  }
+
+  int int_field(const json& ev, const char* field, std::size_t i) const {
+    auto it = ev.find(field);
+    if (it == ev.end()) fail_event(i, field, "missing");
+    if (!it->is_number_integer()) fail_event(i, field, "expected an integer");
+    return it->get<int>();
+  }
+
+  double micros_field(const json& ev, const char* field, std::size_t i) const {
+    auto it = ev.find(field);
+    if (it == ev.end()) fail_event(i, field, "missing (X events need ts and dur in µs)");
+    if (!it->is_number()) fail_event(i, field, "expected a number of µs");
+    const double us = it->get<double>();
+    if (!std::isfinite(us) || std::abs(us) > 9e15) fail_event(i, field, "out of range (|µs| ≤ 9e15)");
+    return us;
+  }
+
+  void read_int_arg(const json& args, const char* key, std::size_t i, int& out) const {
+    auto it = args.find(key);
+    if (it == args.end()) return;
+    if (!it->is_number_integer()) fail_event(i, fmt::format("args.{}", key), "expected an integer");
+    out = it->get<int>();
+  }
+
+  const json& root_;
+  std::string source_;
+};
+
+}  // namespace
+
+nlohmann::json to_chrome_json(const Trace& trace) {
+  json events = json::array();
+  std::map<int, std::vector<int>> streams;  // rank → streams used
+  for (int r = 0; r < trace.ranks; ++r) streams[r];
+  for (const auto& e : trace.events) {
+    auto& s = streams[e.rank];
+    if (std::find(s.begin(), s.end(), e.stream) == s.end()) s.push_back(e.stream);
+  }
+  for (auto& [rank, ss] : streams) {
+    std::sort(ss.begin(), ss.end());
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"tid", 0},
+                      {"args", {{"name", fmt::format("rank {}", rank)}}}});
+    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"tid", 0},
+                      {"args", {{"sort_index", rank}}}});
+    for (int s : ss) {
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", s},
+                        {"args", {{"name", stream_name(s)}}}});
+      events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", rank}, {"tid", s},
+                        {"args", {{"sort_index", s}}}});
+    }
+  }
+  for (const auto& e : trace.events) events.push_back(event_json(e));
+  json other = {{"generator", kGenerator},
+                {"origin", trace.origin},
+                {"schedule", trace.schedule},
+                {"scenario", trace.scenario},
+                {"ranks", trace.ranks},
+                {"metadata", trace.metadata}};
+  return json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ns"}, {"otherData", std::move(other)}};
+}
+
+Trace trace_from_chrome_json(const nlohmann::json& j, const std::string& source) {
+  return Reader(j, source).read();
+}
+
+void write_trace(const Trace& trace, const std::string& path) {
+  const json j = to_chrome_json(trace);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw Error(fmt::format("cannot write trace '{}': {}", path, std::strerror(errno)));
+  // One event per line: large traces stay diffable and greppable.
+  out << "{\"traceEvents\": [\n";
+  const json& events = j["traceEvents"];
+  for (std::size_t i = 0; i < events.size(); ++i) out << events[i].dump() << (i + 1 < events.size() ? ",\n" : "\n");
+  out << "],\n\"displayTimeUnit\": \"ns\",\n\"otherData\": " << j["otherData"].dump() << "}\n";
+  out.flush();
+  if (!out) throw Error(fmt::format("cannot write trace '{}': write failed", path));
+}
+
+Trace read_trace(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("cannot read trace '{}': {}", path, std::strerror(errno)));
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw Error(fmt::format("{}: not valid JSON: {}", path, e.what()));
+  }
+  return trace_from_chrome_json(j, path);
+}
+
+}  // namespace tdpipe::traces

@@ -1,0 +1,193 @@
+// profile.cpp — calibration profile lookup and JSON I/O.
+#include "tdpipe/traces/profile.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tdpipe/ir/error.hpp"
+
+namespace tdpipe::traces {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kFormatVersion = 1;
+
+// Typed field access with errors that name the source and the path of the field.
+class Fields {
+ public:
+  Fields(const json& j, std::string source, std::string path)
+      : j_(j), source_(std::move(source)), path_(std::move(path)) {
+    if (!j_.is_object()) fail("", "expected an object");
+  }
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    const std::string where = path_.empty() ? key : (key.empty() ? path_ : path_ + "." + key);
+    throw Error(fmt::format("{}: {}: {}", source_, where.empty() ? "top level" : where, what));
+  }
+  const json* find(const char* key) const {
+    auto it = j_.find(key);
+    return it == j_.end() ? nullptr : &*it;
+  }
+  void str(const char* key, std::string& out) const {
+    if (const json* v = find(key)) {
+      if (!v->is_string()) fail(key, "expected a string");
+      out = v->get<std::string>();
+    }
+  }
+  void integer(const char* key, int& out) const {
+    if (const json* v = find(key)) {
+      if (!v->is_number_integer()) fail(key, "expected an integer");
+      out = v->get<int>();
+    }
+  }
+  void number(const char* key, double& out, bool non_negative = true) const {
+    if (const json* v = find(key)) {
+      if (!v->is_number()) fail(key, "expected a number");
+      out = v->get<double>();
+      if (non_negative && !(out >= 0)) fail(key, "expected a number ≥ 0");
+    }
+  }
+  Fields sub(const char* key) const { return Fields(*find(key), source_, join(key)); }
+  std::string join(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  const std::string& source() const { return source_; }
+
+ private:
+  const json& j_;
+  std::string source_, path_;
+};
+
+json transport_json(const TransportProfile& t) {
+  return {{"latency", t.latency_seconds}, {"bandwidth", t.bytes_per_second}};
+}
+
+TransportProfile read_transport(const Fields& f) {
+  TransportProfile t;
+  f.number("latency", t.latency_seconds);
+  f.number("bandwidth", t.bytes_per_second);
+  return t;
+}
+
+}  // namespace
+
+std::optional<double> profile_seconds(const Profile& profile, ir::OpKind kind, int virtual_stage, int slice) {
+  // Rank of specificity: 3 stage+slice, 2 stage, 1 slice, 0 neither.
+  int best = -1;
+  double seconds = 0;
+  for (const auto& op : profile.ops) {
+    if (op.kind != kind) continue;
+    if (op.virtual_stage != -1 && op.virtual_stage != virtual_stage) continue;
+    if (op.slice != -1 && op.slice != slice) continue;
+    const int rank = (op.virtual_stage != -1 ? 2 : 0) + (op.slice != -1 ? 1 : 0);
+    if (rank > best) {
+      best = rank;
+      seconds = op.seconds;
+    }
+  }
+  if (best >= 0) return seconds;
+  if (kind == ir::OpKind::BW) {
+    const auto b = profile_seconds(profile, ir::OpKind::B, virtual_stage, slice);
+    const auto w = profile_seconds(profile, ir::OpKind::W, virtual_stage, slice);
+    if (b && w) return *b + *w;
+  }
+  return std::nullopt;
+}
+
+nlohmann::json to_json(const Profile& p) {
+  json ops = json::array();
+  for (const auto& op : p.ops)
+    ops.push_back({{"kind", std::string(ir::to_string(op.kind))},
+                   {"virtual_stage", op.virtual_stage},
+                   {"slice", op.slice},
+                   {"layers", op.layers},
+                   {"seconds", op.seconds},
+                   {"samples", op.samples}});
+  return {{"tdpipe_profile", kFormatVersion},
+          {"scenario", p.scenario},
+          {"stages", p.stages},
+          {"platform",
+           {{"backend", p.platform.backend},
+            {"device", p.platform.device},
+            {"description", p.platform.description},
+            {"cores", p.platform.cores},
+            {"ranks", p.platform.ranks},
+            {"threads_per_rank", p.platform.threads_per_rank}}},
+          {"ops", std::move(ops)},
+          {"p2p", transport_json(p.p2p)},
+          {"collective", transport_json(p.collective)},
+          {"metadata", p.metadata}};
+}
+
+Profile profile_from_json(const nlohmann::json& j, const std::string& source) {
+  const Fields top(j, source, "");
+  const json* version = top.find("tdpipe_profile");
+  if (!version) top.fail("tdpipe_profile", "missing (not a tdpipe calibration profile)");
+  if (!version->is_number_integer() || version->get<int>() != kFormatVersion)
+    top.fail("tdpipe_profile", fmt::format("expected format version {}", kFormatVersion));
+  Profile p;
+  top.str("scenario", p.scenario);
+  top.integer("stages", p.stages);
+  if (top.find("platform")) {
+    const Fields f = top.sub("platform");
+    f.str("backend", p.platform.backend);
+    f.str("device", p.platform.device);
+    f.str("description", p.platform.description);
+    f.integer("cores", p.platform.cores);
+    f.integer("ranks", p.platform.ranks);
+    f.integer("threads_per_rank", p.platform.threads_per_rank);
+  }
+  if (const json* ops = top.find("ops")) {
+    if (!ops->is_array()) top.fail("ops", "expected an array");
+    for (std::size_t i = 0; i < ops->size(); ++i) {
+      const Fields f((*ops)[i], source, fmt::format("ops[{}]", i));
+      ProfileOp op;
+      std::string kind;
+      f.str("kind", kind);
+      const auto k = ir::op_kind_from_string(kind);
+      if (!k || !ir::is_compute(*k)) f.fail("kind", fmt::format("expected F, B, W, BW or OPT, got \"{}\"", kind));
+      op.kind = *k;
+      f.integer("virtual_stage", op.virtual_stage);
+      f.integer("slice", op.slice);
+      f.integer("layers", op.layers);
+      if (!f.find("seconds")) f.fail("seconds", "missing");
+      f.number("seconds", op.seconds);
+      f.integer("samples", op.samples);
+      p.ops.push_back(op);
+    }
+  }
+  if (top.find("p2p")) p.p2p = read_transport(top.sub("p2p"));
+  if (top.find("collective")) p.collective = read_transport(top.sub("collective"));
+  if (const json* m = top.find("metadata")) {
+    if (!m->is_object()) top.fail("metadata", "expected an object of strings");
+    for (const auto& [k, v] : m->items()) {
+      if (!v.is_string()) top.fail("metadata." + k, "expected a string");
+      p.metadata[k] = v.get<std::string>();
+    }
+  }
+  return p;
+}
+
+void write_profile(const Profile& profile, const std::string& path) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw Error(fmt::format("cannot write profile '{}': {}", path, std::strerror(errno)));
+  out << to_json(profile).dump(2) << '\n';
+  out.flush();
+  if (!out) throw Error(fmt::format("cannot write profile '{}': write failed", path));
+}
+
+Profile read_profile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("cannot read profile '{}': {}", path, std::strerror(errno)));
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw Error(fmt::format("{}: not valid JSON: {}", path, e.what()));
+  }
+  return profile_from_json(j, path);
+}
+
+}  // namespace tdpipe::traces

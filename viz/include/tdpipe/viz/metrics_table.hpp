@@ -1,0 +1,18 @@
+// metrics_table.hpp — a read-only table of comparison_rows().
+#pragma once
+
+#include <QTableWidget>
+
+#include "tdpipe/viz/comparison.hpp"
+
+namespace tdpipe::viz {
+
+class MetricsTable : public QTableWidget {
+  Q_OBJECT
+
+ public:
+  explicit MetricsTable(QWidget* parent = nullptr);
+  void set_rows(const std::vector<ComparisonRow>& rows);
+};
+
+}  // namespace tdpipe::viz

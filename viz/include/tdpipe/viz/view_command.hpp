@@ -1,0 +1,36 @@
+// view_command.hpp — the tdpipe-view command line: interactive viewer, or headless
+// `--render OUT.png [--width W --height H] PREDICTED [MEASURED]`.
+#pragma once
+
+#include <QString>
+#include <QStringList>
+#include <optional>
+#include <string>
+#include <variant>
+
+namespace tdpipe::viz {
+
+struct ViewArgs {
+  QString predicted, measured;  ///< empty: not given
+  std::optional<QString> render_to;
+  int width = 1600, height = 900;
+  bool help = false;
+};
+
+/// Parses arguments after the program name (Qt's own options already removed).
+/// Returns the error message on a bad command line.
+std::variant<ViewArgs, std::string> parse_view_args(const QStringList& args);
+
+/// Usage text.
+std::string view_usage();
+
+/// Renders the window for these traces to args.render_to without a display. Returns
+/// the process exit code: 0, or 2 with a message on stderr naming the problem. Needs
+/// a QApplication.
+int render_headless(const ViewArgs& args);
+
+/// The whole program: picks the offscreen platform for --render, creates the
+/// QApplication, then renders or runs the window.
+int run_view(int argc, char** argv);
+
+}  // namespace tdpipe::viz

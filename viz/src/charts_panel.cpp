@@ -1,0 +1,265 @@
+// charts_panel.cpp — building the three Qt Charts panels from metrics and pairing.
+#include "tdpipe/viz/charts_panel.hpp"
+
+#include <QVBoxLayout>
+#include <QtCharts/QBarCategoryAxis>
+#include <QtCharts/QBarSeries>
+#include <QtCharts/QBarSet>
+#include <QtCharts/QChart>
+#include <QtCharts/QChartView>
+#include <QtCharts/QLineSeries>
+#include <QtCharts/QScatterSeries>
+#include <QtCharts/QStackedBarSeries>
+#include <QtCharts/QValueAxis>
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "tdpipe/ir/op.hpp"
+#include "tdpipe/viz/op_style.hpp"
+
+namespace tdpipe::viz {
+namespace {
+
+// At most this many scatter points: beyond it the plot is a blot and slow to draw.
+constexpr int kMaxScatterPoints = 4000;
+
+QChart* new_chart(const QString& title) {
+  auto* chart = new QChart;
+  QFont tf = chart->titleFont();
+  tf.setPixelSize(12);
+  tf.setBold(true);
+  chart->setTitleFont(tf);
+  chart->setTitle(title);
+  chart->setAnimationOptions(QChart::NoAnimation);
+  chart->setMargins(QMargins(4, 2, 4, 2));
+  chart->setBackgroundRoundness(0);
+  QFont lf = chart->legend()->font();
+  lf.setPixelSize(10);
+  chart->legend()->setFont(lf);
+  chart->legend()->setAlignment(Qt::AlignTop);
+  return chart;
+}
+
+void style_axis(QAbstractAxis* axis, const QString& title = {}) {
+  QFont f = axis->labelsFont();
+  f.setPixelSize(10);
+  axis->setLabelsFont(f);
+  if (!title.isEmpty()) {
+    f.setPixelSize(10);
+    axis->setTitleFont(f);
+    axis->setTitleText(title);
+  }
+}
+
+void replace_chart(QChartView* view, QChart* chart) {
+  QChart* old = view->chart();
+  view->setChart(chart);
+  delete old;  // setChart hands the old chart back to us
+}
+
+// A time unit that makes the largest value read between 1 and 1000.
+std::pair<double, QString> unit_for(double max_ns) {
+  if (max_ns >= 1e9) return {1e9, QStringLiteral("s")};
+  if (max_ns >= 1e6) return {1e6, QStringLiteral("ms")};
+  if (max_ns >= 1e3) return {1e3, QStringLiteral("µs")};
+  return {1, QStringLiteral("ns")};
+}
+
+// Sets a value axis to [0, a round number ≥ max] with ticks at a 1-2-5 step.
+void nice_range(QValueAxis* axis, double max) {
+  if (max <= 0) max = 1;
+  const double raw = max / 5;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
+    if (m * mag >= raw) {
+      step = m * mag;
+      break;
+    }
+  const double top = std::ceil(max / step - 1e-9) * step;
+  axis->setRange(0, top);
+  axis->setTickCount(static_cast<int>(std::lround(top / step)) + 1);
+}
+
+QChartView* make_view(QWidget* parent) {
+  auto* v = new QChartView(parent);
+  v->setRenderHint(QPainter::Antialiasing, true);
+  v->setMinimumHeight(110);
+  v->setFrameShape(QFrame::NoFrame);
+  return v;
+}
+
+}  // namespace
+
+QColor side_color(Side side) {
+  return side == Side::Predicted ? QColor(0x5b, 0x8f, 0xd4) : QColor(0x4a, 0x4a, 0x4a);
+}
+
+ChartsPanel::ChartsPanel(QWidget* parent) : QWidget(parent) {
+  auto* layout = new QVBoxLayout(this);
+  layout->setContentsMargins(0, 0, 0, 0);
+  layout->setSpacing(2);
+  bubble_ = make_view(this);
+  breakdown_ = make_view(this);
+  scatter_ = make_view(this);
+  layout->addWidget(bubble_, 1);
+  layout->addWidget(breakdown_, 1);
+  layout->addWidget(scatter_, 1);
+}
+
+void ChartsPanel::set_data(const TimelineModel& model, const std::optional<traces::Metrics>& pred,
+                           const std::optional<traces::Metrics>& meas) {
+  const int nranks = static_cast<int>(std::max(pred ? pred->ranks.size() : 0, meas ? meas->ranks.size() : 0));
+  QStringList rank_names;
+  for (int r = 0; r < nranks; ++r) rank_names << QStringLiteral("r%1").arg(r);
+
+  // 1. Bubble (idle) fraction per rank, predicted vs measured.
+  {
+    QChart* chart = new_chart(QStringLiteral("Bubble fraction per rank"));
+    auto* series = new QBarSeries;
+    for (Side side : {Side::Predicted, Side::Measured}) {
+      const auto& m = side == Side::Predicted ? pred : meas;
+      if (!m) continue;
+      auto* set = new QBarSet(side == Side::Predicted ? QStringLiteral("predicted")
+                                                      : QStringLiteral("measured"));
+      set->setColor(side_color(side));
+      set->setBorderColor(side_color(side));
+      for (int r = 0; r < nranks; ++r)
+        *set << (r < static_cast<int>(m->ranks.size()) ? 100.0 * m->ranks[static_cast<std::size_t>(r)].idle_fraction : 0.0);
+      series->append(set);
+    }
+    chart->addSeries(series);
+    auto* x = new QBarCategoryAxis;
+    x->append(rank_names);
+    style_axis(x);
+    auto* y = new QValueAxis;
+    double top = 0;
+    for (const auto& m : {pred, meas})
+      if (m)
+        for (const auto& r : m->ranks) top = std::max(top, 100.0 * r.idle_fraction);
+    nice_range(y, std::min(100.0, top * 1.1));
+    y->setLabelFormat(QStringLiteral("%.0f%%"));
+    style_axis(y);
+    chart->addAxis(x, Qt::AlignBottom);
+    chart->addAxis(y, Qt::AlignLeft);
+    series->attachAxis(x);
+    series->attachAxis(y);
+    replace_chart(bubble_, chart);
+  }
+
+  // 2. Compute / exposed comm / idle per rank (and side), stacked.
+  {
+    QChart* chart = new_chart(QStringLiteral("Compute / exposed comm / idle per rank"));
+    auto* series = new QStackedBarSeries;
+    const std::int64_t iter = std::max(pred ? pred->iteration_ns : 0, meas ? meas->iteration_ns : 0);
+    const auto [scale, unit] = unit_for(static_cast<double>(iter));
+    auto* compute = new QBarSet(QStringLiteral("compute"));
+    auto* comm = new QBarSet(QStringLiteral("exposed comm"));
+    auto* idle = new QBarSet(QStringLiteral("idle"));
+    compute->setColor(QColor(0x4c, 0x78, 0xa8));
+    comm->setColor(QColor(0xf2, 0x8e, 0x2b));
+    idle->setColor(kBubbleColor);
+    for (auto* s : {compute, comm, idle}) s->setBorderColor(s->color().darker(130));
+    QStringList cats;
+    for (int r = 0; r < nranks; ++r) {
+      for (Side side : {Side::Predicted, Side::Measured}) {
+        const auto& m = side == Side::Predicted ? pred : meas;
+        if (!m) continue;
+        cats << QStringLiteral("r%1 %2").arg(r).arg(side == Side::Predicted ? "P" : "M");
+        const traces::RankMetrics rm = r < static_cast<int>(m->ranks.size()) ? m->ranks[static_cast<std::size_t>(r)]
+                                                                          : traces::RankMetrics{};
+        *compute << static_cast<double>(rm.compute_ns) / scale;
+        *comm << static_cast<double>(rm.exposed_comm_ns) / scale;
+        *idle << static_cast<double>(rm.idle_ns) / scale;
+      }
+    }
+    series->append(compute);
+    series->append(comm);
+    series->append(idle);
+    series->setBarWidth(0.8);
+    chart->addSeries(series);
+    auto* x = new QBarCategoryAxis;
+    x->append(cats);
+    style_axis(x);
+    auto* y = new QValueAxis;
+    nice_range(y, static_cast<double>(iter) / scale);
+    y->setLabelFormat(QStringLiteral("%.3g"));
+    style_axis(y, unit);
+    chart->addAxis(x, Qt::AlignBottom);
+    chart->addAxis(y, Qt::AlignLeft);
+    series->attachAxis(x);
+    series->attachAxis(y);
+    replace_chart(breakdown_, chart);
+  }
+
+  // 3. Predicted vs measured op duration, one series per op kind, with y = x.
+  {
+    QChart* chart = new_chart(QStringLiteral("Op duration: measured vs predicted"));
+    scatter_points_ = 0;
+    const bool both = model.has(Side::Predicted) && model.has(Side::Measured);
+    // With one trace there is nothing to compare: the panel steps aside.
+    scatter_->setVisible(both);
+    if (both) {
+      const auto& p = model.trace(Side::Predicted).events;
+      const auto& m = model.trace(Side::Measured).events;
+      const auto& map = model.pairing().pred_to_meas;
+      const int pairs = model.pairing().pairs;
+      const int stride = std::max(1, (pairs + kMaxScatterPoints - 1) / kMaxScatterPoints);
+      double max_ns = 1;
+      for (std::size_t i = 0; i < p.size(); ++i)
+        if (map[i] >= 0)
+          max_ns = std::max({max_ns, double(p[i].dur_ns), double(m[static_cast<std::size_t>(map[i])].dur_ns)});
+      const auto [scale, unit] = unit_for(max_ns);
+      std::map<QString, QScatterSeries*> by_kind;
+      int k = 0;
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        if (map[i] < 0 || (k++ % stride) != 0) continue;
+        const auto& e = p[i];
+        const QString name = e.kind ? QString::fromUtf8(ir::to_string(*e.kind).data(),
+                                                        static_cast<qsizetype>(ir::to_string(*e.kind).size()))
+                                    : QStringLiteral("other");
+        auto*& s = by_kind[name];
+        if (!s) {
+          s = new QScatterSeries;
+          s->setName(name);
+          s->setMarkerSize(6);
+          s->setColor(e.kind ? op_color(e) : QColor(0x90, 0xa0, 0xb0));
+          s->setBorderColor(s->color().darker(140));
+        }
+        s->append(double(e.dur_ns) / scale, double(m[static_cast<std::size_t>(map[i])].dur_ns) / scale);
+        ++scatter_points_;
+      }
+      auto* x = new QValueAxis;
+      auto* y = new QValueAxis;
+      nice_range(x, max_ns / scale * 1.02);
+      nice_range(y, max_ns / scale * 1.02);
+      const double top = x->max();
+      x->setLabelFormat(QStringLiteral("%.3g"));
+      y->setLabelFormat(QStringLiteral("%.3g"));
+      style_axis(x, QStringLiteral("predicted (%1)").arg(unit));
+      style_axis(y, QStringLiteral("measured (%1)").arg(unit));
+      chart->addAxis(x, Qt::AlignBottom);
+      chart->addAxis(y, Qt::AlignLeft);
+      auto* diag = new QLineSeries;
+      diag->setName(QStringLiteral("y = x"));
+      diag->append(0, 0);
+      diag->append(top, top);
+      QPen pen(QColor(0x80, 0x80, 0x80));
+      pen.setStyle(Qt::DashLine);
+      pen.setWidthF(1.2);
+      diag->setPen(pen);
+      chart->addSeries(diag);
+      diag->attachAxis(x);
+      diag->attachAxis(y);
+      for (auto& [name, s] : by_kind) {
+        chart->addSeries(s);
+        s->attachAxis(x);
+        s->attachAxis(y);
+      }
+    }
+    replace_chart(scatter_, chart);
+  }
+}
+
+}  // namespace tdpipe::viz

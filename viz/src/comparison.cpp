@@ -1,0 +1,91 @@
+// comparison.cpp — metrics-table rows: the numbers of `tdpipe compare`
+// (traces::compare) when both traces are open, plus per-side metrics.
+#include "tdpipe/viz/comparison.hpp"
+
+#include <exception>
+
+#include "tdpipe/traces/compare.hpp"
+
+namespace tdpipe::viz {
+namespace {
+
+double ms(std::int64_t ns) { return static_cast<double>(ns) / 1e6; }
+
+template <class F>
+double mean_over_ranks(const traces::Metrics& m, F f) {
+  if (m.ranks.empty()) return 0;
+  double sum = 0;
+  for (const auto& r : m.ranks) sum += f(r);
+  return sum / static_cast<double>(m.ranks.size());
+}
+
+}  // namespace
+
+std::vector<ComparisonRow> comparison_rows(const TimelineModel& model,
+                                           const std::optional<traces::Metrics>& pred,
+                                           const std::optional<traces::Metrics>& meas) {
+  std::vector<ComparisonRow> rows;
+  std::optional<traces::Comparison> cmp;
+  std::string cmp_error;
+  if (model.has(Side::Predicted) && model.has(Side::Measured)) {
+    try {
+      cmp = traces::compare(model.trace(Side::Predicted), model.trace(Side::Measured));
+    } catch (const std::exception& e) {
+      cmp_error = e.what();  // e.g. traces of different runs: show both, compare nothing
+    }
+  }
+  auto side_row = [&](std::string name, std::string unit, auto value) {
+    ComparisonRow row{std::move(name), std::move(unit), {}, {}, {}, "%"};
+    if (pred) row.predicted = value(*pred);
+    if (meas) row.measured = value(*meas);
+    if (row.predicted && row.measured && *row.measured != 0)
+      row.error = 100.0 * (*row.predicted - *row.measured) / *row.measured;
+    return row;
+  };
+
+  auto iter = side_row("iteration time", "ms", [](const traces::Metrics& m) { return ms(m.iteration_ns); });
+  if (cmp) iter.error = 100.0 * cmp->iteration_error;
+  rows.push_back(iter);
+  auto bubble = side_row("bubble", "%", [](const traces::Metrics& m) { return 100.0 * m.bubble_fraction; });
+  bubble.error_unit = "pp";
+  bubble.error = cmp ? std::optional<double>(cmp->bubble_error_pp) : std::nullopt;
+  rows.push_back(bubble);
+  rows.push_back(side_row("compute / rank", "ms", [](const traces::Metrics& m) {
+    return mean_over_ranks(m, [](const traces::RankMetrics& r) { return ms(r.compute_ns); });
+  }));
+  rows.push_back(side_row("exposed comm / rank", "ms", [](const traces::Metrics& m) {
+    return mean_over_ranks(m, [](const traces::RankMetrics& r) { return ms(r.exposed_comm_ns); });
+  }));
+  rows.push_back(side_row("hidden comm / rank", "ms", [](const traces::Metrics& m) {
+    return mean_over_ranks(m, [](const traces::RankMetrics& r) { return ms(r.hidden_comm_ns); });
+  }));
+
+  if (cmp) {
+    rows.push_back({"ops (matched)", "", double(cmp->matched + cmp->only_predicted),
+                    double(cmp->matched + cmp->only_measured), double(cmp->matched), ""});
+    auto dist = [&](const std::string& what, const traces::ErrorDistribution& d) {
+      if (d.count == 0) return;
+      rows.push_back({what + " dur |error| median", "", {}, {}, 100.0 * d.median, "%"});
+      rows.push_back({what + " dur |error| p90", "", {}, {}, 100.0 * d.p90, "%"});
+      rows.push_back({what + " dur |error| max", "", {}, {}, 100.0 * d.max, "%"});
+    };
+    dist("compute op", cmp->compute_duration_error);
+    dist("all op", cmp->all_duration_error);
+    for (const auto& rc : cmp->ranks)
+      rows.push_back({"rank " + std::to_string(rc.rank) + " idle", "%", 100.0 * rc.predicted_idle,
+                      100.0 * rc.measured_idle, rc.bubble_error_pp, "pp"});
+    for (const auto& w : cmp->warnings) rows.push_back({"warning: " + w, "", {}, {}, {}, ""});
+  } else {
+    if (!cmp_error.empty()) rows.push_back({"not comparable: " + cmp_error, "", {}, {}, {}, ""});
+    const std::size_t n = std::max(pred ? pred->ranks.size() : 0, meas ? meas->ranks.size() : 0);
+    for (std::size_t r = 0; r < n; ++r) {
+      ComparisonRow row{"rank " + std::to_string(r) + " idle", "%", {}, {}, {}, "pp"};
+      if (pred && r < pred->ranks.size()) row.predicted = 100.0 * pred->ranks[r].idle_fraction;
+      if (meas && r < meas->ranks.size()) row.measured = 100.0 * meas->ranks[r].idle_fraction;
+      rows.push_back(std::move(row));
+    }
+  }
+  return rows;
+}
+
+}  // namespace tdpipe::viz

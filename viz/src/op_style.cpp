@@ -1,0 +1,106 @@
+// op_style.cpp — colours and labels of ops (one palette for every view and chart).
+#include "tdpipe/viz/op_style.hpp"
+
+#include <array>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <map>
+#include <set>
+
+#include "tdpipe/ir/op.hpp"
+
+namespace tdpipe::viz {
+namespace {
+
+// Forward cool, backward warm-green, comm orange/yellow, collectives red, so the
+// kinds stay apart and none is close to the bubble shade.
+QColor kind_color(ir::OpKind k) {
+  switch (k) {
+    case ir::OpKind::F: return {0x4c, 0x78, 0xa8};
+    case ir::OpKind::B: return {0x59, 0xa1, 0x4f};
+    case ir::OpKind::W: return {0x76, 0xb7, 0xb2};
+    case ir::OpKind::BW: return {0x2e, 0x7d, 0x32};
+    case ir::OpKind::OPT: return {0x6d, 0x4c, 0x9f};
+    case ir::OpKind::SEND: return {0xf2, 0x8e, 0x2b};
+    case ir::OpKind::RECV: return {0xed, 0xc9, 0x48};
+    case ir::OpKind::ALLREDUCE: return {0xc6, 0x28, 0x28};
+    case ir::OpKind::REDUCE_SCATTER: return {0xad, 0x14, 0x57};
+    case ir::OpKind::ALL_GATHER: return {0xd8, 0x43, 0x15};
+    case ir::OpKind::LOAD: return {0x9c, 0x75, 0x5f};
+    case ir::OpKind::OFFLOAD: return {0x79, 0x55, 0x48};
+    case ir::OpKind::CKPT: return {0x9e, 0x9e, 0x9e};
+  }
+  return Qt::gray;
+}
+
+}  // namespace
+
+QColor op_color(const traces::TraceEvent& e) {
+  if (e.kind) return kind_color(*e.kind);
+  // Foreign events: a stable hue from the name, mid saturation and value so that
+  // labels stay readable and nothing looks like the bubble shade.
+  const auto h = std::hash<std::string>{}(e.name);
+  return QColor::fromHsv(static_cast<int>(h % 360), 110 + static_cast<int>((h >> 12) % 60),
+                         150 + static_cast<int>((h >> 20) % 60));
+}
+
+QString op_label(const traces::TraceEvent& e) {
+  if (!e.kind) return QString::fromStdString(e.name);
+  QString s = QString::fromUtf8(ir::to_string(*e.kind).data(),
+                                static_cast<qsizetype>(ir::to_string(*e.kind).size()));
+  if (*e.kind == ir::OpKind::SEND || *e.kind == ir::OpKind::RECV) {
+    s = (*e.kind == ir::OpKind::SEND ? "S" : "R");
+  } else if (ir::is_collective(*e.kind)) {
+    s = (*e.kind == ir::OpKind::ALLREDUCE ? "AR" : *e.kind == ir::OpKind::REDUCE_SCATTER ? "RS" : "AG");
+  }
+  if (e.mb >= 0) s += QString::number(e.mb);
+  if (e.chunk > 0) s += QStringLiteral(".c%1").arg(e.chunk);
+  if (e.slice > 0) s += QStringLiteral(":s%1").arg(e.slice);
+  return s;
+}
+
+QString op_short_label(const traces::TraceEvent& e) {
+  if (e.kind && e.mb >= 0) return QString::number(e.mb);
+  return {};
+}
+
+QColor text_color_on(const QColor& fill) {
+  const double lum = 0.299 * fill.redF() + 0.587 * fill.greenF() + 0.114 * fill.blueF();
+  return lum > 0.6 ? QColor(Qt::black) : QColor(Qt::white);
+}
+
+std::vector<LegendEntry> legend_entries(const std::vector<const traces::Trace*>& traces) {
+  std::set<int> kinds;
+  bool foreign = false;
+  for (const auto* t : traces) {
+    if (!t) continue;
+    for (const auto& e : t->events) {
+      if (e.kind)
+        kinds.insert(static_cast<int>(*e.kind));
+      else
+        foreign = true;
+    }
+  }
+  std::vector<LegendEntry> out;
+  for (int k : kinds) {
+    const auto kind = static_cast<ir::OpKind>(k);
+    const auto name = ir::to_string(kind);
+    out.push_back({QString::fromUtf8(name.data(), static_cast<qsizetype>(name.size())),
+                   kind_color(kind)});
+  }
+  if (foreign) out.push_back({QStringLiteral("other (by name)"), QColor(0x90, 0xa0, 0xb0)});
+  out.push_back({QStringLiteral("idle (bubble)"), kBubbleColor});
+  return out;
+}
+
+QString format_duration(std::int64_t ns) {
+  const double a = std::abs(static_cast<double>(ns));
+  const double v = static_cast<double>(ns);
+  if (a >= 1e9) return QStringLiteral("%1 s").arg(v / 1e9, 0, 'f', a >= 1e10 ? 1 : 3);
+  if (a >= 1e6) return QStringLiteral("%1 ms").arg(v / 1e6, 0, 'f', a >= 1e8 ? 1 : (a >= 1e7 ? 2 : 3));
+  if (a >= 1e3) return QStringLiteral("%1 µs").arg(v / 1e3, 0, 'f', a >= 1e5 ? 1 : (a >= 1e4 ? 2 : 3));
+  return QStringLiteral("%1 ns").arg(ns);
+}
+
+}  // namespace tdpipe::viz

@@ -1,0 +1,206 @@
+// timeline_model.cpp — lanes, shifts, pairing and hit testing of the timeline.
+#include "tdpipe/viz/timeline_model.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "tdpipe/ir/op.hpp"
+
+namespace tdpipe::viz {
+
+bool is_tdpipe_trace(const traces::Trace& trace) {
+  return std::any_of(trace.events.begin(), trace.events.end(),
+                     [](const traces::TraceEvent& e) { return e.kind.has_value(); });
+}
+
+std::string stream_name(int stream, bool tdpipe_trace) {
+  if (tdpipe_trace && stream >= 0 && stream <= static_cast<int>(ir::Stream::DP))
+    return std::string(ir::to_string(static_cast<ir::Stream>(stream)));
+  return "tid " + std::to_string(stream);
+}
+
+void TimelineModel::set_traces(std::optional<traces::Trace> predicted,
+                               std::optional<traces::Trace> measured) {
+  traces_[0] = std::move(predicted);
+  traces_[1] = std::move(measured);
+  for (std::size_t s = 0; s < 2; ++s) {
+    shift_[s] = 0;
+    end_[s] = 0;
+    if (!traces_[s] || traces_[s]->events.empty()) continue;
+    auto& events = traces_[s]->events;
+    std::int64_t first = std::numeric_limits<std::int64_t>::max();
+    for (const auto& e : events) first = std::min(first, e.start_ns);
+    std::int64_t last = 0;
+    for (auto& e : events) {
+      e.start_ns -= first;
+      last = std::max(last, e.end_ns());
+    }
+    shift_[s] = first;
+    end_[s] = last;
+  }
+  if (traces_[0] && traces_[1])
+    pairing_ = pair_ops(*traces_[0], *traces_[1]);
+  else
+    pairing_ = OpPairing{};
+  build_lanes();
+}
+
+std::int64_t TimelineModel::span_ns() const { return std::max(end_[0], end_[1]); }
+
+void TimelineModel::build_lanes() {
+  lanes_.clear();
+  total_height_ = 0;
+  ranks_ = 0;
+  for (std::size_t s = 0; s < 2; ++s)
+    lane_of_event_[s].assign(traces_[s] ? traces_[s]->events.size() : 0, -1);
+
+  // Lanes are keyed by (rank, stream); both sides share the key set so the
+  // predicted lane always sits directly above the measured one.
+  std::set<std::pair<int, int>> keys;
+  bool tdpipe = false;
+  for (std::size_t s = 0; s < 2; ++s) {
+    if (!traces_[s]) continue;
+    tdpipe = tdpipe || is_tdpipe_trace(*traces_[s]);
+    for (const auto& e : traces_[s]->events) keys.insert({e.rank, e.stream});
+    ranks_ = std::max(ranks_, traces_[s]->ranks);
+  }
+  // Bucket every event into its lane in one pass.
+  std::map<std::pair<int, int>, int> key_index;
+  for (const auto& k : keys) key_index.emplace(k, static_cast<int>(key_index.size()));
+  std::array<std::vector<std::vector<int>>, 2> buckets;
+  for (std::size_t s = 0; s < 2; ++s) {
+    if (!traces_[s]) continue;
+    buckets[s].resize(keys.size());
+    const auto& events = traces_[s]->events;
+    for (int i = 0; i < static_cast<int>(events.size()); ++i) {
+      const auto& e = events[static_cast<std::size_t>(i)];
+      buckets[s][static_cast<std::size_t>(key_index.at({e.rank, e.stream}))].push_back(i);
+    }
+  }
+
+  int y = 0;
+  int prev_rank = std::numeric_limits<int>::min();
+  for (const auto& [key, k] : key_index) {
+    const auto [rank, stream] = key;
+    ranks_ = std::max(ranks_, rank + 1);
+    if (rank != prev_rank && prev_rank != std::numeric_limits<int>::min()) y += kRankGap;
+    prev_rank = rank;
+    for (std::size_t s = 0; s < 2; ++s) {
+      if (!traces_[s]) continue;
+      Lane lane;
+      lane.side = static_cast<Side>(s);
+      lane.rank = rank;
+      lane.stream = stream;
+      const auto& events = traces_[s]->events;
+      lane.events = std::move(buckets[s][static_cast<std::size_t>(k)]);
+      bool any_kind = false, any_compute = false;
+      for (int i : lane.events) {
+        const auto& e = events[static_cast<std::size_t>(i)];
+        lane.max_dur_ns = std::max(lane.max_dur_ns, e.dur_ns);
+        if (e.kind) {
+          any_kind = true;
+          any_compute = any_compute || ir::is_compute(*e.kind);
+        }
+      }
+      std::stable_sort(lane.events.begin(), lane.events.end(), [&](int a, int b) {
+        return events[static_cast<std::size_t>(a)].start_ns <
+               events[static_cast<std::size_t>(b)].start_ns;
+      });
+      // A tdpipe lane is a compute lane when it runs compute ops; a foreign lane
+      // (no kinds) has unknown purpose, so its idle time counts as bubble.
+      lane.compute = any_kind ? any_compute
+                              : (tdpipe ? stream == static_cast<int>(ir::Stream::Compute)
+                                        : true);
+      lane.height = lane.compute ? kComputeLaneHeight : kCommLaneHeight;
+      lane.y = y;
+      y += lane.height + kLaneGap;
+      lane.label = "r" + std::to_string(rank) + " " + stream_name(stream, tdpipe) +
+                   (s == 0 ? " · pred" : " · meas");
+      const int lane_index = static_cast<int>(lanes_.size());
+      for (int i : lane.events) lane_of_event_[s][static_cast<std::size_t>(i)] = lane_index;
+      lanes_.push_back(std::move(lane));
+    }
+  }
+  total_height_ = y;
+}
+
+std::optional<OpId> TimelineModel::twin(OpId id) const {
+  if (!has(Side::Predicted) || !has(Side::Measured) || id.index < 0) return std::nullopt;
+  const auto& map = id.side == Side::Predicted ? pairing_.pred_to_meas : pairing_.meas_to_pred;
+  if (id.index >= static_cast<int>(map.size())) return std::nullopt;
+  const int other = map[static_cast<std::size_t>(id.index)];
+  if (other < 0) return std::nullopt;
+  return OpId{id.side == Side::Predicted ? Side::Measured : Side::Predicted, other};
+}
+
+int TimelineModel::lane_of(OpId id) const {
+  const auto& v = lane_of_event_[index(id.side)];
+  if (id.index < 0 || id.index >= static_cast<int>(v.size())) return -1;
+  return v[static_cast<std::size_t>(id.index)];
+}
+
+int TimelineModel::lane_at_y(double y) const {
+  // Lanes are sorted by y; binary search the last lane starting at or above y.
+  auto it = std::upper_bound(lanes_.begin(), lanes_.end(), y,
+                             [](double v, const Lane& l) { return v < l.y; });
+  if (it == lanes_.begin()) return -1;
+  --it;
+  if (y >= it->y + it->height) return -1;
+  return static_cast<int>(it - lanes_.begin());
+}
+
+std::optional<OpId> TimelineModel::op_at(int lane_index, std::int64_t t,
+                                         std::int64_t slack) const {
+  if (lane_index < 0 || lane_index >= static_cast<int>(lanes_.size())) return std::nullopt;
+  const Lane& lane = lanes_[static_cast<std::size_t>(lane_index)];
+  const auto& events = trace(lane.side).events;
+  // Events are sorted by start; none starting before t - max_dur - slack can cover t.
+  const std::int64_t lo = t - lane.max_dur_ns - slack;
+  auto it = std::lower_bound(lane.events.begin(), lane.events.end(), lo, [&](int i, std::int64_t v) {
+    return events[static_cast<std::size_t>(i)].start_ns < v;
+  });
+  std::optional<OpId> best;
+  std::int64_t best_dur = std::numeric_limits<std::int64_t>::max();
+  std::int64_t best_dist = std::numeric_limits<std::int64_t>::max();
+  for (; it != lane.events.end(); ++it) {
+    const auto& e = events[static_cast<std::size_t>(*it)];
+    if (e.start_ns > t + slack) break;
+    if (e.end_ns() + slack < t) continue;
+    // Prefer an op truly covering t, then the nearest, then the shortest.
+    const std::int64_t dist = t < e.start_ns ? e.start_ns - t : (t > e.end_ns() ? t - e.end_ns() : 0);
+    if (dist < best_dist || (dist == best_dist && e.dur_ns < best_dur)) {
+      best = OpId{lane.side, *it};
+      best_dist = dist;
+      best_dur = e.dur_ns;
+    }
+  }
+  return best;
+}
+
+std::optional<std::pair<std::int64_t, std::int64_t>> TimelineModel::gap_at(
+    int lane_index, std::int64_t t) const {
+  if (lane_index < 0 || lane_index >= static_cast<int>(lanes_.size())) return std::nullopt;
+  const Lane& lane = lanes_[static_cast<std::size_t>(lane_index)];
+  const std::int64_t end = end_ns(lane.side);
+  if (!lane.compute || t < 0 || t >= end) return std::nullopt;
+  const auto& events = trace(lane.side).events;
+  std::int64_t gap_start = 0, gap_end = end;
+  for (int i : lane.events) {
+    const auto& e = events[static_cast<std::size_t>(i)];
+    if (e.end_ns() <= t) {
+      gap_start = std::max(gap_start, e.end_ns());
+    } else if (e.start_ns <= t) {
+      return std::nullopt;  // busy at t
+    } else {
+      gap_end = e.start_ns;
+      break;
+    }
+  }
+  if (gap_end <= gap_start) return std::nullopt;
+  return std::make_pair(gap_start, gap_end);
+}
+
+}  // namespace tdpipe::viz
