@@ -118,26 +118,31 @@ int main() {
   auto t0 = Clock::now();
   ir::Plan compute = make("interleaved", 64, 1024, 4);
   const double t_make = since(t0);
+  const double hwm_make = rss_mib("VmHWM:");
   t0 = Clock::now();
   const ir::ValidationReport rep0 = ir::validate(compute);
   const double t_validate0 = since(t0);
+  const double hwm_validate0 = rss_mib("VmHWM:");
   t0 = Clock::now();
   ir::Plan lowered = ir::lower(compute, options());
   const double t_lower = since(t0);
+  const double hwm_lower = rss_mib("VmHWM:");
   t0 = Clock::now();
   const ir::ValidationReport rep = ir::validate(lowered);
   const double t_validate = since(t0);
   const double peak = rss_mib("VmHWM:");
-  std::printf("  make_schedule      %8.1f ms   %zu compute ops\n", t_make * 1e3, count_ops(compute));
-  std::printf("  validate (compute) %8.1f ms   peak in-flight rank 0: %d\n", t_validate0 * 1e3,
-              rep0.ranks[0].peak_inflight);
-  std::printf("  lower              %8.1f ms   %zu ops after lowering\n", t_lower * 1e3, count_ops(lowered));
-  std::printf("  validate (lowered) %8.1f ms\n", t_validate * 1e3);
-  std::printf("  total              %8.1f ms   (make + lower + validate lowered: %.1f ms)\n",
-              (t_make + t_validate0 + t_lower + t_validate) * 1e3, (t_make + t_lower + t_validate) * 1e3);
-  std::printf("  memory             peak RSS %.1f MiB (%.1f MiB before planning; the lowered plan alone holds\n"
-              "                     %zu ops × %zu-byte ir::Op plus deps)\n",
-              peak, rss0, count_ops(lowered), sizeof(ir::Op));
+  std::printf("  make_schedule      %8.1f ms   %zu compute ops               peak RSS %6.1f MiB\n", t_make * 1e3,
+              count_ops(compute), hwm_make);
+  std::printf("  validate (compute) %8.1f ms   peak in-flight rank 0: %d     peak RSS %6.1f MiB\n",
+              t_validate0 * 1e3, rep0.ranks[0].peak_inflight, hwm_validate0);
+  std::printf("  lower              %8.1f ms   %zu ops after lowering      peak RSS %6.1f MiB\n", t_lower * 1e3,
+              count_ops(lowered), hwm_lower);
+  std::printf("  validate (lowered) %8.1f ms   peak in-flight rank 0: %d     peak RSS %6.1f MiB\n",
+              t_validate * 1e3, rep.ranks[0].peak_inflight, peak);
+  std::printf("  make + lower + validate(lowered): %.1f ms; with validate(compute) too: %.1f ms\n",
+              (t_make + t_lower + t_validate) * 1e3, (t_make + t_validate0 + t_lower + t_validate) * 1e3);
+  std::printf("  (%.1f MiB before planning; an ir::Op is %zu bytes, plus a heap block for non-empty deps)\n", rss0,
+              sizeof(ir::Op));
   compute = ir::Plan{};
 
   std::printf("\nEvaluator throughput (best of 3; replay = ir::replay with analytic durations):\n");

@@ -5,6 +5,8 @@
 // iteration-time difference. Prints figures; never pass/fail.
 //
 //   bench_sim [--data 1,16,160] [--plain-max-data N] [--microbatches M]
+//   bench_sim --published   Korthikanti et al. 2022 Table 5 runs, both engines
+//   bench_sim --claims      the seed's GPT-3 175B 8×8 claims, schedule by schedule
 //
 // DP buckets follow Megatron-core's default: max(40 M, 1 M · d) parameters of bf16
 // gradients, so the plain mode's ring-step flow count stays what Megatron would post.
@@ -19,7 +21,11 @@
 #include "tdpipe/ir/lowering.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/cost_model.hpp"
+#include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/generators.hpp"
+#include "tdpipe/planner/schedule_report.hpp"
+#include "tdpipe/traces/metrics.hpp"
 #include "tdpipe/sim/simulate.hpp"
 
 using namespace tdpipe;
@@ -71,9 +77,81 @@ Run run(const ir::Plan& plan, sim::Fidelity fidelity) {
   return r;
 }
 
+ir::Scenario scenario(const std::string& file) {
+  return ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/" + file);
+}
+
+// Korthikanti et al. 2022 (arXiv 2205.05198), Table 5: measured seconds per iteration.
+int published() {
+  struct Case {
+    const char* label;
+    const char* file;
+    bool selective_sp;
+    double measured;
+  };
+  const Case cases[] = {
+      {"22B  t=8 p=1, full recompute", "megatron-22b-a100-1x8.yaml", false, 1.42},
+      {"22B  t=8 p=1, SP + selective", "megatron-22b-a100-1x8.yaml", true, 1.10},
+      {"530B t=8 p=35 v=3, full recompute", "turing-530b-a100-35x8.yaml", false, 49.05},
+      {"530B t=8 p=35 v=3, SP + selective", "turing-530b-a100-35x8.yaml", true, 37.83},
+  };
+  std::printf("%-36s %9s | %10s %7s | %10s %7s | %8s\n", "run", "measured", "analytic", "err", "simgrid", "err",
+              "sim.wall");
+  for (const Case& c : cases) {
+    ir::Scenario sc = scenario(c.file);
+    if (c.selective_sp) {
+      sc.parallel.recompute = ir::Recompute::Selective;
+      sc.parallel.sequence_parallel = true;
+    } else {
+      sc.parallel.recompute = ir::Recompute::Full;
+      sc.parallel.sequence_parallel = false;
+    }
+    const auto built = planner::build_plan(sc, sc.schedule);
+    const auto analytic = traces::compute_metrics(planner::evaluate(built.lowered));
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto res = sim::simulate(built.lowered);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double a = static_cast<double>(analytic.iteration_ns) * 1e-9, g = res.iteration_seconds;
+    std::printf("%-36s %8.2fs | %9.2fs %+6.1f%% | %9.2fs %+6.1f%% | %7.2fs\n", c.label, c.measured, a,
+                100 * (a / c.measured - 1), g, 100 * (g / c.measured - 1), wall);
+  }
+  return 0;
+}
+
+// The seed's GPT-3 175B claims: bubble, communication share, tokens/s, peak memory.
+int claims() {
+  const ir::Scenario sc = scenario("gpt3-175b-a100-8x8.yaml");
+  std::printf("%-12s %2s | %10s %7s %9s %9s %10s %9s\n", "schedule", "S", "iteration", "bubble", "comm",
+              "exposed", "tokens/s", "peak mem");
+  const std::pair<const char*, int> runs[] = {{"1f1b", 1},   {"interleaved", 1}, {"zb-h1", 1}, {"zb-v", 1},
+                                              {"tdpipe", 1}, {"tdpipe", 2},      {"tdpipe", 4}, {"tdpipe", 8}};
+  for (const auto& [name, slices] : runs) {
+    try {
+      const auto built = planner::build_plan(sc, name, slices);
+      const auto res = sim::simulate(built.lowered);
+      const auto report = planner::make_report(built, res.trace, "simgrid");
+      double xfer = 0, exposed = 0, peak = 0;
+      for (std::size_t r = 0; r < res.transfer_ns.size(); ++r) {
+        xfer += static_cast<double>(res.transfer_ns[r]);
+        exposed += static_cast<double>(res.exposed_transfer_ns[r]);
+      }
+      const double denom = static_cast<double>(res.metrics.iteration_ns) * static_cast<double>(res.transfer_ns.size());
+      for (double b : report.peak_memory_bytes_per_rank) peak = std::max(peak, b);
+      std::printf("%-12s %2d | %9.3fs %6.1f%% %8.1f%% %8.1f%% %10.0f %7.1fGiB\n", name, slices,
+                  res.iteration_seconds, 100 * res.metrics.bubble_fraction, 100 * xfer / denom,
+                  100 * exposed / denom, res.tokens_per_second, peak / double(1u << 30));
+    } catch (const std::exception& e) {
+      std::printf("%-12s %2d | not run: %s\n", name, slices, e.what());
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && !std::strcmp(argv[1], "--published")) return published();
+  if (argc > 1 && !std::strcmp(argv[1], "--claims")) return claims();
   std::vector<int> datas = {1, 16, 160};
   int plain_max = 1 << 30;
   int microbatches = 64;

@@ -1,6 +1,7 @@
 // cmd_calibrate.cpp — `tdpipe calibrate --backend cpu SCENARIO -o profile.json`:
 // measure this machine's op costs for the scenario's layers and its transport, as a
 // profile `tdpipe sim --profile` reads.
+#include <algorithm>
 #include <iostream>
 #include <memory>
 
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "cuda_commands.hpp"
 #include "tdpipe/exec/cpu/calibrate.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
@@ -30,8 +32,25 @@ struct CalibrateArgs {
 };
 
 void run_calibrate(const CalibrateArgs& a) {
+  if (a.backend == "cuda") {
+#ifdef TDPIPE_HAVE_CUDA
+    CudaCalibrateRequest c;
+    c.scenario = a.scenario;
+    c.schedule = a.schedule;
+    c.output = a.output;
+    c.corpus = a.corpus;
+    c.slices = a.slices;
+    c.steps = a.steps;
+    c.warmup = a.warmup;
+    run_calibrate_cuda(c);
+    return;
+#else
+    throw Error("--backend cuda: this tdpipe was built without the CUDA backend (configure with "
+                "-DTDPIPE_WITH_CUDA=ON on a machine with nvcc and NCCL, e.g. the `gpu` preset)");
+#endif
+  }
   if (a.backend != "cpu")
-    throw Error(fmt::format("--backend {}: only the cpu backend calibrates from this command", a.backend));
+    throw Error(fmt::format("--backend {}: expected cpu or cuda", a.backend));
   const ir::Scenario sc = ir::load_scenario(a.scenario);
   const std::string schedule = a.schedule.empty() ? sc.schedule : a.schedule;
   const planner::BuiltPlan built = planner::build_plan(sc, schedule, a.slices);
@@ -39,7 +58,15 @@ void run_calibrate(const CalibrateArgs& a) {
   opt.steps = a.steps;
   opt.warmup_steps = a.warmup;
   opt.train.corpus_path = a.corpus;
-  traces::Profile prof = exec::cpu::calibrate(built.lowered, opt);
+  std::vector<ir::Plan> plans{built.lowered};
+  // A fused-backward schedule never runs B or W alone; zb-h1 has the same layout
+  // (one chunk, no slices) and splits them, so the profile can serve every schedule.
+  const bool fused = std::none_of(built.lowered.ranks.begin(), built.lowered.ranks.end(), [](const auto& ops) {
+    return std::any_of(ops.begin(), ops.end(), [](const ir::Op& o) { return o.kind == ir::OpKind::W; });
+  });
+  if (fused && built.lowered.chunks == 1 && built.lowered.slices == 1)
+    plans.push_back(planner::build_plan(sc, "zb-h1", 1).lowered);
+  traces::Profile prof = exec::cpu::calibrate(plans, opt);
   if (prof.scenario.empty()) prof.scenario = sc.name;
   traces::write_profile(prof, a.output);
   fmt::print("{}: {} ops measured ({} schedule, p={} v={} S={}), p2p {:.2f} us + {:.2f} GB/s, "

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "cuda_commands.hpp"
 #include "tdpipe/exec/cpu/run.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
@@ -31,6 +32,9 @@ struct ExecArgs {
   std::string trace_out;
   bool json = false;
   bool check = false;
+  bool pin = false;                    // cpu backend
+  std::string transport = "loopback";  // cuda backend
+  int device = -1;                     // cuda backend, loopback
 };
 
 double median(std::vector<double> v) {
@@ -54,9 +58,31 @@ double max_rel(const exec::cpu::ParamMap& got, const exec::cpu::ParamMap& want) 
 }
 
 void run_exec(const ExecArgs& a) {
+  if (a.backend == "cuda") {
+#ifdef TDPIPE_HAVE_CUDA
+    CudaExecRequest c;
+    c.scenario = a.scenario;
+    c.schedule = a.schedule;
+    c.transport = a.transport;
+    c.trace_out = a.trace_out;
+    c.corpus = a.corpus;
+    c.slices = a.slices;
+    c.steps = a.steps;
+    c.device = a.device;
+    c.lr = a.lr;
+    c.watchdog = a.watchdog;
+    c.seed = a.seed;
+    c.json = a.json;
+    c.check = a.check;
+    run_exec_cuda(c);
+    return;
+#else
+    throw Error("--backend cuda: this tdpipe was built without the CUDA backend (configure with "
+                "-DTDPIPE_WITH_CUDA=ON on a machine with nvcc and NCCL, e.g. the `gpu` preset)");
+#endif
+  }
   if (a.backend != "cpu")
-    throw Error(fmt::format("--backend {}: this command runs the cpu backend; the CUDA backend has "
-                            "its own launcher", a.backend));
+    throw Error(fmt::format("--backend {}: expected cpu or cuda", a.backend));
   const ir::Scenario sc = ir::load_scenario(a.scenario);
   const std::string schedule = a.schedule.empty() ? sc.schedule : a.schedule;
   const planner::BuiltPlan built = planner::build_plan(sc, schedule, a.slices);
@@ -68,6 +94,7 @@ void run_exec(const ExecArgs& a) {
   opt.train.data_seed = a.seed;
   opt.train.corpus_path = a.corpus;
   opt.watchdog_seconds = a.watchdog;
+  opt.pin_threads = a.pin;
   const exec::cpu::RunResult r = exec::cpu::run_cpu(plan, opt);
   if (!a.trace_out.empty()) traces::write_trace(r.trace, a.trace_out);
 
@@ -137,7 +164,12 @@ void add_exec_command(CLI::App& app) {
   cmd->add_option("--corpus", args->corpus, "Training text (default: data/tiny_corpus.txt)");
   cmd->add_option("--watchdog", args->watchdog, "Seconds without progress before a run is declared hung");
   cmd->add_option("--trace-out", args->trace_out, "Write the last step's measured trace (Chrome JSON)");
+  cmd->add_option("--transport", args->transport,
+                  "cuda backend: loopback (every stage on one GPU) or nccl (one process per GPU)")
+      ->check(CLI::IsMember({"loopback", "nccl"}));
+  cmd->add_option("--device", args->device, "cuda backend, loopback: GPU index");
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
+  cmd->add_flag("--pin", args->pin, "Pin rank w's threads to core w mod cores");
   cmd->add_flag("--check", args->check, "Also run the single-device reference and report the difference");
   cmd->callback([args] { run_exec(*args); });
 }

@@ -15,6 +15,14 @@
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/planner/schedule_report.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
+#ifdef TDPIPE_HAVE_SIMGRID
+#include <chrono>
+#include <string>
+
+#include "tdpipe/sim/profile_costs.hpp"
+#include "tdpipe/sim/simulate.hpp"
+#include "tdpipe/traces/profile.hpp"
+#endif
 
 namespace tdpipe::apps {
 namespace {
@@ -56,10 +64,32 @@ std::vector<std::pair<std::string, int>> runs_for(const SimArgs& a, const ir::Sc
   return runs;
 }
 
+#ifdef TDPIPE_HAVE_SIMGRID
+/// The SimGrid engine (sim::simulate), with a progress bar on stderr once a run has
+/// taken more than a second.
+traces::Trace simulate_simgrid(const planner::BuiltPlan& built, const SimArgs& a) {
+  sim::SimOptions opt;
+  if (!a.profile.empty())
+    opt.op_seconds = sim::profile_op_seconds(traces::read_profile(a.profile), built.lowered);
+  const auto t0 = std::chrono::steady_clock::now();
+  bool shown = false;
+  opt.progress = [&](double f) {
+    if (!shown && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1)) return;
+    shown = true;
+    const int bar = static_cast<int>(f * 40);
+    fmt::print(stderr, "\r  simulating {} [{}{}] {:3.0f}%", built.lowered.schedule, std::string(bar, '#'),
+               std::string(40 - bar, ' '), 100 * f);
+  };
+  const sim::SimResult res = sim::simulate(built.lowered, opt);
+  if (shown) fmt::print(stderr, "\n");
+  return res.trace;
+}
+#endif
+
 traces::Trace predict(const planner::BuiltPlan& built, const SimArgs& a) {
   if (a.engine == "analytic") return planner::evaluate(built.lowered);
 #ifdef TDPIPE_HAVE_SIMGRID
-  // simgrid engine: wired by sim/ (see cmd_sim_simgrid in sim's integration).
+  if (a.engine == "simgrid") return simulate_simgrid(built, a);
 #endif
   throw Error(fmt::format("--engine {}: this build has no such engine (available: analytic{})",
                           a.engine, std::string(kDefaultEngine) == "simgrid" ? ", simgrid" : ""));
@@ -78,10 +108,12 @@ std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / double(
 void print_table(const ir::Scenario& sc, const std::vector<planner::ScheduleReport>& rows,
                  const std::vector<std::pair<std::string, std::string>>& failures) {
   fmt::print("scenario {} ({}): p={} m={}", sc.name, sc.source_file, sc.stages(), sc.microbatches());
-  if (!sc.synthetic)
-    fmt::print(" t={} d={} | {} on {}×{} {}", sc.parallel.tensor, sc.parallel.data, sc.model.name,
-               sc.cluster.nodes(), sc.cluster.gpus_per_node,
-               sc.cluster.groups.empty() ? "" : sc.cluster.groups.front().gpu.name);
+  if (!sc.synthetic) {
+    fmt::print(" t={} d={} | {} on", sc.parallel.tensor, sc.parallel.data, sc.model.name);
+    for (std::size_t i = 0; i < sc.cluster.groups.size(); ++i)
+      fmt::print("{} {}×{} {}", i ? " +" : "", sc.cluster.groups[i].nodes, sc.cluster.gpus_per_node,
+                 sc.cluster.groups[i].gpu.name);
+  }
   fmt::print("\nengine: {}\n\n", rows.empty() ? "-" : rows.front().engine);
   fmt::print("{:<12} {:>2} {:>2} {:>12} {:>8} {:>10} {:>6} {:>14} {:>5}\n", "schedule", "v", "S",
              "iteration", "bubble", "tokens/s", "MFU", "peak mem/GPU", "fits");

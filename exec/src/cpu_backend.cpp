@@ -208,12 +208,13 @@ void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
               s->self, so.label, so.buffer.bytes(), r->self, ro.label, ro.buffer.bytes()));
         std::memcpy(ro.buffer.data.get(), so.buffer.data.get(), static_cast<std::size_t>(so.buffer.bytes()));
         s->done = r->done = true;
+        wake_[{comm, s->self}].notify_all();
+        wake_[{comm, r->self}].notify_all();
         sq.erase(sq.begin());
         rq.erase(rq.begin());
       }
     }
-    control_->notify_all();
-    control_->wait(lock, [&] {
+    control_->wait(lock, wake_[{comm, self}], [&] {
       return std::all_of(mine.begin(), mine.end(), [](const Pending& p) { return p.done; });
     });
   } catch (...) {

@@ -123,6 +123,22 @@ TransportMeasurement measure_transport(int repeats) {
   return m;
 }
 
+traces::Profile calibrate(const std::vector<ir::Plan>& plans, const CalibrateOptions& options) {
+  if (plans.empty()) throw Error("calibrate: no plan to measure");
+  traces::Profile prof = calibrate(plans.front(), options);
+  for (std::size_t i = 1; i < plans.size(); ++i) {
+    const traces::Profile more = calibrate(plans[i], options);
+    for (const auto& op : more.ops) {
+      const bool known = std::any_of(prof.ops.begin(), prof.ops.end(), [&](const traces::ProfileOp& o) {
+        return o.kind == op.kind && o.virtual_stage == op.virtual_stage && o.slice == op.slice;
+      });
+      if (!known) prof.ops.push_back(op);
+    }
+    prof.metadata["schedule"] += "+" + plans[i].schedule;
+  }
+  return prof;
+}
+
 traces::Profile calibrate(const ir::Plan& plan, const CalibrateOptions& options) {
   CpuRunOptions run;
   run.train = options.train;

@@ -8,6 +8,9 @@
 #include <limits>
 #include <thread>
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <fmt/format.h>
 
 #include "tdpipe/exec/interpreter.hpp"
@@ -53,6 +56,15 @@ class Watchdog {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
+
+// The stream threads a rank starts inherit this mask.
+void pin_to_core(int w) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(static_cast<unsigned>(w) % cores, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
 
 GptConfig config_for(const ir::Scenario& scenario, const TrainOptions& options) {
   GptConfig c = GptConfig::from_scenario(scenario);
@@ -114,6 +126,7 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
         threads.emplace_back([&, w] {
           Backend backend{computes[static_cast<std::size_t>(w)].get(),
                           transports[static_cast<std::size_t>(w)].get(), &clock};
+          if (options.pin_threads) pin_to_core(w);
           try {
             outs[static_cast<std::size_t>(w)] = run_rank_step(plan, w % p, w, step, backend, control);
           } catch (const Aborted&) {

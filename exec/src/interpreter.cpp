@@ -3,6 +3,7 @@
 #include "tdpipe/exec/interpreter.hpp"
 
 #include <array>
+#include <condition_variable>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -159,7 +160,7 @@ class RankRun {
                 const std::function<bool()>& ready) {
     if (ready()) return;
     control_.set_waiting(trace_rank_, stream, what);
-    control_.wait(lock, ready);
+    control_.wait(lock, cv_, ready);
     control_.set_waiting(trace_rank_, stream, "");
   }
 
@@ -185,7 +186,7 @@ class RankRun {
     std::lock_guard lock(control_.mutex());
     for (int i = item.first; i < item.last; ++i) done_[static_cast<std::size_t>(i)] = 1;
     control_.progress();
-    control_.notify_all();
+    cv_.notify_all();  // only this rank's stream threads wait on its ops and tensors
   }
 
   void worker(int s) {
@@ -332,6 +333,7 @@ class RankRun {
   Backend backend_;
   RunControl& control_;
   std::array<std::vector<Item>, 3> items_;
+  std::condition_variable cv_;                  // this rank's stream threads wait here
   std::vector<char> done_;                      // guarded by control_.mutex()
   std::map<TensorKey, Buffer> tensors_;         // guarded by control_.mutex()
   std::vector<std::vector<int>> grad_ops_;      // per chunk: its last gradient ops

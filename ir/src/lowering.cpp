@@ -95,6 +95,7 @@ class Lowerer {
     int to = 0, consumer = -1;  ///< consumer's old index on `to`, −1 if the plan lacks it
     Edge edge;                  ///< as seen by the sender (peer = to)
     int recv_new = -1;          ///< the RECV's index in the lowered list of `to`
+    std::int64_t bytes = 0;     ///< options.p2p_bytes(producer)
   };
 
   /// The cross-rank output of a compute op on `rank`, if any.
@@ -188,6 +189,7 @@ class Lowerer {
         Transfer t;
         if (!output_edge(op, r, t.edge)) continue;
         t.ready = timeline.timing[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)].end_ns;
+        t.bytes = bytes_of(op);
         t.from = r;
         t.producer = i;
         t.to = t.edge.peer;
@@ -323,8 +325,7 @@ class Lowerer {
           const bool send = seq[i] % 2 == 0;
           if (send != (pass == 0)) continue;
           Transfer& t = transfers_[static_cast<std::size_t>(seq[i] / 2)];
-          const Op& producer = plan_.ranks[static_cast<std::size_t>(t.from)][static_cast<std::size_t>(t.producer)];
-          Op op = comm_op(send ? OpKind::SEND : OpKind::RECV, t.edge, send ? t.to : t.from, bytes_of(producer));
+          Op op = comm_op(send ? OpKind::SEND : OpKind::RECV, t.edge, send ? t.to : t.from, t.bytes);
           op.batch = batch;
           if (send) op.deps.push_back({r, new_index[static_cast<std::size_t>(t.producer)]});
           else t.recv_new = static_cast<int>(out.size());

@@ -81,8 +81,10 @@ std::pair<Slot, int> slot_and_key(const PlanIndex& index, const Op& op, int rank
 
 PlanIndex build_index(const Plan& plan);
 
-/// ir::replay over an index already built for `plan` (saves building it twice).
-ReplayResult replay_indexed(const Plan& plan, const PlanIndex& index, const DurationFn& duration);
+/// ir::replay over an index already built for `plan` (saves building it twice);
+/// without want_timing only makespan_ns is filled (the validator's question).
+ReplayResult replay_indexed(const Plan& plan, const PlanIndex& index, const DurationFn& duration,
+                            bool want_timing = true);
 
 /// Calls visit(producer_global, producer_slot, producer_key, cross_rank) for each data dependency of compute op
 /// `op` on `rank` (F: previous stage, previous slice; B/BW: next stage, own F, next

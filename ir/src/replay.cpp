@@ -42,7 +42,7 @@ class Engine {
     build_streams();
   }
 
-  ReplayResult run() {
+  ReplayResult run(bool want_timing = true) {
     for (int s = 0; s < static_cast<int>(pos_.size()); ++s)
       if (stream_begin_[s] < stream_begin_[s + 1]) push(s);
     while (!work_.empty()) {
@@ -56,13 +56,14 @@ class Engine {
         throw Error(deadlock_message());
 
     ReplayResult result;
+    for (const OpTiming& t : timing_) result.makespan_ns = std::max(result.makespan_ns, t.end_ns);
+    if (!want_timing) return result;
     result.timing.resize(static_cast<std::size_t>(plan_.num_ranks()));
     for (int r = 0; r < plan_.num_ranks(); ++r) {
       const auto b = timing_.begin() + ix_.offset[static_cast<std::size_t>(r)];
       const auto e = timing_.begin() + ix_.offset[static_cast<std::size_t>(r) + 1];
       result.timing[static_cast<std::size_t>(r)].assign(b, e);
     }
-    for (const OpTiming& t : timing_) result.makespan_ns = std::max(result.makespan_ns, t.end_ns);
     return result;
   }
 
@@ -421,9 +422,10 @@ ReplayResult replay(const Plan& plan, const DurationFn& duration) {
 }
 
 namespace detail {
-ReplayResult replay_indexed(const Plan& plan, const PlanIndex& index, const DurationFn& duration) {
+ReplayResult replay_indexed(const Plan& plan, const PlanIndex& index, const DurationFn& duration,
+                            bool want_timing) {
   Engine engine(plan, duration, &index);
-  return engine.run();
+  return engine.run(want_timing);
 }
 }  // namespace detail
 

@@ -24,7 +24,11 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#if TDPIPE_HAVE_YAML  // off in the `gpu` preset (no yaml-cpp there): JSON scenarios only
 #include <yaml-cpp/yaml.h>
+#else
+#pragma GCC diagnostic ignored "-Wunused-function"  // helpers only the YAML reader uses
+#endif
 
 #include "tdpipe/ir/error.hpp"
 
@@ -104,6 +108,7 @@ std::string one_of(std::string_view what, std::string_view got, const std::vecto
   return fmt::format("unknown {} '{}'; {}expected one of: {}", what, got, suggestion(got, known), join(known));
 }
 
+#if TDPIPE_HAVE_YAML
 /// Where errors point: the source name and a line.
 class Reporter {
  public:
@@ -366,6 +371,7 @@ ClusterConfig read_cluster(const Reporter& rep, const YAML::Node& node, YAML::Ma
   c.ib_latency_seconds = us_to_seconds(r.get_number("ib_latency_us", kDefaultIbLatencyUs, false, "network latency in µs"));
   return c;
 }
+#endif  // TDPIPE_HAVE_YAML
 
 Recompute recompute_from(const std::string& s) {
   if (s == "selective") return Recompute::Selective;
@@ -381,6 +387,7 @@ std::string recompute_name(Recompute r) {
   }
 }
 
+#if TDPIPE_HAVE_YAML
 /// Interleaving assigns micro-batches to chunks in groups of p (Megatron), so m % p = 0.
 void check_interleaving(const MapReader& r, const std::string& chunks_key, int chunks, int m, int p) {
   if (chunks > 1 && m % p != 0)
@@ -499,6 +506,7 @@ Scenario parse_root(const YAML::Node& root, const std::string& source_name) {
                               sc.cluster);
   return sc;
 }
+#endif  // TDPIPE_HAVE_YAML
 
 // ---------------------------------------------------------------- JSON
 
@@ -562,6 +570,12 @@ GpuSpec gpu_from_json(const json& j, const std::string& path) {
 }  // namespace
 
 Scenario parse_scenario(std::string_view yaml_text, const std::string& source_name) {
+#if !TDPIPE_HAVE_YAML
+  (void)yaml_text;
+  throw Error(fmt::format("{}: this build reads JSON scenarios only (configured with TDPIPE_WITH_YAML=OFF, "
+                          "e.g. the `gpu` preset): convert the YAML on a full build, e.g. with "
+                          "tdpipe plan SCENARIO --json, or use a .json copy", source_name));
+#else
   YAML::Node root;
   try {
     root = YAML::Load(std::string(yaml_text));
@@ -576,6 +590,7 @@ Scenario parse_scenario(std::string_view yaml_text, const std::string& source_na
     const int line = e.mark.is_null() ? 1 : e.mark.line + 1;
     throw Error(fmt::format("{}:{}: YAML: {}", source_name, line, e.msg));
   }
+#endif
 }
 
 Scenario load_scenario(const std::string& path) {
@@ -588,6 +603,16 @@ Scenario load_scenario(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   if (!in) throw Error(fmt::format("{}: cannot read the scenario file", path));
+  // A .json file is the JSON form (to_json), which builds without yaml-cpp can read.
+  if (std::filesystem::path(path).extension() == ".json") {
+    json j;
+    try {
+      j = json::parse(text.str());
+    } catch (const json::parse_error& e) {
+      throw Error(fmt::format("{}: JSON syntax: {}", path, e.what()));
+    }
+    return scenario_from_json(j);
+  }
   return parse_scenario(text.str(), path);
 }
 

@@ -42,7 +42,7 @@ class Checker {
       flush("SEND/RECV");
     }
     // Unit durations: the question is only whether every op can complete.
-    detail::replay_indexed(plan_, ix_, [](const Op&, int) -> std::int64_t { return 1; });
+    detail::replay_indexed(plan_, ix_, [](const Op&, int) -> std::int64_t { return 1; }, false);
     return memory();
   }
 
@@ -270,16 +270,17 @@ class Checker {
           const int from_rank = rank_of(prod);
           const int to_rank = st.rank_of[static_cast<std::size_t>(to)];
           const OpKind payload = fwd ? OpKind::F : OpKind::B;
-          const std::string s_text = op_to_text(comm(OpKind::SEND, op(prod), payload, to_rank));
-          const std::string r_text = op_to_text(comm(OpKind::RECV, op(prod), payload, from_rank));
+          // Texts only when there is something to report.
+          auto s_text = [&] { return op_to_text(comm(OpKind::SEND, op(prod), payload, to_rank)); };
+          auto r_text = [&] { return op_to_text(comm(OpKind::RECV, op(prod), payload, from_rank)); };
           if (send < 0 && recv < 0)
             problem(fmt::format("{} feeds virtual stage {} on rank {} but neither {} on rank {} nor {} on rank {} "
                                 "exists",
-                                where(prod), to, to_rank, s_text, from_rank, r_text, to_rank));
+                                where(prod), to, to_rank, s_text(), from_rank, r_text(), to_rank));
           else if (send < 0)
-            problem(fmt::format("{} has no matching {} on rank {}", where(recv), s_text, from_rank));
+            problem(fmt::format("{} has no matching {} on rank {}", where(recv), s_text(), from_rank));
           else if (recv < 0)
-            problem(fmt::format("{} has no matching {} on rank {}", where(send), r_text, to_rank));
+            problem(fmt::format("{} has no matching {} on rank {}", where(send), r_text(), to_rank));
           else {
             const Op& so = op(send);
             const Op& ro = op(recv);

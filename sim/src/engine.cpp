@@ -47,6 +47,7 @@ struct RankInfo {
 
 struct OpState {
   double start = -1, end = -1;
+  double xfer = -1;  ///< comm ops: when data started to move (both sides posted)
   bool posted = false, done = false;
   int recv_steps = 0;  ///< plain ring collectives: steps received from the predecessor
 };
@@ -512,6 +513,7 @@ void Model::post(int gi, int op, std::vector<PendingComm>& mine) {
   ++flows_;
   // SimGrid 3.32's wait_any never completes a 0-byte sendto; one byte costs < 0.1 ns.
   mine.push_back({sg4::Comm::sendto_async(from, to, std::max(bytes, 1.0)), sg, so, rg, ro});
+  gpus_[sg].ops[so].xfer = gpus_[rg].ops[ro].xfer = sg4::Engine::get_clock();
 }
 
 void Model::p2p_actor(int gi) {
@@ -621,7 +623,7 @@ void Model::dp_actor(int gi) {
   for (int op : info.stream_ops[2]) {
     wait_deps(gi, op, 2);
     const ir::Op& o = plan_.ranks[g.stage][op];
-    g.ops[op].start = sg4::Engine::get_clock();
+    g.ops[op].start = g.ops[op].xfer = sg4::Engine::get_clock();
     g.ops[op].posted = true;
     notify(gi);
     if (ir::is_collective(o.kind)) run_collective(gi, op);
@@ -720,10 +722,15 @@ RawResult Model::run() {
     for (const auto& s : g.ops) makespan = std::max(makespan, s.end);
   out.makespan_ns = to_ns(makespan);
   out.timing.resize(plan_.num_ranks());
+  out.xfer_ns.resize(plan_.num_ranks());
   for (const auto& g : gpus_) {
     if (g.replica != 0 || g.tp != 0) continue;
     auto& t = out.timing[g.stage];
-    for (const auto& s : g.ops) t.emplace_back(to_ns(s.start), to_ns(s.end));
+    auto& x = out.xfer_ns[g.stage];
+    for (const auto& s : g.ops) {
+      t.emplace_back(to_ns(s.start), to_ns(s.end));
+      x.push_back(s.xfer < 0 ? -1 : to_ns(s.xfer));
+    }
   }
   if (track) {
     for (auto* l : links_) {

@@ -15,11 +15,13 @@ namespace tdpipe::sim::detail {
 struct RawResult {
   /// Representative pipeline (replica 0, TP rank 0): [rank][op] = {start_ns, end_ns}.
   std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> timing;
+  /// Same shape: when a comm op's data started to move (−1: not a comm op).
+  std::vector<std::vector<std::int64_t>> xfer_ns;
   std::int64_t makespan_ns = 0;  ///< over every simulated GPU
   std::vector<LinkUsage> links;
   std::int64_t gpus = 0, actors = 0, flows = 0;
   std::string collective;
-  double wall_seconds = 0;
+  double wall_seconds = 0, cpu_seconds = 0;
   std::int64_t peak_rss_bytes = 0;
 };
 

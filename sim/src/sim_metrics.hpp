@@ -15,4 +15,10 @@ namespace tdpipe::sim::detail {
 std::vector<double> peak_activation_bytes(
     const ir::Plan& plan, const std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>>& timing);
 
+/// Per rank: union of comm ops' [data starts moving, end) and its part outside compute.
+void transfer_time(const ir::Plan& plan,
+                   const std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>>& timing,
+                   const std::vector<std::vector<std::int64_t>>& xfer_ns, std::vector<std::int64_t>& transfer,
+                   std::vector<std::int64_t>& exposed);
+
 }  // namespace tdpipe::sim::detail

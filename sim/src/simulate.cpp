@@ -65,6 +65,8 @@ std::string encode(const detail::RawResult& r) {
       w.pod(e);
     }
   }
+  for (const auto& rank : r.xfer_ns)
+    for (auto x : rank) w.pod(x);
   w.pod(r.makespan_ns);
   w.pod<std::uint64_t>(r.links.size());
   for (const auto& l : r.links) {
@@ -78,6 +80,7 @@ std::string encode(const detail::RawResult& r) {
   w.pod(r.flows);
   w.str(r.collective);
   w.pod(r.wall_seconds);
+  w.pod(r.cpu_seconds);
   w.pod(r.peak_rss_bytes);
   return w.buf;
 }
@@ -93,6 +96,9 @@ detail::RawResult decode(const std::string& buf) {
       e = rd.pod<std::int64_t>();
     }
   }
+  r.xfer_ns.resize(r.timing.size());
+  for (std::size_t i = 0; i < r.timing.size(); ++i)
+    for (std::size_t k = 0; k < r.timing[i].size(); ++k) r.xfer_ns[i].push_back(rd.pod<std::int64_t>());
   r.makespan_ns = rd.pod<std::int64_t>();
   r.links.resize(rd.pod<std::uint64_t>());
   for (auto& l : r.links) {
@@ -106,6 +112,7 @@ detail::RawResult decode(const std::string& buf) {
   r.flows = rd.pod<std::int64_t>();
   r.collective = rd.str();
   r.wall_seconds = rd.pod<double>();
+  r.cpu_seconds = rd.pod<double>();
   r.peak_rss_bytes = rd.pod<std::int64_t>();
   return r;
 }
@@ -166,7 +173,11 @@ detail::RawResult run_in_child(const ir::Plan& plan, const SimOptions& options) 
           detail::run_engine(plan, options, options.progress ? std::function<void(double)>(progress) : nullptr);
       r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       struct rusage usage {};
-      if (::getrusage(RUSAGE_SELF, &usage) == 0) r.peak_rss_bytes = std::int64_t{usage.ru_maxrss} * 1024;
+      if (::getrusage(RUSAGE_SELF, &usage) == 0) {
+        r.peak_rss_bytes = std::int64_t{usage.ru_maxrss} * 1024;
+        r.cpu_seconds = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+                        1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+      }
       send_message(fds[1], 'R', encode(r));
     } catch (const std::exception& e) {
       send_message(fds[1], 'E', e.what());
@@ -270,12 +281,14 @@ SimResult simulate(const ir::Plan& plan, const SimOptions& options) {
   out.metrics = traces::compute_metrics(tr);
   out.iteration_seconds = static_cast<double>(out.metrics.iteration_ns) * 1e-9;
   out.peak_activation_bytes = detail::peak_activation_bytes(plan, raw.timing);
+  detail::transfer_time(plan, raw.timing, raw.xfer_ns, out.transfer_ns, out.exposed_transfer_ns);
   out.links = raw.links;
   out.simulated_gpus = raw.gpus;
   out.actors = raw.actors;
   out.flows = raw.flows;
   out.collective = raw.collective;
   out.engine_wall_seconds = raw.wall_seconds;
+  out.engine_cpu_seconds = raw.cpu_seconds;
   out.engine_peak_rss_bytes = raw.peak_rss_bytes;
   const ir::Scenario& sc = plan.scenario;
   if (!sc.synthetic && out.iteration_seconds > 0) {

@@ -58,6 +58,8 @@ TEST_CASE("gpipe and 1f1b with zero communication: iteration (m+p-1)(F+B+W), idl
       }
       CHECK(res.metrics.bubble_fraction == Approx(double(p - 1) / (m + p - 1)).epsilon(1e-12));
       CHECK(res.trace.origin == "simgrid");
+      // Free communication: RECVs wait for their peer, but no data takes time to move.
+      for (auto t : res.transfer_ns) CHECK(t == 0);
     }
   }
 }

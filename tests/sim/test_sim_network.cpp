@@ -27,6 +27,9 @@ TEST_CASE("an isolated inter-node transfer takes latency + size / NIC bandwidth"
   const double expected = 14e-6 + bytes / 25e9;
   CHECK(seconds(event(res.trace, 0, "SEND(F0>r1)")) == Approx(expected).epsilon(1e-6));
   CHECK(seconds(event(res.trace, 1, "RECV(F0<r0)")) == Approx(expected).epsilon(1e-6));
+  REQUIRE(res.transfer_ns.size() == 2);
+  CHECK(res.transfer_ns[0] == event(res.trace, 0, "SEND(F0>r1)").dur_ns);
+  CHECK(res.exposed_transfer_ns[1] == res.transfer_ns[1]);  // no compute to hide under
   // The NIC link ran at full speed while the flow was alone on it.
   REQUIRE(!res.links.empty());
   CHECK(res.links.front().peak_utilisation == Approx(1.0).epsilon(1e-6));

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -91,7 +92,10 @@ TEST_CASE("Chrome JSON round trip is exact", "[traces][chrome]") {
 }
 
 TEST_CASE("write_trace / read_trace through a file, with file errors", "[traces][chrome]") {
-  const std::string path = "test_chrome_json_roundtrip.json";
+  // Scratch files in the temp directory: ctest runs from the source tree.
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string path = (dir / "tdpipe_test_chrome_json_roundtrip.json").string();
+  const std::string bad = (dir / "tdpipe_test_chrome_json_bad.json").string();
   write_trace(sample(), path);
   REQUIRE(read_trace(path) == sample());
   std::remove(path.c_str());
@@ -101,12 +105,11 @@ TEST_CASE("write_trace / read_trace through a file, with file errors", "[traces]
   REQUIRE_THROWS_WITH(write_trace(sample(), "/nonexistent/dir/x.json"),
                       Catch::Contains("cannot write trace '/nonexistent/dir/x.json'"));
   {
-    std::ofstream out("test_chrome_json_bad.json");
+    std::ofstream out(bad);
     out << "{\"traceEvents\": [";
   }
-  REQUIRE_THROWS_WITH(read_trace("test_chrome_json_bad.json"),
-                      Catch::Contains("test_chrome_json_bad.json: not valid JSON"));
-  std::remove("test_chrome_json_bad.json");
+  REQUIRE_THROWS_WITH(read_trace(bad), Catch::Contains(bad + ": not valid JSON"));
+  std::remove(bad.c_str());
 }
 
 TEST_CASE("Foreign Chrome traces: pids and tids renumbered, kinds guessed from names", "[traces][chrome]") {

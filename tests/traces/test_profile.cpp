@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -46,7 +47,7 @@ TEST_CASE("Profile lookup takes the most specific entry", "[traces][profile]") {
 TEST_CASE("Profile JSON and file round trip; bad profiles are rejected", "[traces][profile]") {
   const Profile p = sample();
   REQUIRE(profile_from_json(to_json(p), "mem") == p);
-  const std::string path = "test_profile_roundtrip.json";
+  const std::string path = (std::filesystem::temp_directory_path() / "tdpipe_test_profile_roundtrip.json").string();
   write_profile(p, path);
   REQUIRE(read_profile(path) == p);
   std::remove(path.c_str());

@@ -239,6 +239,20 @@ TEST_CASE("level of detail: 100,000 ops at fit draw at most a few boxes per pixe
     CHECK(lane->last_stats().boxes_drawn <= view.viewport()->width());
     CHECK(lane->last_stats().labels_drawn == 0);
   }
+  // Zoomed out, a pixel shows how busy it is: the ops' mixed colour blended with
+  // the bubble shade by occupancy (80 % here), not a solid bar that hides idle time.
+  {
+    traces::TraceEvent f, bw;
+    f.kind = ir::OpKind::F;
+    bw.kind = ir::OpKind::BW;
+    const QColor cf = op_color(f), cb = op_color(bw);
+    auto expect = [&](int a, int b, int bubble) { return 0.8 * (a + b) / 2.0 + 0.2 * bubble; };
+    const Lane& l0 = model.lanes()[0];
+    const QColor got = img.pixelColor(view.widget_point(12'500'000, l0.y + l0.height / 2.0));
+    CHECK(std::abs(got.red() - expect(cf.red(), cb.red(), kBubbleColor.red())) <= 8);
+    CHECK(std::abs(got.green() - expect(cf.green(), cb.green(), kBubbleColor.green())) <= 8);
+    CHECK(std::abs(got.blue() - expect(cf.blue(), cb.blue(), kBubbleColor.blue())) <= 8);
+  }
   // Zoomed far in, only the ops in view are visited and they get labels.
   view.zoom(2000, 0);
   img = view.grab().toImage();

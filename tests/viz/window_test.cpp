@@ -3,6 +3,7 @@
 // export and the command line.
 #include <QApplication>
 #include <QDir>
+#include <QElapsedTimer>
 #include <QFile>
 #include <QMessageBox>
 #include <QProcess>
@@ -203,8 +204,11 @@ TEST_CASE("reload follows a changed file", "[gui][window]") {
   const auto n4 = w.model().trace(Side::Predicted).events.size();
   c.m = 6;
   traces::write_trace(make_1f1b(c), path.toStdString());
+  w.timeline()->zoom(3, 100);
+  const double zoomed = w.timeline()->px_per_ns();
   REQUIRE(w.reload());
   CHECK(w.model().trace(Side::Predicted).events.size() > n4);
+  CHECK(w.timeline()->px_per_ns() == zoomed);  // the reload kept the zoom
   // A reload that fails keeps the view and the watch.
   write_text(dir, "t.json", "{");
   CHECK_FALSE(w.reload());
@@ -241,4 +245,23 @@ TEST_CASE("any Chrome trace with X events opens: lanes per pid and tid", "[gui][
   // The same file as "measured" pairs every op with itself.
   REQUIRE(w.open(path, path));
   CHECK(w.model().pairing().pairs == 4);
+}
+
+TEST_CASE("a watched trace file reloads by itself when it changes", "[gui][window]") {
+  QTemporaryDir dir;
+  const QString path = dir.filePath("live.json");
+  OneFOneB c;
+  c.m = 2;
+  traces::write_trace(make_1f1b(c), path.toStdString());
+  ViewerWindow w;
+  REQUIRE(w.open(path, {}));
+  const auto before = w.model().trace(Side::Predicted).events.size();
+  c.m = 5;
+  traces::write_trace(make_1f1b(c), path.toStdString());
+  // The watcher fires, then a short quiet period, then the reload.
+  QElapsedTimer timer;
+  timer.start();
+  while (w.model().trace(Side::Predicted).events.size() == before && timer.elapsed() < 10'000)
+    QApplication::processEvents(QEventLoop::AllEvents, 50);
+  CHECK(w.model().trace(Side::Predicted).events.size() > before);
 }

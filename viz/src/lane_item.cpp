@@ -1,5 +1,6 @@
 // lane_item.cpp — painting one lane: active-window background (bubble shade on
-// compute lanes), ops as boxes with labels where they fit, sub-pixel ops merged.
+// compute lanes), ops as boxes with labels where they fit, sub-pixel ops binned per
+// pixel column and blended by occupancy.
 #include "tdpipe/viz/lane_item.hpp"
 
 #include <QFontMetrics>
@@ -7,6 +8,7 @@
 #include <QStyleOptionGraphicsItem>
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "tdpipe/viz/op_style.hpp"
 #include "tdpipe/viz/timeline_view.hpp"
@@ -14,32 +16,27 @@
 namespace tdpipe::viz {
 namespace {
 
-// Ops narrower than this many pixels are merged with their neighbours.
+// Ops narrower than this many pixels are not drawn as boxes: their busy time is
+// summed into per-pixel bins instead (level of detail).
 constexpr double kMergeBelowPx = 2.0;
+// More exposed pixels than this are never painted at once (guards the bins).
+constexpr double kMaxPaintWidthPx = 1 << 16;
 
-// A run of merged sub-pixel ops: its pixel extent and duration-weighted colour.
-struct Run {
-  double x0 = 0, x1 = 0;
-  double r = 0, g = 0, b = 0, w = 0;
-  bool open = false;
-
-  void add(double a0, double a1, QRgb c, double weight) {
-    if (!open) {
-      x0 = a0;
-      x1 = a1;
-      r = g = b = w = 0;
-      open = true;
-    }
-    x1 = std::max(x1, a1);
-    r += qRed(c) * weight;
-    g += qGreen(c) * weight;
-    b += qBlue(c) * weight;
-    w += weight;
-  }
-  QColor color() const {
-    return QColor(int(std::lround(r / w)), int(std::lround(g / w)), int(std::lround(b / w)));
-  }
+// Busy time and duration-weighted colour of the sub-pixel ops in one pixel column.
+struct Bin {
+  double busy = 0;  ///< in pixels, 0..1 (more when ops overlap)
+  double r = 0, g = 0, b = 0;
 };
+
+// Mix of the bin's ops' colour and the lane background by how busy the pixel is, so a
+// zoomed-out lane that is 40 % idle looks 40 % bubble rather than solid.
+QRgb bin_color(const Bin& bin, const QColor& bg) {
+  // Occupancy in 1/32 steps: invisible as colour, and neighbours merge into one rect.
+  const double occ = std::ceil(std::min(1.0, bin.busy) * 32) / 32;
+  const double w = bin.busy > 0 ? 1.0 / bin.busy : 0;
+  auto mix = [&](double c, int back) { return int(std::lround(c * w * occ + back * (1 - occ))); };
+  return qRgb(mix(bin.r, bg.red()), mix(bin.g, bg.green()), mix(bin.b, bg.blue()));
+}
 
 }  // namespace
 
@@ -65,7 +62,13 @@ void LaneItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
   const TimelineModel& model = *view_->model();
   const Lane& lane = model.lanes()[static_cast<std::size_t>(lane_)];
   const auto& events = model.trace(lane.side).events;
-  const QRectF exposed = option->exposedRect.isValid() ? option->exposedRect : boundingRect();
+  QRectF exposed = option->exposedRect.isValid() ? option->exposedRect : boundingRect();
+  if (exposed.width() > kMaxPaintWidthPx) {
+    // Painted whole (not through a view): keep to the part the view shows.
+    const double left = view_->mapToScene(QPoint(0, 0)).x();
+    exposed.setLeft(std::max(exposed.left(), left));
+    exposed.setRight(std::min(exposed.right(), left + std::min(kMaxPaintWidthPx, double(view_->viewport()->width()))));
+  }
   const double y = lane.y, h = lane.height;
 
   // Active window [0, end): bubble shade on compute lanes, grey on comm lanes. Nothing
@@ -93,33 +96,56 @@ void LaneItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
   p->setFont(font);
   const QFontMetrics fm(font);
   const bool room_for_text = box_h >= fm.ascent();
-
   p->setBrush(Qt::NoBrush);
-  Run run;
-  auto flush = [&] {
-    if (!run.open) return;
-    p->fillRect(QRectF(run.x0, box_y, std::max(1.0, run.x1 - run.x0), box_h), run.color());
-    ++stats_.boxes_drawn;
-    run.open = false;
-  };
 
+  // Pass 1: sub-pixel ops into bins, wide ops into a list drawn on top.
+  const double bin0 = std::floor(exposed.left()) - 2;
+  const auto nbins = static_cast<std::size_t>(std::ceil(exposed.right()) + 3 - bin0);
+  std::vector<Bin> bins(nbins);
+  std::vector<const PackedOp*> wide;
   for (; it != ops_.end(); ++it) {
     const PackedOp& op = *it;
     if (op.start_ns > t1) break;
     if (op.end_ns < t0) continue;
     ++stats_.events_visited;
-    const double x0 = std::floor(view_->scene_x(op.start_ns));
-    const double x1 = std::floor(view_->scene_x(op.end_ns));
-    if (x1 - x0 < kMergeBelowPx) {
-      // Sub-pixel op: extend the open run when it touches it, else start a new one.
-      if (run.open && x0 > run.x1 + 1) flush();
-      run.add(x0, std::max(x1, x0 + 1), op.color,
-              static_cast<double>(std::max<std::int64_t>(op.end_ns - op.start_ns, 1)));
+    const double fx0 = view_->scene_x(op.start_ns), fx1 = view_->scene_x(op.end_ns);
+    if (std::floor(fx1) - std::floor(fx0) >= kMergeBelowPx) {
+      wide.push_back(&op);
       continue;
     }
-    const QColor fill = QColor::fromRgb(op.color);
-    const auto& e = events[static_cast<std::size_t>(op.event)];
-    flush();
+    // Spread the op's extent over the pixel columns it touches; an instant (zero
+    // duration) still leaves a trace.
+    const double a = std::max(fx0, bin0);
+    const double b = std::min(op.end_ns > op.start_ns ? fx1 : fx0 + 0.05, bin0 + double(nbins));
+    for (double col = std::floor(a); col < b; col += 1) {
+      const double overlap = std::min(b, col + 1) - std::max(a, col);
+      if (overlap <= 0) continue;
+      Bin& bin = bins[static_cast<std::size_t>(col - bin0)];
+      bin.busy += overlap;
+      bin.r += qRed(op.color) * overlap;
+      bin.g += qGreen(op.color) * overlap;
+      bin.b += qBlue(op.color) * overlap;
+    }
+  }
+  // Pass 2: the bins, neighbours of one colour as one rectangle.
+  const QColor bg = lane.compute ? kBubbleColor : kCommLaneColor;
+  for (std::size_t i = 0; i < nbins;) {
+    if (bins[i].busy <= 0) {
+      ++i;
+      continue;
+    }
+    const QRgb c = bin_color(bins[i], bg);
+    std::size_t j = i + 1;
+    while (j < nbins && bins[j].busy > 0 && bin_color(bins[j], bg) == c) ++j;
+    p->fillRect(QRectF(bin0 + double(i), box_y, double(j - i), box_h), QColor::fromRgb(c));
+    ++stats_.boxes_drawn;
+    i = j;
+  }
+  // Pass 3: ops at least two pixels wide, with a border and a label where it fits.
+  for (const PackedOp* op : wide) {
+    const double x0 = std::floor(view_->scene_x(op->start_ns));
+    const double x1 = std::floor(view_->scene_x(op->end_ns));
+    const QColor fill = QColor::fromRgb(op->color);
     const QRectF box(x0, box_y, x1 - x0, box_h);
     p->fillRect(box, fill);
     ++stats_.boxes_drawn;
@@ -128,6 +154,7 @@ void LaneItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
       p->drawRect(box.adjusted(0, 0, -1, -1));
     }
     if (room_for_text && box.width() >= 12) {
+      const auto& e = events[static_cast<std::size_t>(op->event)];
       QString text = op_label(e);
       if (fm.horizontalAdvance(text) + 4 > box.width()) text = op_short_label(e);
       if (!text.isEmpty() && fm.horizontalAdvance(text) + 4 <= box.width()) {
@@ -137,7 +164,6 @@ void LaneItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
       }
     }
   }
-  flush();
 
   // The selected op and its twin: a dark outline, solid for the selection, dashed
   // for the twin, drawn last so neighbours cannot cover it.

@@ -39,6 +39,18 @@ void LegendBar::paintEvent(QPaintEvent*) {
     p.drawText(QRect(x, 0, fm.horizontalAdvance(e.text) + 2, height()), Qt::AlignVCenter, e.text);
     x += fm.horizontalAdvance(e.text) + 14;
   }
+  if (!entries_.empty()) {
+    // The ruler's markers.
+    p.setPen(Qt::NoPen);
+    p.setBrush(QColor(0x20, 0x20, 0x20));
+    const int mid = height() / 2;
+    p.drawPolygon(QPolygon{QPoint(x, mid - 4), QPoint(x + 10, mid - 4), QPoint(x + 5, mid + 4)});
+    x += 14;
+    const QString end = QStringLiteral("iteration end");
+    p.setPen(QColor(0x20, 0x20, 0x20));
+    p.drawText(QRect(x, 0, fm.horizontalAdvance(end) + 2, height()), Qt::AlignVCenter, end);
+    x += fm.horizontalAdvance(end) + 14;
+  }
   if (two_sides_) {
     // The lane labels carry the side; say so once, in the labels' own colours.
     const QString pred = QStringLiteral("pred lanes (blue labels)");

@@ -224,6 +224,23 @@ std::pair<std::int64_t, std::int64_t> TimelineView::visible_range() const {
   return {time_at_scene_x(left), time_at_scene_x(left + viewport()->width())};
 }
 
+TimelineView::ViewState TimelineView::view_state() const {
+  return {px_per_ns_, horizontalScrollBar()->value(), verticalScrollBar()->value(), fitted_};
+}
+
+void TimelineView::restore_view_state(const ViewState& state) {
+  if (state.fitted || state.px_per_ns <= 0) {
+    fit();
+  } else {
+    for (auto* item : items_) item->geometry_changing();
+    px_per_ns_ = state.px_per_ns;
+    fitted_ = false;
+    relayout();
+    horizontalScrollBar()->setValue(state.h_scroll);
+  }
+  verticalScrollBar()->setValue(state.v_scroll);
+}
+
 QPoint TimelineView::widget_point(std::int64_t t, double timeline_y) const {
   const QPoint vp = mapFromScene(QPointF(scene_x(t), timeline_y));
   return viewport()->mapTo(this, vp);

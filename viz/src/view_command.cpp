@@ -41,19 +41,18 @@ std::variant<ViewArgs, std::string> parse_view_args(const QStringList& args) {
   QStringList positional;
   for (int i = 0; i < args.size(); ++i) {
     const QString& a = args[i];
-    auto value = [&](const char* opt) -> std::optional<QString> {
+    auto value = [&]() -> std::optional<QString> {
       if (i + 1 >= args.size()) return std::nullopt;
-      (void)opt;
       return args[++i];
     };
     if (a == "-h" || a == "--help") {
       out.help = true;
     } else if (a == "--render") {
-      const auto v = value("--render");
+      const auto v = value();
       if (!v || v->isEmpty()) return std::string("--render needs an output file (e.g. --render out.png)");
       out.render_to = *v;
     } else if (a == "--width" || a == "--height") {
-      const auto v = value("");
+      const auto v = value();
       bool ok = false;
       const int n = v ? v->toInt(&ok) : 0;
       if (!ok || n < kMinSide || n > kMaxSide)
@@ -101,14 +100,27 @@ int render_headless(const ViewArgs& args) {
 }
 
 int run_view(int argc, char** argv) {
-  // Headless rendering must not need a display: choose the offscreen platform before
-  // the QApplication exists.
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--render") == 0) {
-      qputenv("QT_QPA_PLATFORM", "offscreen");
-      qInstallMessageHandler(quiet_offscreen_messages);
-      break;
+  // Decide what needs a display before the QApplication exists: --help needs none,
+  // and headless rendering gets the offscreen platform.
+  bool render = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
+      std::printf("%s", view_usage().c_str());
+      return 0;
     }
+    render = render || std::strcmp(argv[i], "--render") == 0;
+  }
+  if (render) {
+    qputenv("QT_QPA_PLATFORM", "offscreen");
+    qInstallMessageHandler(quiet_offscreen_messages);
+  } else if (qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM") && qEnvironmentVariableIsEmpty("DISPLAY") &&
+             qEnvironmentVariableIsEmpty("WAYLAND_DISPLAY")) {
+    // Without this, Qt aborts with a long plugin message; say what to do instead.
+    std::fprintf(stderr,
+                 "tdpipe-view: error: no display (DISPLAY and WAYLAND_DISPLAY are unset); "
+                 "use --render OUT.png to draw without one\n");
+    return 2;
+  }
   QApplication app(argc, argv);
   QApplication::setApplicationName(QStringLiteral("tdpipe-view"));
   const auto parsed = parse_view_args(QApplication::arguments().mid(1));

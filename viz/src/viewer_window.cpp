@@ -237,8 +237,10 @@ bool ViewerWindow::open(const QString& predicted, const QString& measured) {
 bool ViewerWindow::reload() {
   if (paths_[0].isEmpty() && paths_[1].isEmpty()) return false;
   const QString p = paths_[0], m = paths_[1];
+  const auto state = timeline_->view_state();  // a reload keeps zoom and scroll
   try {
     load(p, m);
+    timeline_->restore_view_state(state);
     statusBar()->showMessage(QStringLiteral("reloaded"), 3000);
     return true;
   } catch (const std::exception& e) {

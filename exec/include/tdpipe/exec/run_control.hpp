@@ -37,18 +37,27 @@ class RunControl {
   /// One line per blocked thread: "rank R (stream): what".
   std::string waiting_report() const;
 
-  /// Shared lock and condition for the host-side waits of the interpreter and the
-  /// in-process transport. wait() throws Aborted once the run failed.
+  /// Shared lock for the host-side waits of the interpreter and the in-process
+  /// transport. wait() throws Aborted once the run failed.
   std::mutex& mutex() { return mu_; }
+  /// Waits on the run's shared condition (woken by notify_all()).
   template <typename Pred>
   void wait(std::unique_lock<std::mutex>& lock, Pred pred) {
+    wait(lock, cv_, pred);
+  }
+  /// Waits on a caller's own condition, so that an event wakes only the threads it
+  /// concerns (a rank's streams, a transport peer) instead of every thread of the run.
+  /// A failure is noticed within kAbortPollMs even if nobody notifies `cv`.
+  template <typename Pred>
+  void wait(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Pred pred) {
     while (!pred()) {
       if (failed()) throw Aborted{};
-      cv_.wait_for(lock, std::chrono::milliseconds(50));
+      cv.wait_for(lock, std::chrono::milliseconds(kAbortPollMs));
     }
     if (failed()) throw Aborted{};
   }
   void notify_all() { cv_.notify_all(); }
+  static constexpr int kAbortPollMs = 20;
 
  private:
   mutable std::mutex mu_;

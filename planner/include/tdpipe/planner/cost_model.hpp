@@ -54,7 +54,7 @@ struct MemoryEstimate {
 /// The one set of efficiency constants of the default cost model (documented in
 /// cost_model.cpp; checked against Korthikanti et al. 2022 Table 5 in the tests).
 struct Efficiencies {
-  double gemm_max = 0.80;            ///< large-GEMM fraction of peak (cuBLAS on A100 reaches ~0.8)
+  double gemm_max = 0.79;            ///< large-GEMM fraction of peak (cuBLAS on A100 reaches ~0.8)
   double gemm_half_seconds = 64e-6;  ///< a GEMM that would take this long at peak runs at half of gemm_max
   double hbm = 0.90;                 ///< achieved fraction of HBM bandwidth for streaming kernels
   double nvlink = 0.65;              ///< NCCL ring bus bandwidth / NVLink per-direction bandwidth
@@ -117,7 +117,8 @@ std::vector<int> solve_slices_by(int seq, int slices,
                                  const std::function<double(double tokens, double prefix)>& cost);
 
 /// Fills flops / est_seconds / mem_bytes of every compute op of a compute-only plan
-/// (synthetic scenarios: the given F/B/W times, ÷S per slice; BW = B + W;
+/// (synthetic scenarios: the given per-chunk F/B/W times × synthetic.chunks / plan.chunks,
+/// ÷S per slice; BW = B + W;
 /// mem_bytes from synthetic.activation_bytes) and sets plan.slice_tokens (S > 1,
 /// model scenarios). Layers per chunk = layers / (p · plan.chunks).
 void apply_costs(ir::Plan& plan, const ir::Scenario& scenario);

@@ -74,10 +74,15 @@ struct SimResult {
   double tokens_per_second = 0; ///< global_batch · seq / iteration (0 for synthetic)
   double mfu = 0;               ///< model FLOPs / (iteration · GPUs · peak); 0 if unknown
   std::vector<double> peak_activation_bytes;  ///< per rank, from ops' mem_bytes
+  /// Per rank: time data was moving (a SEND/RECV from the later post to completion, a
+  /// collective from start to end) — unlike the trace's comm events, waiting for a
+  /// peer to post is not counted. Exposed: the part when no compute op ran.
+  std::vector<std::int64_t> transfer_ns, exposed_transfer_ns;
   std::vector<LinkUsage> links; ///< most loaded links first
   std::int64_t simulated_gpus = 0, actors = 0, flows = 0;
   std::string collective;       ///< algorithm used for DP collectives ("ring" / "tree" / "")
   double engine_wall_seconds = 0;     ///< platform build + simulation, in the SimGrid process
+  double engine_cpu_seconds = 0;      ///< CPU time of the SimGrid process (user + system)
   std::int64_t engine_peak_rss_bytes = 0;  ///< peak RSS of the SimGrid process
 };
 

@@ -1,6 +1,8 @@
 // lane_item.hpp — one timeline lane as a QGraphicsItem that paints only the exposed
-// time range, merging ops narrower than a pixel into runs (level of detail), so a
-// lane with 100,000+ ops costs O(visible ops) and O(pixels) to draw.
+// time range. Level of detail: ops under two pixels wide are summed into per-pixel
+// bins whose colour blends the ops' colour with the lane background by how busy the
+// pixel is, so a lane with 100,000+ ops costs O(visible ops) + O(pixels) to draw and
+// zoomed-out idle time still shows as bubble.
 #pragma once
 
 #include <QColor>

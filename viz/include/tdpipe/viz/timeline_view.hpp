@@ -49,6 +49,16 @@ class TimelineView : public QGraphicsView {
   /// The visible time range [first, last] in ns.
   std::pair<std::int64_t, std::int64_t> visible_range() const;
 
+  /// Zoom and scroll position, to keep across a reload.
+  struct ViewState {
+    double px_per_ns = 0;
+    int h_scroll = 0, v_scroll = 0;
+    bool fitted = true;
+  };
+  ViewState view_state() const;
+  /// Restores a view_state(); a fitted state refits to the current traces.
+  void restore_view_state(const ViewState& state);
+
   /// A point in this widget's coordinates (as in grab()) for time t at timeline y.
   QPoint widget_point(std::int64_t t_ns, double timeline_y) const;
 

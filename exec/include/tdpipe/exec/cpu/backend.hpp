@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -76,6 +77,8 @@ class CpuFabric {
   struct Pending;
   RunControl* control_;
   std::map<std::tuple<int, int, int>, std::vector<Pending*>> sends_, recvs_;
+  /// One condition per (communicator, world rank): a match wakes its two posters only.
+  std::map<std::pair<int, int>, std::condition_variable> wake_;
 };
 
 /// Transport of one (replica, pipeline rank) over a CpuFabric.

@@ -35,4 +35,8 @@ TransportMeasurement measure_transport(int repeats);
 /// micro-benchmarks; returns the profile with this machine's platform.
 traces::Profile calibrate(const ir::Plan& plan, const CalibrateOptions& options);
 
+/// Same over several plans of one layout (e.g. 1f1b for F/BW and zb-h1 for split
+/// B/W): ops are measured in each; an op the first plans measured is kept from them.
+traces::Profile calibrate(const std::vector<ir::Plan>& plans, const CalibrateOptions& options);
+
 }  // namespace tdpipe::exec::cpu

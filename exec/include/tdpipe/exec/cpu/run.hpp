@@ -18,6 +18,9 @@ struct CpuRunOptions {
   double watchdog_seconds = 30;
   /// Step whose timeline goes into RunResult::trace (−1: the last).
   int trace_step = -1;
+  /// Pin rank w's threads to core w mod cores. Helps when each rank has a core of its
+  /// own; hurts when ranks outnumber cores or the machine is shared, hence off.
+  bool pin_threads = false;
   /// Also keep every step's timeline in RunResult::step_traces (calibration).
   bool keep_step_traces = false;
 };

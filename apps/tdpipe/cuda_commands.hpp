@@ -1,0 +1,28 @@
+// cuda_commands.hpp — the CUDA halves of `tdpipe exec` and `tdpipe calibrate`
+// (cmd_exec_cuda.cpp), called by cmd_exec.cpp / cmd_calibrate.cpp for --backend cuda
+// when the build has the CUDA backend (TDPIPE_HAVE_CUDA).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tdpipe::apps {
+
+struct CudaExecRequest {
+  std::string scenario, schedule, transport = "loopback", trace_out, corpus;
+  int slices = 0, steps = 20, device = -1;
+  double lr = 3e-3, watchdog = 120;
+  std::uint64_t seed = 7;
+  bool json = false, check = false;
+};
+/// Trains on GPUs and prints what the CPU backend prints (root process only).
+void run_exec_cuda(const CudaExecRequest& request);
+
+struct CudaCalibrateRequest {
+  std::string scenario, schedule, output, corpus;
+  int slices = 0, steps = 5, warmup = 2, device = -1;
+};
+/// Measures this GPU's op costs (loopback run) and writes the profile.
+void run_calibrate_cuda(const CudaCalibrateRequest& request);
+
+}  // namespace tdpipe::apps

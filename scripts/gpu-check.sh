@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# gpu-check.sh — the CUDA backend's check on a GPU machine (issue 5), ≤ 8 minutes on
+# one H200. Prepared on a machine without a GPU; run it from the repository root on
+# the GPU machine, after `scripts/gpu-carry.sh` ran on the dev machine and .carry/
+# travelled with the tree (device tool: carry: [".carry"]):
+#
+#   scripts/gpu-check.sh [OUT_DIR]        (default: $OUT/gpu-check or /tmp/gpu-check)
+#
+#  1. builds the `gpu` preset (CUDA toolkit + carried header-only libraries, no yaml-cpp);
+#  2. CUDA vs CPU backend on the tiny scenario — 1f1b, zb-h1, tdpipe S=4, 4 stages,
+#     loopback transport (GPU ctest cases; tolerances justified in
+#     tests/exec_cuda/gpu/test_gpu_equivalence.cpp), plus `tdpipe exec --check` figures;
+#  3. one decoder block's F, B, W at a GPT-3 175B per-tensor-shard width (h = 12288 / t 8
+#     = 1536, 12 heads of 128, ffn 4h, seq 2048) vs PyTorch eager, ratio printed;
+#  4. a 4-stage pipeline of each main schedule on the loopback transport: measured
+#     traces, `tdpipe calibrate --backend cuda`, a profile-driven prediction and
+#     `tdpipe compare` (median iteration-time error printed; goal ≤ 5 %).
+# Everything lands in OUT_DIR (traces/, profiles/, *.json, *.log, summary.txt).
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+out="${1:-${OUT:-/tmp}/gpu-check}"
+mkdir -p "$out/traces" "$out/profiles"
+t_start=$(date +%s)
+step() { echo; echo "== [$(( $(date +%s) - t_start )) s] $*" | tee -a "$out/summary.txt"; }
+say() { echo "$*" | tee -a "$out/summary.txt"; }
+: > "$out/summary.txt"
+
+if ! nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1; then
+  say "gpu-check: no GPU here (nvidia-smi failed) — nothing to check"; exit 77
+fi
+say "GPU: $(head -1 "$out/gpu.txt")"
+[ -d .carry/share/cmake ] || { say "gpu-check: .carry/ missing: run scripts/gpu-carry.sh on the dev machine and carry it"; exit 2; }
+
+# ---------------------------------------------------------------------- 1. build
+step "1/4 build the gpu preset"
+if ! cmake --preset gpu > "$out/configure.log" 2>&1; then tail -30 "$out/configure.log"; exit 1; fi
+if ! cmake --build --preset gpu -j "$(nproc)" > "$out/build.log" 2>&1; then
+  grep -E "error|Error" "$out/build.log" | head -30; exit 1
+fi
+tdp=build/gpu/apps/tdpipe
+say "built in $(( $(date +%s) - t_start )) s"
+
+# ------------------------------------------------------------- 2. CUDA vs CPU
+step "2/4 CUDA backend vs CPU backend (tiny scenario, 4 stages, loopback)"
+build/gpu/tests/exec_cuda/gpu/test_exec_cuda_gpu -r compact 2>&1 | tee "$out/gpu_tests.log" | tail -15
+tiny=tests/exec_cuda/data/tiny-gpt-cpu.json
+python3 - "$tiny" "$out/tiny-p4.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s["name"] = "tiny-gpt-p4"
+s["parallel"]["pipeline"] = 4
+s["parallel"]["global_batch"] = 16          # m = 8 micro-batches of 2
+s["cluster"]["gpus_per_node"] = 4
+json.dump(s, open(sys.argv[2], "w"), indent=2)
+PY
+for spec in "1f1b 1" "zb-h1 1" "tdpipe 4"; do
+  set -- $spec
+  "$tdp" exec "$out/tiny-p4.json" --backend cuda --transport loopback --schedule "$1" --slices "$2" \
+      --steps 3 --lr 1e-3 --check --json > "$out/check-$1-s$2.json" 2> "$out/check-$1-s$2.err" || cat "$out/check-$1-s$2.err"
+  python3 - "$out/check-$1-s$2.json" "$1 S=$2" <<'PY' | tee -a "$out/summary.txt"
+import json, sys
+try:
+    j = json.load(open(sys.argv[1])); r = j["reference"]
+    print(f"  {sys.argv[2]:12s} losses {['%.5f' % x for x in j['loss_per_step']]}  vs fp64 reference: "
+          f"loss {r['max_rel_loss_error']:.1e}, grads {r['max_rel_grad_error']:.1e}, weights {r['max_rel_weight_error']:.1e}")
+except Exception as e:
+    print(f"  {sys.argv[2]}: no result ({e})")
+PY
+done
+
+# --------------------------------------------------------- 3. one layer vs PyTorch
+step "3/4 one decoder block F/B/W vs PyTorch eager (h=1536, 12 heads, ffn 6144, seq 2048, b=2)"
+if build/gpu/bench/bench_cuda_layer --hidden 1536 --heads 12 --ffn 6144 --seq 2048 --micro-batch 2 \
+     --warmup 5 --iters 20 > "$out/layer_tdpipe.json" 2> "$out/layer_tdpipe.err"; then
+  timeout 120 python3 scripts/gpu-layer-vs-torch.py --tdpipe "$out/layer_tdpipe.json" \
+      --json-out "$out/layer_compare.json" 2>&1 | tee -a "$out/summary.txt"
+else
+  cat "$out/layer_tdpipe.err" | tee -a "$out/summary.txt"
+fi
+
+# ------------------------------------- 4. pipelines: measure, calibrate, predict, compare
+step "4/4 4-stage pipelines on loopback: measured vs predicted"
+scen="$out/gpu-pipe.json"
+python3 - "$tiny" "$scen" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+# Large enough that ops are GEMM-bound on an H200 (ms, not launch latency), small
+# enough for 7 schedules × (run + calibration) in the time budget.
+s["name"] = "gpu-check-gpt"
+s["model"].update({"name": "gpu-check-gpt", "layers": 8, "hidden": 1024, "heads": 8, "ffn": 4096,
+                   "seq": 1024, "vocab": 96, "dtype": "bf16"})
+s["parallel"].update({"pipeline": 4, "data": 1, "micro_batch": 4, "global_batch": 32, "chunks": 2, "slices": 4})
+s["cluster"]["gpus_per_node"] = 4
+json.dump(s, open(sys.argv[2], "w"), indent=2)
+PY
+: > "$out/compare.tsv"
+for spec in "gpipe 1" "1f1b 1" "interleaved 1" "zb-h1 1" "zb-h2 1" "zb-v 1" "tdpipe 4"; do
+  set -- $spec
+  name="$1-s$2"
+  if (( $(date +%s) - t_start > 450 )); then say "  $name: skipped (time budget)"; continue; fi
+  "$tdp" exec "$scen" --backend cuda --transport loopback --schedule "$1" --slices "$2" --steps 6 \
+      --trace-out "$out/traces/$name.cuda.json" --json > "$out/exec-$name.json" 2> "$out/exec-$name.err" \
+    || { say "  $name: exec failed: $(tail -2 "$out/exec-$name.err")"; continue; }
+  "$tdp" calibrate "$scen" --backend cuda --schedule "$1" --slices "$2" --steps 4 --warmup 2 \
+      -o "$out/profiles/$name.profile.json" > "$out/calibrate-$name.log" 2>&1 \
+    || { say "  $name: calibrate failed: $(tail -2 "$out/calibrate-$name.log")"; continue; }
+  # SimGrid is not on the GPU machine: predict with the profile-driven replay here;
+  # the profile and traces are kept for `tdpipe sim --engine simgrid --profile` elsewhere.
+  build/gpu/bench/bench_profile_replay "$scen" "$1" "$2" "$out/profiles/$name.profile.json" \
+      "$out/traces/$name.predicted.json" > "$out/predict-$name.log" 2>&1 \
+    || { say "  $name: prediction failed: $(tail -2 "$out/predict-$name.log")"; continue; }
+  "$tdp" compare "$out/traces/$name.predicted.json" "$out/traces/$name.cuda.json" --json > "$out/compare-$name.json" 2>&1
+  python3 - "$out/compare-$name.json" "$out/exec-$name.json" "$name" "$out/compare.tsv" <<'PY' | tee -a "$out/summary.txt"
+import json, sys
+try:
+    c = json.load(open(sys.argv[1])); e = json.load(open(sys.argv[2]))
+    err = c["iteration_error"] * 100
+    print(f"  {sys.argv[3]:14s} measured {e['iteration_time']*1e3:8.3f} ms/iter (trace step "
+          f"{c['measured_iteration_ns']/1e6:8.3f} ms), predicted {c['predicted_iteration_ns']/1e6:8.3f} ms, "
+          f"error {err:+6.2f} %, bubble error {c.get('bubble_error_pp', float('nan')):+5.2f} pp, final loss {e['final_loss']:.4f}")
+    open(sys.argv[4], "a").write(f"{sys.argv[3]}\t{err}\n")
+except Exception as ex:
+    print(f"  {sys.argv[3]}: no comparison ({ex})")
+PY
+done
+python3 - "$out/compare.tsv" <<'PY' | tee -a "$out/summary.txt"
+import statistics, sys
+errs = [abs(float(l.split("\t")[1])) for l in open(sys.argv[1]) if l.strip()]
+if errs:
+    print(f"median |iteration-time error| over {len(errs)} schedules: {statistics.median(errs):.2f} % (goal <= 5 %)")
+PY
+
+step "done in $(( $(date +%s) - t_start )) s — results in $out (summary.txt)"
+echo "To keep: copy $out/traces/*.cuda.json and $out/profiles/*.json to traces/samples/h200/$(date +%Y-%m-%d)/"
