@@ -7,18 +7,18 @@
 //
 // Order and batches (what makes blocking, NCCL-style transports deadlock-free for
 // every schedule, not only 1F1B): the compute-only plan is replayed once with its
-// own op costs (≥ 1 ns each) and every transfer is stamped with the time its
-// producer ends; each rank posts its SENDs and RECVs in that one global order. A
-// SEND goes right after its producer, a RECV as late as possible before its
-// consumer but after no compute op that ends later than the transfer is ready (so
-// with the reference costs no sender waits for a late RECV, and the lowered plan
-// times equal the compute-only ones), never past the next comm op of the rank;
-// comm ops that land between
-// the same two compute ops Y, Z form one batch — for 1F1B exactly Megatron's
-// send_forward_recv_backward & co. Why it cannot deadlock: take the earliest
-// unfinished transfer; everything its sender and receiver posted before it, and
-// every input of its producer, is an earlier transfer, hence done; so both sides
-// get posted and it completes.
+// own op costs (≥ 1 ns each; a synthetic scenario's p2p latency on cross-rank
+// dependencies) and every transfer is stamped with the time its producer ends;
+// each rank posts its SENDs and RECVs in that one global order. A SEND goes right
+// after its producer; a RECV as late as possible before its consumer, but after no
+// compute op that ends later than the transfer is ready (so, with the reference
+// costs, no sender waits for a late RECV and the lowered plan's times equal the
+// compute-only ones without latency), and never past the rank's next comm op. Comm
+// ops that land between the same two compute ops Y, Z form one batch (on 1F1B's
+// first rank exactly Megatron's send_forward_recv_backward pairs). Why it cannot
+// deadlock: take the earliest unfinished transfer; everything its sender and
+// receiver posted before it, and every input of its producer, is an earlier
+// transfer, hence done; so both sides get posted and it completes.
 //
 // Data parallelism (plan.data > 1): each chunk's gradient is cut into buckets of
 // at most bucket_bytes, chunks taken in the order their last W/BW runs (a bucket
@@ -94,7 +94,6 @@ class Lowerer {
     int from = 0, producer = 0;
     int to = 0, consumer = -1;  ///< consumer's old index on `to`, −1 if the plan lacks it
     Edge edge;                  ///< as seen by the sender (peer = to)
-    int recv_new = -1;          ///< the RECV's index in the lowered list of `to`
     std::int64_t bytes = 0;     ///< options.p2p_bytes(producer)
   };
 
@@ -208,17 +207,23 @@ class Lowerer {
       if (a.from != b.from) return a.from < b.from;
       return a.producer < b.producer;
     });
+    // Per rank, its comm ops in the global order with what placing them needs, so
+    // the per-rank passes below read one small sequential array.
     sequence_.resize(plan_.ranks.size());
     input_of_.resize(plan_.ranks.size());
     for (int k = 0; k < static_cast<int>(transfers_.size()); ++k) {
       const Transfer& t = transfers_[static_cast<std::size_t>(k)];
-      sequence_[static_cast<std::size_t>(t.from)].push_back(2 * k);
-      sequence_[static_cast<std::size_t>(t.to)].push_back(2 * k + 1);
+      const int send_bound = position_[static_cast<std::size_t>(t.from)][static_cast<std::size_t>(t.producer)];
+      sequence_[static_cast<std::size_t>(t.from)].push_back({2 * k, send_bound, t.ready});
+      auto& recv_seq = sequence_[static_cast<std::size_t>(t.to)];
+      const int recv_bound =
+          t.consumer >= 0 ? position_[static_cast<std::size_t>(t.to)][static_cast<std::size_t>(t.consumer)] : -1;
       if (t.consumer >= 0) {
         auto& inputs = input_of_[static_cast<std::size_t>(t.to)];
         if (inputs.empty()) inputs.assign(plan_.ranks[static_cast<std::size_t>(t.to)].size(), -1);
-        inputs[static_cast<std::size_t>(t.consumer)] = k;
+        inputs[static_cast<std::size_t>(t.consumer)] = static_cast<int>(recv_seq.size());
       }
+      recv_seq.push_back({2 * k + 1, recv_bound, t.ready});
     }
   }
 
@@ -226,27 +231,25 @@ class Lowerer {
   /// SENDs as early as possible, RECVs as late as possible, order kept.
   std::vector<int> slots(int r) const {
     const auto& seq = sequence_[static_cast<std::size_t>(r)];
-    const auto& position = position_[static_cast<std::size_t>(r)];
     const int count = static_cast<int>(compute_[static_cast<std::size_t>(r)].size());
     std::vector<int> earliest(seq.size()), slot(seq.size());
     int floor = 0;
     for (std::size_t i = 0; i < seq.size(); ++i) {
-      const Transfer& t = transfers_[static_cast<std::size_t>(seq[i] / 2)];
-      if (seq[i] % 2 == 0) floor = std::max(floor, position[static_cast<std::size_t>(t.producer)] + 1);
+      if (seq[i].id % 2 == 0) floor = std::max(floor, seq[i].bound + 1);
       earliest[i] = floor;
     }
+    const auto& ends = ends_[static_cast<std::size_t>(r)];
     int ceiling = count;
     for (std::size_t i = seq.size(); i-- > 0;) {
-      const Transfer& t = transfers_[static_cast<std::size_t>(seq[i] / 2)];
-      if (seq[i] % 2 == 0) {
+      if (seq[i].id % 2 == 0) {
         slot[i] = earliest[i];
       } else {
         // Before the consumer, and posted no later than the transfer is ready in the
         // reference timeline (after the last compute op that ends by then), so that
         // the sender never waits on a late RECV.
-        int latest = t.consumer >= 0 ? position[static_cast<std::size_t>(t.consumer)] : count;
-        const auto& ends = ends_[static_cast<std::size_t>(r)];
-        const int by_time = static_cast<int>(std::upper_bound(ends.begin(), ends.end(), t.ready) - ends.begin());
+        int latest = seq[i].bound >= 0 ? seq[i].bound : count;
+        const int by_time =
+            static_cast<int>(std::upper_bound(ends.begin(), ends.end(), seq[i].ready) - ends.begin());
         latest = std::min(latest, by_time);
         slot[i] = std::max(earliest[i], std::min(latest, ceiling));
       }
@@ -311,6 +314,7 @@ class Lowerer {
     out.reserve(compute.size() + seq.size() + dp_count + 1);
 
     const std::vector<int> slot = slots(r);
+    std::vector<int> recv_new(seq.size(), -1);  // [seq index] the RECV's new index
     std::size_t next = 0;  // next comm op of `seq`
     int batch_id = 0;
     std::vector<OpRef> allreduces;
@@ -322,13 +326,13 @@ class Lowerer {
       // Within a batch the order is free (posted together): SENDs first, as Megatron lists them.
       for (int pass = 0; pass < 2; ++pass)
         for (std::size_t i = next; i < end; ++i) {
-          const bool send = seq[i] % 2 == 0;
+          const bool send = seq[i].id % 2 == 0;
           if (send != (pass == 0)) continue;
-          Transfer& t = transfers_[static_cast<std::size_t>(seq[i] / 2)];
+          const Transfer& t = transfers_[static_cast<std::size_t>(seq[i].id / 2)];
           Op op = comm_op(send ? OpKind::SEND : OpKind::RECV, t.edge, send ? t.to : t.from, t.bytes);
           op.batch = batch;
           if (send) op.deps.push_back({r, new_index[static_cast<std::size_t>(t.producer)]});
-          else t.recv_new = static_cast<int>(out.size());
+          else recv_new[i] = static_cast<int>(out.size());
           out.push_back(std::move(op));
         }
       next = end;
@@ -345,7 +349,7 @@ class Lowerer {
       if (!op.deps.empty())
         remap_.push_back({r, static_cast<int>(out.size()), static_cast<int>(op.deps.size())});
       if (!inputs.empty() && inputs[static_cast<std::size_t>(old)] >= 0) {
-        const int recv = transfers_[static_cast<std::size_t>(inputs[static_cast<std::size_t>(old)])].recv_new;
+        const int recv = recv_new[static_cast<std::size_t>(inputs[static_cast<std::size_t>(old)])];
         if (recv >= 0) op.deps.push_back({r, recv});
       }
       new_index[static_cast<std::size_t>(old)] = static_cast<int>(out.size());
@@ -382,8 +386,13 @@ class Lowerer {
   std::vector<int> given_opt_;              ///< [rank] old index of an OPT in the input, −1
   std::vector<Transfer> transfers_;         ///< in the global order
   std::vector<std::vector<std::int64_t>> ends_;  ///< [rank][position] end of compute op in the reference timeline
-  std::vector<std::vector<int>> sequence_;  ///< [rank] 2k: SEND of transfer k, 2k+1: its RECV
-  std::vector<std::vector<int>> input_of_;  ///< [rank][old index] → transfer feeding it, −1
+  struct CommItem {
+    int id;              ///< 2k: SEND of transfer k, 2k+1: its RECV
+    int bound;           ///< SEND: producer's position; RECV: consumer's position (−1 none)
+    std::int64_t ready;  ///< the transfer's ready time
+  };
+  std::vector<std::vector<CommItem>> sequence_;  ///< [rank] comm ops in the global order
+  std::vector<std::vector<int>> input_of_;  ///< [rank][old index] → index in sequence_ of its RECV, −1
   std::vector<std::vector<int>> new_index_;  ///< [rank][old index] → new index
   /// Copied ops (rank, new index, how many leading deps) whose deps need new indices.
   std::vector<std::tuple<int, int, int>> remap_;

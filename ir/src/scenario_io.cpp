@@ -573,8 +573,8 @@ Scenario parse_scenario(std::string_view yaml_text, const std::string& source_na
 #if !TDPIPE_HAVE_YAML
   (void)yaml_text;
   throw Error(fmt::format("{}: this build reads JSON scenarios only (configured with TDPIPE_WITH_YAML=OFF, "
-                          "e.g. the `gpu` preset): convert the YAML on a full build, e.g. with "
-                          "tdpipe plan SCENARIO --json, or use a .json copy", source_name));
+                          "e.g. the `gpu` preset): pass a .json scenario (ir::to_json of the YAML, made on a "
+                          "full build; see tests/exec_cuda/data/)", source_name));
 #else
   YAML::Node root;
   try {

@@ -568,6 +568,11 @@ void Model::run_collective(int gi, int op) {
       tree = tree_allreduce_seconds(bytes, n, alpha, beta) < ring_allreduce_seconds(bytes, n, alpha, beta);
   }
   if (collective_.empty()) collective_ = tree ? "tree" : "ring";
+  if (synthetic_) {  // latency only, as the analytic engine charges it
+    const int hops = tree ? 2 * static_cast<int>(std::ceil(std::log2(n))) : steps;
+    if (hops > 0 && alpha > 0) sg4::this_actor::sleep_for(hops * alpha);
+    return;
+  }
   if (tree) {
     // Double binary tree: 2·⌈log2 n⌉ latency-bound hops, 2·S through the NIC (reduce + broadcast).
     const int depth = static_cast<int>(std::ceil(std::log2(n)));

@@ -75,7 +75,9 @@ PlatformSpec platform_for(const ir::Scenario& scenario, const FabricOptions& fab
   PlatformSpec s = platform_preset(hopper ? "dgx-h100-ndr" : "dgx-a100-hdr", c.nodes());
   s.name = scenario.name.empty() ? s.name : scenario.name;
   s.gpus_per_node = c.gpus_per_node;
-  s.nics_per_node = c.nics_per_node;
+  // More NICs than GPUs (the scenario default of 8 on small nodes): one NIC per GPU is
+  // all the compute traffic can use.
+  s.nics_per_node = c.nics_per_node > c.gpus_per_node && c.gpus_per_node > 0 ? c.gpus_per_node : c.nics_per_node;
   s.node_gpu.clear();
   for (const auto& g : c.groups)
     for (int i = 0; i < g.nodes; ++i) s.node_gpu.push_back(g.gpu);
@@ -121,8 +123,10 @@ void check_platform(const PlatformSpec& s) {
     bad(fmt::format("NIC bandwidth {} B/s; expected > 0", s.nic_bytes_per_second));
   if (s.nvlink_latency_seconds < 0 || s.ib_latency_seconds < 0 || s.ib_switch_hop_latency_seconds < 0)
     bad("negative latency");
-  if (s.fat_tree_levels < 1 || s.fat_tree_levels > 3)
-    bad(fmt::format("{} fat-tree levels; expected 1, 2 or 3", s.fat_tree_levels));
+  if (s.fat_tree_levels < 1 || s.fat_tree_levels > 2)
+    bad(fmt::format("{} fat-tree levels; expected 1 (one switch) or 2 (leaf + spine); 3-level "
+                    "trees are not modelled",
+                    s.fat_tree_levels));
   if (s.nodes_per_leaf <= 0) bad(fmt::format("nodes_per_leaf {}; expected ≥ 1", s.nodes_per_leaf));
   if (s.leaves_per_pod <= 0) bad(fmt::format("leaves_per_pod {}; expected ≥ 1", s.leaves_per_pod));
   if (!(s.oversubscription >= 1))

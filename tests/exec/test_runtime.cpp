@@ -7,7 +7,11 @@
 #include <catch2/catch.hpp>
 
 #include "exec_test_util.hpp"
+#include "tdpipe/exec/cpu/calibrate.hpp"
 #include "tdpipe/exec/cpu/run.hpp"
+#include "tdpipe/traces/chrome_json.hpp"
+
+#include <nlohmann/json.hpp>
 #include "tdpipe/exec/interpreter.hpp"
 #include "tdpipe/ir/error.hpp"
 
@@ -202,6 +206,59 @@ TEST_CASE("the tiny scenario learns: loss falls clearly in 200 steps", "[exec][t
   // of the corpus have a unigram entropy near 2.9 nats; bigram structure goes below.
   CHECK(first == Approx(std::log(96.0)).epsilon(0.05));
   CHECK(last10 < 2.5);
+}
+
+}  // namespace tdpipe::exec
+
+namespace tdpipe::exec {
+
+TEST_CASE("the measured trace survives the Chrome-trace round trip", "[exec][trace]") {
+  const auto built = planner::build_plan(test::small_scenario(2, 1, 4, 1), "tdpipe", 2);
+  cpu::CpuRunOptions opt;
+  opt.train = test::train_options(1);
+  const auto r = cpu::run_cpu(built.lowered, opt);
+  const traces::Trace back = traces::trace_from_chrome_json(traces::to_chrome_json(r.trace), "roundtrip");
+  CHECK(back.origin == "cpu");
+  CHECK(back.ranks == 2);
+  REQUIRE(back.events.size() == r.trace.events.size());
+  // Chrome traces carry µs; our ns survive to the µs (the format's resolution) at least.
+  std::multiset<std::tuple<int, int, std::string>> want, got;
+  for (const auto& e : r.trace.events) want.insert({e.rank, e.stream, e.name});
+  for (const auto& e : back.events) got.insert({e.rank, e.stream, e.name});
+  CHECK(got == want);
+  CHECK(back.metadata.at("backend") == "cpu");
+}
+
+TEST_CASE("calibration measures every op kind per virtual stage and the transport", "[exec][calibrate]") {
+  const ir::Scenario sc = test::small_scenario(2, 1, 4, 1);
+  cpu::CalibrateOptions opt;
+  opt.train = test::train_options(1);
+  opt.warmup_steps = 1;
+  opt.steps = 2;
+  opt.transport_repeats = 20;
+  const traces::Profile prof = cpu::calibrate(
+      std::vector<ir::Plan>{planner::build_plan(sc, "1f1b", 1).lowered, planner::build_plan(sc, "zb-h1", 1).lowered},
+      opt);
+  CHECK(prof.stages == 2);
+  CHECK(prof.platform.backend == "cpu");
+  CHECK(prof.platform.ranks == 2);
+  CHECK(prof.platform.cores >= 1);
+  CHECK(prof.metadata.at("schedule") == "1f1b+zb-h1");
+  std::map<std::pair<ir::OpKind, int>, traces::ProfileOp> ops;
+  for (const auto& op : prof.ops) ops[{op.kind, op.virtual_stage}] = op;
+  for (int stage : {0, 1})
+    for (ir::OpKind k : {ir::OpKind::F, ir::OpKind::B, ir::OpKind::W, ir::OpKind::BW, ir::OpKind::OPT}) {
+      INFO(ir::to_string(k) << " stage " << stage);
+      REQUIRE(ops.count({k, stage}) == 1);
+      const auto& op = ops.at({k, stage});
+      CHECK(op.seconds > 0);
+      CHECK(op.layers == 4);  // 8 layers over 2 stages
+      // m = 4 micro-batches × 2 measured steps; OPT once per step.
+      CHECK(op.samples == (k == ir::OpKind::OPT ? 2 : 8));
+    }
+  CHECK(prof.p2p.latency_seconds > 0);
+  CHECK(prof.p2p.bytes_per_second > 0);
+  CHECK(prof.collective.latency_seconds > 0);
 }
 
 }  // namespace tdpipe::exec

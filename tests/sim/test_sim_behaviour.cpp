@@ -11,6 +11,7 @@
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/sim/platform.hpp"
+#include "tdpipe/sim/profile_costs.hpp"
 #include "tdpipe/sim/simulate.hpp"
 
 using namespace tdpipe;
@@ -92,6 +93,21 @@ TEST_CASE("metrics: tokens/s, MFU and activation memory come with the timeline",
   CHECK(std::is_sorted(fractions.begin(), fractions.end()));
 }
 
+TEST_CASE("a calibration profile replaces the cost model's op times", "[sim][profile]") {
+  auto sc = a100_cluster(2, 8, 2, 1);
+  auto plan = empty_plan(sc, 2, 1);
+  plan.ranks[0].push_back(compute_op(ir::OpKind::F, 0, 1e-3));
+  plan.ranks[1].push_back(compute_op(ir::OpKind::F, 0, 1e-3));
+  traces::Profile prof;
+  prof.scenario = "test-a100";
+  prof.ops.push_back({ir::OpKind::F, 1, -1, 0, 5e-3, 3});  // stage 1 only
+  sim::SimOptions opt;
+  opt.op_seconds = sim::profile_op_seconds(prof, plan);
+  const auto res = sim::simulate(plan, opt);
+  CHECK(event(res.trace, 0, "F0").dur_ns == 1'000'000);  // not in the profile: est_seconds
+  CHECK(event(res.trace, 1, "F0").dur_ns == 5'000'000);
+}
+
 TEST_CASE("bad inputs are rejected with a message naming the problem", "[sim][errors]") {
   auto sc = a100_cluster(2, 8, 2, 1);
   SECTION("a plan that is not lowered") {
@@ -108,6 +124,9 @@ TEST_CASE("bad inputs are rejected with a message naming the problem", "[sim][er
     sim::SimOptions opt;
     opt.fabric.oversubscription = 0.5;
     REQUIRE_THROWS_WITH(sim::simulate(plan, opt), Contains("impossible fabric") && Contains("oversubscription"));
+    opt.fabric.oversubscription = 0;
+    opt.fabric.levels = 3;
+    REQUIRE_THROWS_WITH(sim::simulate(plan, opt), Contains("3-level trees are not modelled"));
     sc.cluster.nics_per_node = 3;
     REQUIRE_THROWS_WITH(sim::platform_for(sc), Contains("nics_per_node 3 must divide gpus_per_node 8"));
   }
@@ -125,6 +144,16 @@ TEST_CASE("bad inputs are rejected with a message naming the problem", "[sim][er
     plan.ranks[1].push_back(send_op(0, 1000));
     REQUIRE_THROWS_WITH(sim::simulate(plan),
                         Contains("deadlocked") && Contains("rank 0 p2p stream blocked at op 0 (RECV(F0<r1)"));
+  }
+  SECTION("a calibration profile measured for another scenario or depth") {
+    auto plan = empty_plan(sc, 2, 1);
+    traces::Profile prof;
+    prof.scenario = "tiny-gpt-cpu";
+    REQUIRE_THROWS_WITH(sim::profile_op_seconds(prof, plan),
+                        Contains("measured for scenario 'tiny-gpt-cpu'") && Contains("'test-a100'"));
+    prof.scenario = "test-a100";
+    prof.stages = 4;
+    REQUIRE_THROWS_WITH(sim::profile_op_seconds(prof, plan), Contains("p = 4") && Contains("p = 2"));
   }
   SECTION("an unknown platform preset") {
     REQUIRE_THROWS_WITH(sim::platform_preset("dgx-b300", 1), Contains("dgx-a100-hdr"));

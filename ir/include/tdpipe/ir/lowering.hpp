@@ -4,11 +4,13 @@
 // Megatron's batch_isend_irecv does): every rank posts its SENDs and RECVs in one
 // global order (transfers sorted by when their producer ends in a replay of the
 // compute-only plan); a SEND goes right after its producer, a RECV as late as
-// possible before its consumer; the comm ops between two consecutive compute ops
-// Y, Z of a rank (SENDs of Y's outputs, RECVs of Z's inputs) are posted as one
-// batch. For 1F1B this is exactly Megatron's pairing; for interleaved, zero-bubble
-// and TD-Pipe orders it stays deadlock-free where "pair Y's SENDs with Z's RECVs"
-// alone does not (see lowering.cpp).
+// possible before its consumer but no later than its data is ready; the comm ops
+// between two consecutive compute ops Y, Z of a rank (SENDs of Y's outputs, RECVs
+// of Z's inputs) are posted as one batch. For 1F1B this gives Megatron's
+// send_forward_recv_backward pairs on the first rank, while later ranks post a
+// forward's RECV as soon as its data is ready (the zero-bubble event timing);
+// for interleaved, zero-bubble and TD-Pipe orders it stays deadlock-free where
+// "pair Y's SENDs with Z's RECVs" alone does not (see lowering.cpp).
 #pragma once
 
 #include <cstdint>

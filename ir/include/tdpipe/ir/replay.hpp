@@ -28,7 +28,9 @@ using DurationFn = std::function<std::int64_t(const Op& op, int rank)>;
 
 /// Replays the plan. Semantics: each (rank, stream) runs its ops in plan order; an
 /// op starts when the previous op of its stream is done and its `deps` (and, for a
-/// compute op, the RECVs carrying its inputs) are done; comm ops sharing a `batch`
+/// compute op, the RECVs carrying its inputs, or in a compute-only plan its producers
+/// themselves; for a SEND, the op on its rank that produces what it carries) are
+/// done; comm ops sharing a `batch`
 /// are posted together and the stream moves on when all of them completed; a
 /// SEND/RECV pair completes `duration` after both sides are posted. Compute-only
 /// plans: a cross-rank dependency adds the duration the function gives for a

@@ -7,8 +7,8 @@
 // switch holds all NICs of `nodes_per_leaf` consecutive nodes; rail-optimised: a leaf
 // ("rail switch") holds NIC j of the `nodes_per_leaf` nodes of a scalable unit. Leaves
 // reach the spine through one aggregated up and one down link of capacity
-// (NICs under the leaf × NIC bandwidth) / oversubscription (ECMP assumed perfect); a
-// 3-level tree adds the same per pod of `leaves_per_pod` leaves. Each link carries one
+// (NICs under the leaf × NIC bandwidth) / oversubscription (ECMP assumed perfect; the
+// spine itself is non-blocking). Each link carries one
 // hop's latency: NVLink hops nvlink_latency/2 (so GPU→NVSwitch→GPU costs the scenario's
 // nvlink latency), NIC hops ib_latency/2 (NIC→leaf→NIC costs the scenario's ib latency),
 // and every switch-to-switch hop ib_switch_hop_latency.
@@ -36,9 +36,9 @@ struct PlatformSpec {
   double ib_latency_seconds = 0;            ///< NIC → leaf → NIC
   double ib_switch_hop_latency_seconds = 0; ///< each leaf↔spine / spine↔core hop
   Topology topology = Topology::FatTree;
-  int fat_tree_levels = 2;     ///< 1: one switch; 2: leaf + spine; 3: leaf + spine + core
+  int fat_tree_levels = 2;     ///< 1: one switch; 2: leaf + spine (3 is rejected)
   int nodes_per_leaf = 16;     ///< fat-tree leaf / rail-optimised scalable unit
-  int leaves_per_pod = 16;     ///< 3-level trees only
+  int leaves_per_pod = 16;     ///< reserved for 3-level trees (not modelled)
   double oversubscription = 1; ///< leaf (and pod) down:up capacity ratio, ≥ 1
 
   int gpus() const { return nodes * gpus_per_node; }
@@ -66,7 +66,7 @@ std::vector<std::string> platform_preset_names();
 PlatformSpec platform_for(const ir::Scenario& scenario, const FabricOptions& fabric = {});
 
 /// Rejects impossible fabrics: no nodes, gpus_per_node not a multiple of
-/// nics_per_node, non-positive bandwidths, negative latencies, levels outside 1–3,
+/// nics_per_node, non-positive bandwidths, negative latencies, levels outside 1–2,
 /// oversubscription < 1, a cluster larger than the tree can hold.
 void check_platform(const PlatformSpec& spec);
 
