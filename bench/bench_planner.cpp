@@ -1,18 +1,27 @@
 // bench_planner.cpp — prints how long planning takes and how much memory it needs
-// (make_schedule + lower + validate for p=64, m=1024, v=4 interleaved), and the
-// analytic evaluator's throughput in ops/s on large plans. Figures, no pass/fail.
+// (the full planner::build_plan path, then its parts make_schedule + lower +
+// validate, for p=64, m=1024, v=4 interleaved), and the analytic evaluator's
+// throughput in ops/s on large plans. Figures, no pass/fail.
 //
 //   build/<dir>/bench/bench_planner            (docs/BENCHMARKS.md records a run)
+//   build/<dir>/bench/bench_planner --build-plan-only   (first section only, e.g. under perf)
+#include <malloc.h>
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <chrono>
 #include <ctime>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "tdpipe/ir/lowering.hpp"
 #include "tdpipe/ir/replay.hpp"
+#include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/ir/validate.hpp"
+#include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/generators.hpp"
 
@@ -39,6 +48,25 @@ double rss_mib(const char* field) {
   while (std::getline(in, line))
     if (line.rfind(field, 0) == 0) return std::stod(line.substr(std::string(field).size())) / 1024.0;
   return -1;
+}
+
+/// Resets VmHWM to the current RSS (Linux ≥ 4.0), after handing freed heap back, so
+/// the next section's peak is its own.
+void reset_peak_rss() {
+  malloc_trim(0);
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
+
+/// User + system CPU seconds of this process (getrusage).
+double rusage_cpu() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 std::size_t count_ops(const ir::Plan& plan) {
@@ -109,11 +137,74 @@ ir::Plan make(const char* name, int p, int m, int v) {
   return plan;
 }
 
+/// Interleaved p=64 m=1024 v=4 with the README's synthetic costs.
+ir::Scenario synthetic_scenario() {
+  return ir::parse_scenario(R"(name: bench-synthetic-p64-m1024-v4
+synthetic:
+  stages: 64
+  microbatches: 1024
+  chunks: 4
+  time: {F: 18.522, B: 18.086, W: 9.337}
+  p2p_latency: 0.601
+schedule: interleaved
+)",
+                            "bench-synthetic");
+}
+
+/// A GPT-3-like model (256 layers so that p·v = 256 divides them) on 64 nodes ×
+/// 8 A100: tensor 8, pipeline 64, 4 chunks, 1024 micro-batches.
+ir::Scenario model_scenario() {
+  return ir::parse_scenario(R"(name: bench-gpt3-256l-p64-v4
+model: {name: gpt3-256l, layers: 256, hidden: 12288, ffn: 49152, heads: 96, seq: 2048, vocab: 51200, dtype: bf16}
+cluster: {gpu: a100-80g, nodes: 64, gpus_per_node: 8, nvlink_gbps: 2400, ib_gbps_per_nic: 200, nics_per_node: 8, topology: fat-tree}
+parallel: {tensor: 8, pipeline: 64, data: 1, chunks: 4, micro_batch: 1, global_batch: 1024, recompute: selective, sequence_parallel: true, slices: 1}
+schedule: interleaved
+)",
+                            "bench-model");
+}
+
+/// planner::build_plan (generate, cost, lower, validate) then planner::evaluate on
+/// its lowered plan: wall time, CPU time (getrusage) and the peak RSS of each.
+void full_path(const char* label, const ir::Scenario& scenario) {
+  reset_peak_rss();
+  const double rss0 = rss_mib("VmRSS:");
+  double w0 = wall_now(), c0 = rusage_cpu();
+  planner::BuiltPlan built = planner::build_plan(scenario, "interleaved");
+  const double wall = wall_now() - w0, cpu = rusage_cpu() - c0;
+  const double peak = rss_mib("VmHWM:");
+  std::printf("  %-30s build_plan  wall %7.1f ms  cpu %7.1f ms  peak RSS %6.1f MiB (%.1f before)  %zu → %zu ops\n",
+              label, wall * 1e3, cpu * 1e3, peak, rss0, count_ops(built.compute_only), count_ops(built.lowered));
+  reset_peak_rss();
+  const double rss1 = rss_mib("VmRSS:");
+  w0 = wall_now();
+  c0 = rusage_cpu();
+  const traces::Trace trace = planner::evaluate(built.lowered);
+  const double ewall = wall_now() - w0, ecpu = rusage_cpu() - c0;
+  const double ops = static_cast<double>(count_ops(built.lowered));
+  std::int64_t makespan = 0;
+  for (const auto& e : trace.events) makespan = std::max(makespan, e.start_ns + e.dur_ns);
+  std::printf("  %-30s evaluate    wall %7.1f ms  cpu %7.1f ms  = %5.1f M ops/s (cpu)  +%.1f MiB peak  "
+              "iteration %.3f s\n",
+              "", ewall * 1e3, ecpu * 1e3, ops / ecpu / 1e6, rss_mib("VmHWM:") - rss1,
+              static_cast<double>(makespan) * 1e-9);
+}
+
 }  // namespace
 
-int main() {
-  std::printf("bench_planner — planner and analytic evaluator (times are process CPU time)\n\n");
-  std::printf("Planning interleaved p=64 m=1024 v=4 (make_schedule + lower + validate):\n");
+int main(int argc, char** argv) {
+  std::printf("bench_planner — planner and analytic evaluator\n\n");
+  std::printf("Full planning path, interleaved p=64 m=1024 v=4 (planner::build_plan, then planner::evaluate;\n"
+              "cpu = getrusage user+sys, peak RSS = VmHWM reset before each step):\n");
+  {
+    const ir::Scenario syn = synthetic_scenario();
+    const ir::Scenario model = model_scenario();
+    full_path("synthetic (bench-synthetic)", syn);
+    full_path("model (gpt3-like, 512 GPUs)", model);
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--build-plan-only") == 0) return 0;
+  reset_peak_rss();
+
+  std::printf("\nIts parts, on the same plan (times are process CPU time):\n");
   const double rss0 = rss_mib("VmRSS:");
   auto t0 = Clock::now();
   ir::Plan compute = make("interleaved", 64, 1024, 4);
@@ -141,7 +232,7 @@ int main() {
               t_validate * 1e3, rep.ranks[0].peak_inflight, peak);
   std::printf("  make + lower + validate(lowered): %.1f ms; with validate(compute) too: %.1f ms\n",
               (t_make + t_lower + t_validate) * 1e3, (t_make + t_validate0 + t_lower + t_validate) * 1e3);
-  std::printf("  (%.1f MiB before planning; an ir::Op is %zu bytes, plus a heap block for non-empty deps)\n", rss0,
+  std::printf("  (%.1f MiB before planning; an ir::Op is %zu bytes, plus a heap block for deps beyond the first)\n", rss0,
               sizeof(ir::Op));
   compute = ir::Plan{};
 

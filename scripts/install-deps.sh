@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libfmt-dev catch2
   libeigen3-dev libsimgrid-dev libopenmpi-dev openmpi-bin
-  qt6-base-dev qt6-charts-dev libqt6opengl6-dev libqt6svg6-dev libxkbcommon-dev
+  qt6-base-dev qt6-charts-dev libqt6opengl6-dev qt6-svg-dev libxkbcommon-dev
   libgl-dev libvulkan-dev xvfb
 )
 

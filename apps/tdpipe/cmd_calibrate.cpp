@@ -2,17 +2,14 @@
 // measure this machine's op costs for the scenario's layers and its transport, as a
 // profile `tdpipe sim --profile` reads.
 #include <algorithm>
-#include <iostream>
 #include <memory>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "commands.hpp"
 #include "cuda_commands.hpp"
+#include "exec_common.hpp"
 #include "tdpipe/exec/cpu/calibrate.hpp"
-#include "tdpipe/ir/error.hpp"
-#include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/traces/profile.hpp"
@@ -32,8 +29,8 @@ struct CalibrateArgs {
 };
 
 void run_calibrate(const CalibrateArgs& a) {
-  if (a.backend == "cuda") {
 #ifdef TDPIPE_HAVE_CUDA
+  if (a.backend == "cuda") {
     CudaCalibrateRequest c;
     c.scenario = a.scenario;
     c.schedule = a.schedule;
@@ -44,16 +41,13 @@ void run_calibrate(const CalibrateArgs& a) {
     c.warmup = a.warmup;
     run_calibrate_cuda(c);
     return;
-#else
-    throw Error("--backend cuda: this tdpipe was built without the CUDA backend (configure with "
-                "-DTDPIPE_WITH_CUDA=ON on a machine with nvcc and NCCL, e.g. the `gpu` preset)");
-#endif
   }
-  if (a.backend != "cpu")
-    throw Error(fmt::format("--backend {}: expected cpu or cuda", a.backend));
-  const ir::Scenario sc = ir::load_scenario(a.scenario);
-  const std::string schedule = a.schedule.empty() ? sc.schedule : a.schedule;
-  const planner::BuiltPlan built = planner::build_plan(sc, schedule, a.slices);
+#endif
+  check_cpu_backend(a.backend);
+  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices);
+  const ir::Scenario& sc = loaded.scenario;
+  const std::string& schedule = loaded.schedule;
+  const planner::BuiltPlan& built = loaded.built;
   exec::cpu::CalibrateOptions opt;
   opt.steps = a.steps;
   opt.warmup_steps = a.warmup;

@@ -5,59 +5,27 @@
 
 #if defined(TDPIPE_HAVE_CUDA)
 
-#include <algorithm>
-#include <cmath>
 #include <iostream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "exec_common.hpp"
 #include "tdpipe/exec/cpu/run.hpp"
 #include "tdpipe/exec/cuda/calibrate.hpp"
 #include "tdpipe/exec/cuda/run.hpp"
-#include "tdpipe/ir/error.hpp"
-#include "tdpipe/ir/scenario_io.hpp"
-#include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
 #include "tdpipe/traces/profile.hpp"
 
 namespace tdpipe::apps {
-namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-double max_rel(const exec::cpu::ParamMap& got, const exec::cpu::ParamMap& want) {
-  double worst = 0;
-  for (const auto& [name, w] : want) {
-    auto it = got.find(name);
-    if (it == got.end()) continue;  // NCCL runs hold only this process's tensors
-    double num = 0, den = 0;
-    for (std::size_t i = 0; i < w.size(); ++i) {
-      num += (it->second[i] - w[i]) * (it->second[i] - w[i]);
-      den += w[i] * w[i];
-    }
-    worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
-  }
-  return worst;
-}
-
-}  // namespace
 
 void run_exec_cuda(const CudaExecRequest& a) {
-  const ir::Scenario sc = ir::load_scenario(a.scenario);
-  const std::string schedule = a.schedule.empty() ? sc.schedule : a.schedule;
-  const planner::BuiltPlan built = planner::build_plan(sc, schedule, a.slices);
-  const ir::Plan& plan = built.lowered;
+  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices);
+  const ir::Scenario& sc = loaded.scenario;
+  const ir::Plan& plan = loaded.built.lowered;
 
   exec::cuda::CudaRunOptions opt;
-  opt.train.steps = a.steps;
-  opt.train.adam.lr = a.lr;
-  opt.train.data_seed = a.seed;
-  opt.train.corpus_path = a.corpus;
+  opt.train = train_options(a.steps, a.lr, a.seed, a.corpus);
   opt.transport = exec::cuda::transport_from_string(a.transport);
   opt.watchdog_seconds = a.watchdog;
   opt.device = a.device;
@@ -69,39 +37,16 @@ void run_exec_cuda(const CudaExecRequest& a) {
   }
   if (!r.root) return;
 
-  const auto& its = r.run.iteration_seconds;
-  std::vector<double> steady(its.begin() + (its.size() > 1 ? 1 : 0), its.end());
-  const double iteration = median(steady);
-  nlohmann::json j;
-  j["scenario"] = sc.name;
-  j["schedule"] = plan.schedule;
+  const double iteration = steady_iteration_seconds(r.run.iteration_seconds);
+  nlohmann::json j = run_report(sc, plan, a.steps, r.run, r.weights_l2, iteration, a.trace_out);
   j["backend"] = "cuda";
   j["transport"] = a.transport;
   j["device"] = r.device_name;
   j["processes"] = r.world_size;
-  j["pipeline"] = plan.stages;
-  j["data"] = plan.data;
-  j["microbatches"] = plan.microbatches;
-  j["chunks"] = plan.chunks;
-  j["slices"] = plan.slices;
-  j["steps"] = a.steps;
-  j["loss_per_step"] = r.run.loss_per_step;
-  j["final_loss"] = r.run.loss_per_step.empty() ? 0.0 : r.run.loss_per_step.back();
-  j["weights_l2"] = r.weights_l2;
-  j["iteration_time"] = iteration;
-  j["iteration_times"] = its;
-  if (!a.trace_out.empty()) j["trace"] = a.trace_out;
   if (a.check) {
-    exec::cpu::TrainOptions t = opt.train;
-    const auto ref = exec::cpu::run_reference(sc, plan.data, plan.microbatches, t);
-    double loss_err = 0;
-    for (std::size_t i = 0; i < ref.loss_per_step.size(); ++i)
-      loss_err = std::max(loss_err, std::abs(r.run.loss_per_step[i] - ref.loss_per_step[i]) /
-                                        std::abs(ref.loss_per_step[i]));
-    j["reference"] = {{"max_rel_loss_error", loss_err},
-                      {"max_rel_weight_error", max_rel(r.run.weights, ref.weights)},
-                      {"max_rel_grad_error", max_rel(r.run.grads, ref.grads)},
-                      {"note", "CPU fp64 single-device reference; the GPU computes GEMMs in bf16"}};
+    const auto ref = exec::cpu::run_reference(sc, plan.data, plan.microbatches, opt.train);
+    add_reference_errors(j, r.run, ref, /*skip_missing=*/true);  // NCCL runs hold only this process's tensors
+    j["reference"]["note"] = "CPU fp64 single-device reference; the GPU computes GEMMs in bf16";
   }
   if (a.json) {
     std::cout << j.dump(2) << "\n";
@@ -110,23 +55,14 @@ void run_exec_cuda(const CudaExecRequest& a) {
   fmt::print("{} on {}: p={} d={} m={} v={} S={}, cuda backend ({} transport, {}), {} steps\n", plan.schedule,
              sc.name, plan.stages, plan.data, plan.microbatches, plan.chunks, plan.slices, a.transport,
              r.device_name, a.steps);
-  for (std::size_t i = 0; i < r.run.loss_per_step.size(); ++i)
-    if (i < 5 || i + 5 >= r.run.loss_per_step.size() || i % 50 == 0)
-      fmt::print("  step {:>4}  loss {:.6f}  {:.3f} ms\n", i, r.run.loss_per_step[i], its[i] * 1e3);
-  fmt::print("final loss {:.6f}, weights L2 {:.9g}, iteration time {:.3f} ms (median after step 0)\n",
-             j["final_loss"].get<double>(), r.weights_l2, iteration * 1e3);
-  if (a.check)
-    fmt::print("vs single-device fp64 reference: loss {:.2e}, weights {:.2e}, grads {:.2e} (max relative)\n",
-               j["reference"]["max_rel_loss_error"].get<double>(),
-               j["reference"]["max_rel_weight_error"].get<double>(),
-               j["reference"]["max_rel_grad_error"].get<double>());
-  if (!a.trace_out.empty()) fmt::print("measured trace (last step): {}\n", a.trace_out);
+  print_run_report(j, r.run, r.weights_l2, iteration, 3, "single-device fp64 reference", a.trace_out);
 }
 
 void run_calibrate_cuda(const CudaCalibrateRequest& a) {
-  const ir::Scenario sc = ir::load_scenario(a.scenario);
-  const std::string schedule = a.schedule.empty() ? sc.schedule : a.schedule;
-  const planner::BuiltPlan built = planner::build_plan(sc, schedule, a.slices);
+  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices);
+  const ir::Scenario& sc = loaded.scenario;
+  const std::string& schedule = loaded.schedule;
+  const planner::BuiltPlan& built = loaded.built;
   exec::cuda::CudaCalibrateOptions opt;
   opt.steps = a.steps;
   opt.warmup_steps = a.warmup;

@@ -5,10 +5,7 @@
 #include "tdpipe/exec/cuda/run.hpp"
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
-#include <limits>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -26,6 +23,7 @@
 #include "nccl_transport.hpp"
 #include "tdpipe/exec/cuda/launch_env.hpp"
 #include "tdpipe/exec/interpreter.hpp"
+#include "tdpipe/exec/launch_common.hpp"
 #include "tdpipe/ir/error.hpp"
 
 namespace tdpipe::exec::cuda {
@@ -76,67 +74,6 @@ GpuInfo query_gpus() {
 
 namespace {
 
-// Fails the run when nothing started or ended for `timeout` while a thread waits.
-class Watchdog {
- public:
-  Watchdog(RunControl& control, double timeout_seconds, LoopbackFabric* fabric)
-      : control_(control), timeout_(timeout_seconds), fabric_(fabric), thread_([this] { loop(); }) {}
-  ~Watchdog() {
-    stop_ = true;
-    thread_.join();
-  }
-
- private:
-  void loop() {
-    using clock = std::chrono::steady_clock;
-    std::uint64_t last = control_.progress_count();
-    auto since = clock::now();
-    while (!stop_) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      const std::uint64_t now = control_.progress_count();
-      if (now != last) {
-        last = now;
-        since = clock::now();
-        continue;
-      }
-      if (std::chrono::duration<double>(clock::now() - since).count() < timeout_) continue;
-      std::string report = control_.waiting_report();
-      if (report.empty()) continue;
-      if (fabric_ != nullptr)
-        for (const auto& line : fabric_->p2p().pending()) report += "\n  unmatched: " + line;
-      std::ostringstream msg;
-      msg << "watchdog: no op started or finished for " << timeout_ << " s; blocked:\n" << report;
-      control_.fail(msg.str());
-      if (fabric_ != nullptr) fabric_->abort("watchdog fired");
-      return;
-    }
-  }
-  RunControl& control_;
-  double timeout_;
-  LoopbackFabric* fabric_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
-
-cpu::GptConfig config_for(const ir::Scenario& scenario, const cpu::TrainOptions& options) {
-  cpu::GptConfig c = cpu::GptConfig::from_scenario(scenario);
-  c.seed = options.init_seed;
-  return c;
-}
-
-cpu::Corpus corpus_for(const cpu::TrainOptions& options) {
-  return cpu::Corpus::load(options.corpus_path.empty() ? cpu::Corpus::default_path() : options.corpus_path);
-}
-
-void check_plan(const ir::Plan& plan) {
-  if (!plan.lowered)
-    throw Error("plan '" + plan.schedule + "' is not lowered: run ir::lower first (SEND/RECV are needed)");
-  if (plan.num_ranks() < 1) throw Error("plan has no ranks");
-  if (static_cast<int>(plan.stage_of.size()) != plan.num_ranks())
-    throw Error("plan.stage_of has " + std::to_string(plan.stage_of.size()) + " rows, expected one per rank (" +
-                std::to_string(plan.num_ranks()) + ")");
-}
-
 // Rough bytes one rank needs before any activation: weights, grads, Adam, bf16 copy,
 // plus one micro-batch's activations through its blocks (the least it must hold).
 std::int64_t minimum_bytes(const cpu::GptConfig& c, const ir::Plan& plan, int rank) {
@@ -159,8 +96,28 @@ std::string device_name(int device) {
   return prop.name;
 }
 
+struct DeviceSetup {
+  cpu::GptConfig config;
+  cpu::Corpus corpus;
+};
+// Makes `device` current (keeping its pool memory), loads the model config and the
+// corpus, and checks that `replicas` copies of `ranks` fit in what the device has free.
+DeviceSetup set_up_device(int device, const ir::Plan& plan, const cpu::TrainOptions& train,
+                          const std::vector<int>& ranks, int replicas) {
+  TDPIPE_CUDA_CHECK(cudaSetDevice(device));
+  keep_pool_memory(device);
+  DeviceSetup s{cpu::model_config(plan.scenario, train), cpu::training_corpus(train)};
+  std::int64_t need = 0;
+  for (int r : ranks) need += replicas * minimum_bytes(s.config, plan, r);
+  size_t free_b = 0, total_b = 0;
+  TDPIPE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  check_memory(need, static_cast<std::int64_t>(free_b), static_cast<std::int64_t>(total_b), device);
+  return s;
+}
+
 void fill_metadata(cpu::RunResult& r, const ir::Plan& plan, const cpu::GptConfig& c, const CudaRunOptions& o,
                    int trace_step, const std::string& device, int world) {
+  cpu::add_run_metadata(r.trace, plan, c, r, o.train.steps, trace_step);
   auto& md = r.trace.metadata;
   md["backend"] = "cuda";
   md["transport"] = std::string(to_string(o.transport));
@@ -173,26 +130,7 @@ void fill_metadata(cpu::RunResult& r, const ir::Plan& plan, const cpu::GptConfig
   md["cuda_driver"] = std::to_string(driver);
   md["nccl"] = std::to_string(nccl);
   md["precision"] = "bf16 GEMMs, fp32 accumulation, fp32 residual stream and master weights";
-  md["steps"] = std::to_string(o.train.steps);
-  md["trace_step"] = std::to_string(trace_step);
-  md["pipeline"] = std::to_string(plan.num_ranks());
-  md["data"] = std::to_string(std::max(1, plan.data));
-  md["microbatches"] = std::to_string(plan.microbatches);
-  md["chunks"] = std::to_string(plan.chunks);
-  md["slices"] = std::to_string(plan.slices);
   md["processes"] = std::to_string(world);
-  std::ostringstream it;
-  it.precision(9);
-  it << (r.iteration_seconds.empty() ? 0.0 : r.iteration_seconds[static_cast<std::size_t>(trace_step)]);
-  md["iteration_seconds"] = it.str();
-  std::ostringstream loss;
-  loss.precision(17);
-  loss << (r.loss_per_step.empty() ? 0.0 : r.loss_per_step.back());
-  md["loss"] = loss.str();
-  md["model"] = "layers=" + std::to_string(c.layers) + " hidden=" + std::to_string(c.hidden) +
-                " heads=" + std::to_string(c.heads) + " ffn=" + std::to_string(c.ffn) + " seq=" +
-                std::to_string(c.seq) + " vocab=" + std::to_string(c.vocab) + " micro_batch=" +
-                std::to_string(c.micro_batch);
 }
 
 double sum_squares(const cpu::ParamMap& m) {
@@ -213,17 +151,11 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
   if (device >= gpus.count)
     throw Error("--device " + std::to_string(device) + ": this machine has " + std::to_string(gpus.count) + " GPU" +
                 (gpus.count == 1 ? "" : "s"));
-  TDPIPE_CUDA_CHECK(cudaSetDevice(device));
-  keep_pool_memory(device);
-  const cpu::GptConfig config = config_for(plan.scenario, options.train);
-  const cpu::Corpus corpus = corpus_for(options.train);
-  {
-    std::int64_t need = 0;
-    for (int r = 0; r < p; ++r) need += d * minimum_bytes(config, plan, r);
-    size_t free_b = 0, total_b = 0;
-    TDPIPE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    check_memory(need, static_cast<std::int64_t>(free_b), static_cast<std::int64_t>(total_b), device);
-  }
+  std::vector<int> all_ranks(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r) all_ranks[static_cast<std::size_t>(r)] = r;
+  const DeviceSetup setup = set_up_device(device, plan, options.train, all_ranks, d);
+  const cpu::GptConfig& config = setup.config;
+  const cpu::Corpus& corpus = setup.corpus;
 
   RunControl control;
   LoopbackFabric fabric(control);
@@ -250,13 +182,15 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
   out.device_name = device_name(device);
   cpu::RunResult& result = out.run;
   const int steps = options.train.steps;
-  const int trace_step = options.trace_step < 0 ? steps - 1 : options.trace_step;
-  result.trace.origin = "cuda";
-  result.trace.schedule = plan.schedule;
-  result.trace.scenario = plan.scenario.name;
-  result.trace.ranks = p * d;
+  const int trace_step = resolve_trace_step(options.trace_step, steps);
+  result.trace = run_trace_header("cuda", plan, p * d);
   try {
-    Watchdog watchdog(control, options.watchdog_seconds, &fabric);
+    Watchdog watchdog(
+        control, options.watchdog_seconds,
+        [&fabric](std::string& report) {
+          for (const auto& line : fabric.p2p().pending()) report += "\n  unmatched: " + line;
+        },
+        [&fabric] { fabric.abort("watchdog fired"); });
     for (int step = 0; step < steps; ++step) {
       std::vector<RankStepResult> outs(static_cast<std::size_t>(p * d));
       TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -286,19 +220,8 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
       result.loss_per_step.push_back(loss);
       result.iteration_seconds.push_back(static_cast<double>(step_end - step_start) * 1e-9);
       if (step == trace_step || options.keep_step_traces) {
-        std::int64_t t0 = std::numeric_limits<std::int64_t>::max();
-        for (const auto& o : outs)
-          for (const auto& e : o.events) t0 = std::min(t0, e.start_ns);
-        traces::Trace t;
-        t.origin = result.trace.origin;
-        t.schedule = result.trace.schedule;
-        t.scenario = result.trace.scenario;
-        t.ranks = result.trace.ranks;
-        for (auto& o : outs)
-          for (auto& e : o.events) {
-            e.start_ns -= t0;
-            t.events.push_back(std::move(e));
-          }
+        traces::Trace t = run_trace_header("cuda", plan, p * d);
+        t.events = step_events(outs);
         if (options.keep_step_traces) result.step_traces.push_back(t);
         if (step == trace_step) result.trace.events = std::move(t.events);
       }
@@ -410,17 +333,10 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options) {
   const GpuInfo gpus = query_gpus();
   check_world(p * d, launch, /*loopback=*/false, gpus.count);
   const int device = select_device(launch, gpus.count);
-  TDPIPE_CUDA_CHECK(cudaSetDevice(device));
-  keep_pool_memory(device);
   const int world_rank = launch.rank, replica = world_rank / p, rank = world_rank % p;
-  const cpu::GptConfig config = config_for(plan.scenario, options.train);
-  const cpu::Corpus corpus = corpus_for(options.train);
-  {
-    size_t free_b = 0, total_b = 0;
-    TDPIPE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    check_memory(minimum_bytes(config, plan, rank), static_cast<std::int64_t>(free_b),
-                 static_cast<std::int64_t>(total_b), device);
-  }
+  const DeviceSetup setup = set_up_device(device, plan, options.train, {rank}, 1);
+  const cpu::GptConfig& config = setup.config;
+  const cpu::Corpus& corpus = setup.corpus;
   const ncclUniqueId id = exchange_id(launch);
   ncclComm_t world = nullptr, dp = nullptr;
   TDPIPE_NCCL_CHECK(ncclCommInitRank(&world, launch.world, id, world_rank));
@@ -465,14 +381,11 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options) {
   out.device_name = device_name(device);
   cpu::RunResult& result = out.run;
   const int steps = options.train.steps;
-  const int trace_step = options.trace_step < 0 ? steps - 1 : options.trace_step;
-  result.trace.origin = "cuda";
-  result.trace.schedule = plan.schedule;
-  result.trace.scenario = plan.scenario.name;
-  result.trace.ranks = p * d;
+  const int trace_step = resolve_trace_step(options.trace_step, steps);
+  result.trace = run_trace_header("cuda", plan, p * d);
   std::vector<traces::TraceEvent> mine;
   try {
-    Watchdog watchdog(control, options.watchdog_seconds, nullptr);
+    Watchdog watchdog(control, options.watchdog_seconds);
     for (int step = 0; step < steps; ++step) {
       world_sum(0);  // barrier: steps start together
       const std::int64_t step_start = clock.now_ns(ir::Stream::Compute);
@@ -533,12 +446,8 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options) {
     if (out.root) mine = deserialize(all);
   }
 #endif
-  std::int64_t t0 = std::numeric_limits<std::int64_t>::max();
-  for (const auto& e : mine) t0 = std::min(t0, e.start_ns);
-  for (auto& e : mine) {
-    e.start_ns -= t0;
-    result.trace.events.push_back(std::move(e));
-  }
+  rebase_to_zero(mine);
+  for (auto& e : mine) result.trace.events.push_back(std::move(e));
   fill_metadata(result, plan, config, options, trace_step, out.device_name, launch.world);
   result.trace.metadata["world_rank"] = std::to_string(world_rank);
   return out;
@@ -547,7 +456,7 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options) {
 }  // namespace
 
 CudaRunResult run_cuda(const ir::Plan& plan, const CudaRunOptions& options) {
-  check_plan(plan);
+  check_runnable(plan);
   if (options.train.steps < 1) throw Error("--steps: expected at least 1");
   return options.transport == TransportKind::Loopback ? run_loopback(plan, options) : run_nccl(plan, options);
 }

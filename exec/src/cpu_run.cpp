@@ -3,9 +3,7 @@
 #include "tdpipe/exec/cpu/run.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <limits>
 #include <thread>
 
 #include <pthread.h>
@@ -14,48 +12,11 @@
 #include <fmt/format.h>
 
 #include "tdpipe/exec/interpreter.hpp"
+#include "tdpipe/exec/launch_common.hpp"
 #include "tdpipe/ir/error.hpp"
 
 namespace tdpipe::exec::cpu {
 namespace {
-
-// Fails the run when nothing started or ended for `timeout` while a thread waits.
-class Watchdog {
- public:
-  Watchdog(RunControl& control, double timeout_seconds)
-      : control_(control), timeout_(timeout_seconds), thread_([this] { loop(); }) {}
-  ~Watchdog() {
-    stop_ = true;
-    thread_.join();
-  }
-
- private:
-  void loop() {
-    using clock = std::chrono::steady_clock;
-    std::uint64_t last = control_.progress_count();
-    auto since = clock::now();
-    const auto tick = std::chrono::milliseconds(std::clamp<long>(static_cast<long>(timeout_ * 100), 1, 50));
-    while (!stop_) {
-      std::this_thread::sleep_for(tick);
-      const std::uint64_t now = control_.progress_count();
-      if (now != last) {
-        last = now;
-        since = clock::now();
-        continue;
-      }
-      if (std::chrono::duration<double>(clock::now() - since).count() < timeout_) continue;
-      const std::string report = control_.waiting_report();
-      if (report.empty()) continue;
-      control_.fail(fmt::format("watchdog: no op started or finished for {:.3g} s; blocked:\n{}",
-                                timeout_, report));
-      return;
-    }
-  }
-  RunControl& control_;
-  double timeout_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
 
 // The stream threads a rank starts inherit this mask.
 void pin_to_core(int w) {
@@ -64,16 +25,6 @@ void pin_to_core(int w) {
   CPU_ZERO(&set);
   CPU_SET(static_cast<unsigned>(w) % cores, &set);
   pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-}
-
-GptConfig config_for(const ir::Scenario& scenario, const TrainOptions& options) {
-  GptConfig c = GptConfig::from_scenario(scenario);
-  c.seed = options.init_seed;
-  return c;
-}
-
-Corpus corpus_for(const TrainOptions& options) {
-  return Corpus::load(options.corpus_path.empty() ? Corpus::default_path() : options.corpus_path);
 }
 
 }  // namespace
@@ -86,16 +37,11 @@ double weights_l2(const ParamMap& params) {
 }
 
 RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
-  if (!plan.lowered)
-    throw Error(fmt::format("plan '{}' is not lowered: run ir::lower first (SEND/RECV are needed)",
-                            plan.schedule));
+  check_runnable(plan);
   const int p = plan.num_ranks();
   const int d = std::max(1, plan.data);
-  if (p < 1) throw Error("plan has no ranks");
-  if (static_cast<int>(plan.stage_of.size()) != p)
-    throw Error(fmt::format("plan.stage_of has {} rows, expected one per rank ({})", plan.stage_of.size(), p));
-  const GptConfig config = config_for(plan.scenario, options.train);
-  const Corpus corpus = corpus_for(options.train);
+  const GptConfig config = model_config(plan.scenario, options.train);
+  const Corpus corpus = training_corpus(options.train);
 
   RunControl control;
   CpuFabric fabric(control);
@@ -111,11 +57,8 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
 
   RunResult result;
   const int steps = options.train.steps;
-  const int trace_step = options.trace_step < 0 ? steps - 1 : options.trace_step;
-  result.trace.origin = "cpu";
-  result.trace.schedule = plan.schedule;
-  result.trace.scenario = plan.scenario.name;
-  result.trace.ranks = p * d;
+  const int trace_step = resolve_trace_step(options.trace_step, steps);
+  result.trace = run_trace_header("cpu", plan, p * d);
   {
     Watchdog watchdog(control, options.watchdog_seconds);
     for (int step = 0; step < steps; ++step) {
@@ -140,15 +83,8 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
       result.loss_per_step.push_back(loss);
       result.iteration_seconds.push_back(static_cast<double>(step_end - step_start) * 1e-9);
       if (step == trace_step || options.keep_step_traces) {
-        std::int64_t t0 = std::numeric_limits<std::int64_t>::max();
-        for (const auto& o : outs)
-          for (const auto& e : o.events) t0 = std::min(t0, e.start_ns);
-        traces::Trace t;
-        for (auto& o : outs)
-          for (auto& e : o.events) {
-            e.start_ns -= t0;
-            t.events.push_back(std::move(e));
-          }
+        traces::Trace t = run_trace_header("cpu", plan, p * d);
+        t.events = step_events(outs);
         if (options.keep_step_traces) result.step_traces.push_back(t);
         if (step == trace_step) result.trace.events = std::move(t.events);
       }
@@ -174,35 +110,18 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
       }
     }
 
-  for (auto& t : result.step_traces) {
-    t.origin = result.trace.origin;
-    t.schedule = result.trace.schedule;
-    t.scenario = result.trace.scenario;
-    t.ranks = result.trace.ranks;
-  }
+  add_run_metadata(result.trace, plan, config, result, steps, trace_step);
   auto& md = result.trace.metadata;
   md["backend"] = "cpu";
-  md["steps"] = std::to_string(steps);
-  md["trace_step"] = std::to_string(trace_step);
-  md["pipeline"] = std::to_string(p);
-  md["data"] = std::to_string(d);
-  md["microbatches"] = std::to_string(plan.microbatches);
-  md["chunks"] = std::to_string(plan.chunks);
-  md["slices"] = std::to_string(plan.slices);
   md["threads"] = std::to_string(p * d);
   md["hardware_concurrency"] = std::to_string(std::thread::hardware_concurrency());
-  md["iteration_seconds"] = fmt::format("{:.9g}", result.iteration_seconds.empty() ? 0.0 : result.iteration_seconds[static_cast<std::size_t>(trace_step)]);
-  md["loss"] = fmt::format("{:.17g}", result.loss_per_step.empty() ? 0.0 : result.loss_per_step.back());
-  md["model"] = fmt::format("layers={} hidden={} heads={} ffn={} seq={} vocab={} micro_batch={}",
-                            config.layers, config.hidden, config.heads, config.ffn, config.seq,
-                            config.vocab, config.micro_batch);
   return result;
 }
 
 RunResult run_reference(const ir::Scenario& scenario, int data, int microbatches,
                         const TrainOptions& options) {
-  const GptConfig config = config_for(scenario, options);
-  const Corpus corpus = corpus_for(options);
+  const GptConfig config = model_config(scenario, options);
+  const Corpus corpus = training_corpus(options);
   if (corpus.vocab() > config.vocab)
     throw Error(fmt::format("model.vocab = {} is smaller than the corpus's {} characters",
                             config.vocab, corpus.vocab()));

@@ -116,8 +116,7 @@ class Lowerer {
     return options_.p2p_bytes ? options_.p2p_bytes(producer) : 0;
   }
 
-  static Op comm_op(OpKind kind, const Edge& e, int peer, std::int64_t bytes) {
-    Op op;
+  static void fill_comm_op(Op& op, OpKind kind, const Edge& e, int peer, std::int64_t bytes) {
     op.kind = kind;
     op.payload = e.payload;
     op.mb = e.mb;
@@ -126,7 +125,6 @@ class Lowerer {
     op.peer = peer;
     op.bytes = bytes;
     op.stream = Stream::P2P;
-    return op;
   }
 
   /// Per rank: compute ops in order (OPT aside) and each op's position among them.
@@ -177,6 +175,10 @@ class Lowerer {
       throw Error(fmt::format("lower: the compute-only order cannot run to the end: {}", e.what()));
     }
     ends_.resize(plan_.ranks.size());
+    // At most one transfer per compute op: reserving avoids the doubling copies.
+    std::size_t compute_ops = 0;
+    for (const auto& c : compute_) compute_ops += c.size();
+    transfers_.reserve(compute_ops);
     for (int r = 0; r < plan_.num_ranks(); ++r) {
       const auto& in = plan_.ranks[static_cast<std::size_t>(r)];
       auto& ends = ends_[static_cast<std::size_t>(r)];
@@ -329,11 +331,12 @@ class Lowerer {
           const bool send = seq[i].id % 2 == 0;
           if (send != (pass == 0)) continue;
           const Transfer& t = transfers_[static_cast<std::size_t>(seq[i].id / 2)];
-          Op op = comm_op(send ? OpKind::SEND : OpKind::RECV, t.edge, send ? t.to : t.from, t.bytes);
+          if (!send) recv_new[i] = static_cast<int>(out.size());
+          // Built in place: a lowered plan has millions of ops, each copy counts.
+          Op& op = out.emplace_back();
+          fill_comm_op(op, send ? OpKind::SEND : OpKind::RECV, t.edge, send ? t.to : t.from, t.bytes);
           op.batch = batch;
           if (send) op.deps.push_back({r, new_index[static_cast<std::size_t>(t.producer)]});
-          else recv_new[i] = static_cast<int>(out.size());
-          out.push_back(std::move(op));
         }
       next = end;
       if (s > 0) {
@@ -345,15 +348,14 @@ class Lowerer {
       }
       if (s == count) break;
       const int old = compute[static_cast<std::size_t>(s)];
-      Op op = in[static_cast<std::size_t>(old)];
+      new_index[static_cast<std::size_t>(old)] = static_cast<int>(out.size());
+      Op& op = out.emplace_back(in[static_cast<std::size_t>(old)]);
       if (!op.deps.empty())
-        remap_.push_back({r, static_cast<int>(out.size()), static_cast<int>(op.deps.size())});
+        remap_.push_back({r, static_cast<int>(out.size()) - 1, static_cast<int>(op.deps.size())});
       if (!inputs.empty() && inputs[static_cast<std::size_t>(old)] >= 0) {
         const int recv = recv_new[static_cast<std::size_t>(inputs[static_cast<std::size_t>(old)])];
         if (recv >= 0) op.deps.push_back({r, recv});
       }
-      new_index[static_cast<std::size_t>(old)] = static_cast<int>(out.size());
-      out.push_back(std::move(op));
     }
 
     const int given = given_opt_[static_cast<std::size_t>(r)];

@@ -45,10 +45,24 @@ std::vector<std::vector<int>> default_stage_of(int stages, int chunks) {
 
 // ---------------------------------------------------------------- text: printing
 
+/// Appends an int in decimal; std::to_chars rather than fmt keeps op_to_text cheap
+/// enough for the evaluator, which names every op of a plan.
+void append_int(std::string& out, int value) {
+  char buf[16];
+  const auto res = std::to_chars(buf, buf + sizeof buf, value);
+  out.append(buf, res.ptr);
+}
+
 void append_ids(std::string& out, int mb, int chunk, int slice) {
-  if (mb != -1) fmt::format_to(std::back_inserter(out), "{}", mb);
-  if (chunk != 0) fmt::format_to(std::back_inserter(out), ".c{}", chunk);
-  if (slice != 0) fmt::format_to(std::back_inserter(out), ":s{}", slice);
+  if (mb != -1) append_int(out, mb);
+  if (chunk != 0) {
+    out += ".c";
+    append_int(out, chunk);
+  }
+  if (slice != 0) {
+    out += ":s";
+    append_int(out, slice);
+  }
 }
 
 void append_op(std::string& out, const Op& op) {
@@ -57,9 +71,13 @@ void append_op(std::string& out, const Op& op) {
     out += '(';
     out += to_string(op.payload);
     append_ids(out, op.mb, op.chunk, op.slice);
-    fmt::format_to(std::back_inserter(out), "{}r{})", op.kind == OpKind::SEND ? '>' : '<', op.peer);
+    out += op.kind == OpKind::SEND ? '>' : '<';
+    out += 'r';
+    append_int(out, op.peer);
+    out += ')';
   } else if (is_collective(op.kind)) {
-    fmt::format_to(std::back_inserter(out), "(b{}", op.tag);
+    out += "(b";
+    append_int(out, op.tag);
     append_ids(out, -1, op.chunk, op.slice);
     out += ')';
   } else {

@@ -256,7 +256,19 @@ class Checker {
     const int V = st.virtual_stages();
     const int keys = ix_.keys();
     // Every cross-rank data dependency needs its SEND on the producer's rank and its RECV on the consumer's.
+    // The SEND/RECV ops of a key are far apart in memory: fetch those of a key a few
+    // steps ahead so that reading their peer and bytes below does not stall.
+    constexpr int kAhead = 8;
+    auto prefetch = [&](int k) {
+      if (k >= keys) return;
+      for (detail::Slot slot : {detail::kSlotSendF, detail::kSlotRecvF, detail::kSlotSendB, detail::kSlotRecvB}) {
+        const int g = ix_.cell(slot, k);
+        if (g >= 0) __builtin_prefetch(&op(g));
+      }
+    };
+    for (int k = 0; k < kAhead; ++k) prefetch(k);
     for (int k = 0; k < keys; ++k) {
+      prefetch(k + kAhead);
       const int vs = ix_.stage_of_key(k);
       for (int which = 0; which < 2; ++which) {
         const bool fwd = which == 0;

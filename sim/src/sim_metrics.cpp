@@ -2,41 +2,11 @@
 #include "sim_metrics.hpp"
 
 #include <algorithm>
+#include <utility>
+
+#include "tdpipe/traces/metrics.hpp"
 
 namespace tdpipe::sim::detail {
-namespace {
-
-using Interval = std::pair<std::int64_t, std::int64_t>;
-
-std::vector<Interval> merge(std::vector<Interval> v) {
-  std::sort(v.begin(), v.end());
-  std::vector<Interval> out;
-  for (const auto& iv : v) {
-    if (iv.second <= iv.first) continue;
-    if (!out.empty() && iv.first <= out.back().second) out.back().second = std::max(out.back().second, iv.second);
-    else out.push_back(iv);
-  }
-  return out;
-}
-
-std::int64_t length(const std::vector<Interval>& v) {
-  std::int64_t n = 0;
-  for (const auto& iv : v) n += iv.second - iv.first;
-  return n;
-}
-
-std::int64_t overlap(const std::vector<Interval>& a, const std::vector<Interval>& b) {
-  std::int64_t n = 0;
-  std::size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    const std::int64_t lo = std::max(a[i].first, b[j].first), hi = std::min(a[i].second, b[j].second);
-    if (hi > lo) n += hi - lo;
-    (a[i].second < b[j].second) ? ++i : ++j;
-  }
-  return n;
-}
-
-}  // namespace
 
 void transfer_time(const ir::Plan& plan, const std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>>& timing,
                    const std::vector<std::vector<std::int64_t>>& xfer_ns, std::vector<std::int64_t>& transfer,
@@ -44,15 +14,15 @@ void transfer_time(const ir::Plan& plan, const std::vector<std::vector<std::pair
   transfer.clear();
   exposed.clear();
   for (int r = 0; r < plan.num_ranks(); ++r) {
-    std::vector<Interval> comp, comm;
+    std::vector<traces::TimeSpan> comp, comm;
     for (std::size_t i = 0; i < plan.ranks[r].size(); ++i) {
       const auto kind = plan.ranks[r][i].kind;
       if (ir::is_compute(kind)) comp.emplace_back(timing[r][i]);
       else if (xfer_ns[r][i] >= 0) comm.emplace_back(xfer_ns[r][i], timing[r][i].second);
     }
-    const auto c = merge(comp), k = merge(comm);
-    transfer.push_back(length(k));
-    exposed.push_back(length(k) - overlap(c, k));
+    const traces::BusyUnion u = traces::busy_union(std::move(comp), std::move(comm));
+    transfer.push_back(u.comm_ns);
+    exposed.push_back(u.exposed_comm_ns());
   }
 }
 

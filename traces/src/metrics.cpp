@@ -16,7 +16,7 @@
 namespace tdpipe::traces {
 namespace {
 
-using Interval = std::pair<std::int64_t, std::int64_t>;  // [start, end)
+using Interval = TimeSpan;  // [start, end)
 
 bool looks_like_comm(const std::string& name) {
   std::string lower(name.size(), ' ');
@@ -68,6 +68,16 @@ std::int64_t overlap(const std::vector<Interval>& a, const std::vector<Interval>
 
 }  // namespace
 
+BusyUnion busy_union(std::vector<TimeSpan> compute, std::vector<TimeSpan> comm) {
+  const auto c = merge(std::move(compute));
+  const auto x = merge(std::move(comm));
+  BusyUnion u;
+  u.compute_ns = length(c);
+  u.comm_ns = length(x);
+  u.hidden_comm_ns = overlap(c, x);
+  return u;
+}
+
 Metrics compute_metrics(const Trace& trace) {
   Metrics m;
   int ranks = trace.ranks;
@@ -86,12 +96,11 @@ Metrics compute_metrics(const Trace& trace) {
   m.ranks.resize(ranks);
   double compute_sum = 0;
   for (int r = 0; r < ranks; ++r) {
-    const auto c = merge(std::move(compute[r]));
-    const auto x = merge(std::move(comm[r]));
+    const BusyUnion u = busy_union(std::move(compute[r]), std::move(comm[r]));
     RankMetrics& rm = m.ranks[r];
-    rm.compute_ns = length(c);
-    rm.hidden_comm_ns = overlap(c, x);
-    rm.exposed_comm_ns = length(x) - rm.hidden_comm_ns;
+    rm.compute_ns = u.compute_ns;
+    rm.hidden_comm_ns = u.hidden_comm_ns;
+    rm.exposed_comm_ns = u.exposed_comm_ns();
     rm.idle_ns = m.iteration_ns - rm.compute_ns - rm.exposed_comm_ns;
     rm.idle_fraction = m.iteration_ns > 0 ? double(m.iteration_ns - rm.compute_ns) / double(m.iteration_ns) : 0;
     compute_sum += double(rm.compute_ns);

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tdpipe/ir/op_deps.hpp"
+
 namespace tdpipe::ir {
 
 /// What an op does. F/B/W/BW/OPT are compute; the rest move data.
@@ -34,29 +36,26 @@ enum class Stream : std::uint8_t {
   DP,       ///< data-parallel collectives
 };
 
-/// Refers to op `index` in rank `rank`'s list of a Plan.
-struct OpRef {
-  int rank = 0;
-  int index = 0;
-  friend bool operator==(const OpRef&, const OpRef&) = default;
-};
+// OpRef (rank, index) lives in op_deps.hpp with OpDeps, the type of Op::deps.
 
+/// Field order packs an Op into 80 bytes (the 1-byte enums first, then the ints);
+/// a lowered plan holds millions of them.
 struct Op {
   OpKind kind = OpKind::F;
+  OpKind payload = OpKind::F;      ///< SEND/RECV: F = activation, B = input gradient
+  Stream stream = Stream::Compute;
   int mb = -1;     ///< micro-batch; -1 where none (OPT, collectives)
   int chunk = 0;   ///< model chunk on this rank (virtual stage = Plan::stage_of)
   int slice = 0;   ///< temporal slice (TD-Pipe); 0 without slicing
 
   // Communication (SEND/RECV and collectives).
-  OpKind payload = OpKind::F;  ///< SEND/RECV: F = activation, B = input gradient
   int peer = -1;               ///< SEND/RECV: the other pipeline rank
-  std::int64_t bytes = 0;      ///< bytes moved (comm) — for compute, 0
   int tag = 0;                 ///< collectives: gradient bucket index
   int batch = -1;  ///< adjacent comm ops of one rank with the same batch id are
                    ///< posted together (one NCCL group); -1: alone
+  std::int64_t bytes = 0;      ///< bytes moved (comm) — for compute, 0
 
-  Stream stream = Stream::Compute;
-  std::vector<OpRef> deps;  ///< explicit dependencies not implied by order
+  OpDeps deps;  ///< explicit dependencies not implied by order (a std::vector-like list)
 
   // Cost as the planner's cost model sees it.
   double flops = 0;

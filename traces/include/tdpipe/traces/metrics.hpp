@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "tdpipe/traces/trace.hpp"
@@ -24,5 +25,21 @@ struct Metrics {
 };
 
 Metrics compute_metrics(const Trace& trace);
+
+/// A [start, end) span in ns; empty or reversed spans are ignored.
+using TimeSpan = std::pair<std::int64_t, std::int64_t>;
+
+/// One rank's busy time: each list's union (overlaps inside a list count once) and
+/// how much of the communication union lies under the compute union.
+struct BusyUnion {
+  std::int64_t compute_ns = 0;      ///< length of the union of `compute`
+  std::int64_t comm_ns = 0;         ///< length of the union of `comm`
+  std::int64_t hidden_comm_ns = 0;  ///< length of their intersection
+  std::int64_t exposed_comm_ns() const { return comm_ns - hidden_comm_ns; }
+};
+
+/// The union-of-intervals arithmetic behind compute_metrics, for callers that hold
+/// spans rather than a Trace (the simulator's predicted timeline).
+BusyUnion busy_union(std::vector<TimeSpan> compute, std::vector<TimeSpan> comm);
 
 }  // namespace tdpipe::traces

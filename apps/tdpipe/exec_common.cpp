@@ -1,0 +1,120 @@
+// exec_common.cpp — the backend-independent halves of `tdpipe exec` / `calibrate`.
+#ifdef TDPIPE_HAVE_EXEC
+
+#include "exec_common.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/scenario_io.hpp"
+
+namespace tdpipe::apps {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+}  // namespace
+
+LoadedPlan load_plan(const std::string& scenario_path, const std::string& schedule, int slices) {
+  LoadedPlan out;
+  out.scenario = ir::load_scenario(scenario_path);
+  out.schedule = schedule.empty() ? out.scenario.schedule : schedule;
+  out.built = planner::build_plan(out.scenario, out.schedule, slices);
+  return out;
+}
+
+void check_cpu_backend(const std::string& backend) {
+  if (backend == "cuda")
+    throw Error("--backend cuda: this tdpipe was built without the CUDA backend (configure with "
+                "-DTDPIPE_WITH_CUDA=ON on a machine with nvcc and NCCL, e.g. the `gpu` preset)");
+  if (backend != "cpu") throw Error(fmt::format("--backend {}: expected cpu or cuda", backend));
+}
+
+exec::cpu::TrainOptions train_options(int steps, double lr, std::uint64_t seed, const std::string& corpus) {
+  exec::cpu::TrainOptions t;
+  t.steps = steps;
+  t.adam.lr = lr;
+  t.data_seed = seed;
+  t.corpus_path = corpus;
+  return t;
+}
+
+double steady_iteration_seconds(const std::vector<double>& its) {
+  return median(std::vector<double>(its.begin() + (its.size() > 1 ? 1 : 0), its.end()));
+}
+
+double max_rel(const exec::cpu::ParamMap& got, const exec::cpu::ParamMap& want, bool skip_missing) {
+  double worst = 0;
+  for (const auto& [name, w] : want) {
+    const auto it = got.find(name);
+    if (it == got.end() && skip_missing) continue;
+    const auto& g = it == got.end() ? got.at(name) : it->second;  // at() throws the missing name
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      num += (g[i] - w[i]) * (g[i] - w[i]);
+      den += w[i] * w[i];
+    }
+    worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+  }
+  return worst;
+}
+
+nlohmann::json run_report(const ir::Scenario& scenario, const ir::Plan& plan, int steps,
+                          const exec::cpu::RunResult& run, double weights_l2, double iteration_seconds,
+                          const std::string& trace_out) {
+  nlohmann::json j;
+  j["scenario"] = scenario.name;
+  j["schedule"] = plan.schedule;
+  j["pipeline"] = plan.stages;
+  j["data"] = plan.data;
+  j["microbatches"] = plan.microbatches;
+  j["chunks"] = plan.chunks;
+  j["slices"] = plan.slices;
+  j["steps"] = steps;
+  j["loss_per_step"] = run.loss_per_step;
+  j["final_loss"] = run.loss_per_step.empty() ? 0.0 : run.loss_per_step.back();
+  j["weights_l2"] = weights_l2;
+  j["iteration_time"] = iteration_seconds;
+  j["iteration_times"] = run.iteration_seconds;
+  if (!trace_out.empty()) j["trace"] = trace_out;
+  return j;
+}
+
+void add_reference_errors(nlohmann::json& report, const exec::cpu::RunResult& run,
+                          const exec::cpu::RunResult& ref, bool skip_missing) {
+  double loss_err = 0;
+  for (std::size_t i = 0; i < ref.loss_per_step.size(); ++i)
+    loss_err = std::max(loss_err, std::abs(run.loss_per_step[i] - ref.loss_per_step[i]) /
+                                      std::abs(ref.loss_per_step[i]));
+  report["reference"] = {{"max_rel_loss_error", loss_err},
+                         {"max_rel_weight_error", max_rel(run.weights, ref.weights, skip_missing)},
+                         {"max_rel_grad_error", max_rel(run.grads, ref.grads, skip_missing)}};
+}
+
+void print_run_report(const nlohmann::json& j, const exec::cpu::RunResult& r, double weights_l2,
+                      double iteration_seconds, int ms_digits, const std::string& reference_label,
+                      const std::string& trace_out) {
+  for (std::size_t i = 0; i < r.loss_per_step.size(); ++i)
+    if (i < 5 || i + 5 >= r.loss_per_step.size() || i % 50 == 0)
+      fmt::print("  step {:>4}  loss {:.6f}  {:.{}f} ms\n", i, r.loss_per_step[i], r.iteration_seconds[i] * 1e3,
+                 ms_digits);
+  fmt::print("final loss {:.6f}, weights L2 {:.9g}, iteration time {:.3f} ms (median after step 0)\n",
+             j["final_loss"].get<double>(), weights_l2, iteration_seconds * 1e3);
+  if (j.contains("reference"))
+    fmt::print("vs {}: loss {:.2e}, weights {:.2e}, grads {:.2e} (max relative)\n", reference_label,
+               j["reference"]["max_rel_loss_error"].get<double>(),
+               j["reference"]["max_rel_weight_error"].get<double>(),
+               j["reference"]["max_rel_grad_error"].get<double>());
+  if (!trace_out.empty()) fmt::print("measured trace (last step): {}\n", trace_out);
+}
+
+}  // namespace tdpipe::apps
+
+#endif  // TDPIPE_HAVE_EXEC

@@ -1,0 +1,114 @@
+// launch_common.cpp — the backend-independent parts of the run launchers.
+#include "tdpipe/exec/launch_common.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "tdpipe/ir/error.hpp"
+
+namespace tdpipe::exec {
+
+void check_runnable(const ir::Plan& plan) {
+  if (!plan.lowered)
+    throw Error(fmt::format("plan '{}' is not lowered: run ir::lower first (SEND/RECV are needed)",
+                            plan.schedule));
+  const int p = plan.num_ranks();
+  if (p < 1) throw Error("plan has no ranks");
+  if (static_cast<int>(plan.stage_of.size()) != p)
+    throw Error(fmt::format("plan.stage_of has {} rows, expected one per rank ({})", plan.stage_of.size(), p));
+}
+
+Watchdog::Watchdog(RunControl& control, double timeout_seconds, std::function<void(std::string&)> extend_report,
+                   std::function<void()> after_fail)
+    : control_(control),
+      timeout_(timeout_seconds),
+      extend_report_(std::move(extend_report)),
+      after_fail_(std::move(after_fail)),
+      thread_([this] { loop(); }) {}
+
+Watchdog::~Watchdog() {
+  stop_ = true;
+  thread_.join();
+}
+
+void Watchdog::loop() {
+  using clock = std::chrono::steady_clock;
+  std::uint64_t last = control_.progress_count();
+  auto since = clock::now();
+  // Short timeouts (tests) are checked often enough to fire close to on time.
+  const auto tick = std::chrono::milliseconds(std::clamp<long>(static_cast<long>(timeout_ * 100), 1, 50));
+  while (!stop_) {
+    std::this_thread::sleep_for(tick);
+    const std::uint64_t now = control_.progress_count();
+    if (now != last) {
+      last = now;
+      since = clock::now();
+      continue;
+    }
+    if (std::chrono::duration<double>(clock::now() - since).count() < timeout_) continue;
+    std::string report = control_.waiting_report();
+    if (report.empty()) continue;
+    if (extend_report_) extend_report_(report);
+    control_.fail(fmt::format("watchdog: no op started or finished for {:.3g} s; blocked:\n{}", timeout_, report));
+    if (after_fail_) after_fail_();
+    return;
+  }
+}
+
+void rebase_to_zero(std::vector<traces::TraceEvent>& events) {
+  std::int64_t t0 = std::numeric_limits<std::int64_t>::max();
+  for (const auto& e : events) t0 = std::min(t0, e.start_ns);
+  for (auto& e : events) e.start_ns -= t0;
+}
+
+std::vector<traces::TraceEvent> step_events(std::vector<RankStepResult>& outs) {
+  std::vector<traces::TraceEvent> events;
+  for (auto& o : outs)
+    for (auto& e : o.events) events.push_back(std::move(e));
+  rebase_to_zero(events);
+  return events;
+}
+
+traces::Trace run_trace_header(const std::string& origin, const ir::Plan& plan, int ranks) {
+  traces::Trace t;
+  t.origin = origin;
+  t.schedule = plan.schedule;
+  t.scenario = plan.scenario.name;
+  t.ranks = ranks;
+  return t;
+}
+
+namespace cpu {
+
+GptConfig model_config(const ir::Scenario& scenario, const TrainOptions& options) {
+  GptConfig c = GptConfig::from_scenario(scenario);
+  c.seed = options.init_seed;
+  return c;
+}
+
+Corpus training_corpus(const TrainOptions& options) {
+  return Corpus::load(options.corpus_path.empty() ? Corpus::default_path() : options.corpus_path);
+}
+
+void add_run_metadata(traces::Trace& trace, const ir::Plan& plan, const GptConfig& config,
+                      const RunResult& result, int steps, int trace_step) {
+  auto& md = trace.metadata;
+  md["steps"] = std::to_string(steps);
+  md["trace_step"] = std::to_string(trace_step);
+  md["pipeline"] = std::to_string(plan.num_ranks());
+  md["data"] = std::to_string(std::max(1, plan.data));
+  md["microbatches"] = std::to_string(plan.microbatches);
+  md["chunks"] = std::to_string(plan.chunks);
+  md["slices"] = std::to_string(plan.slices);
+  md["iteration_seconds"] = fmt::format(
+      "{:.9g}", result.iteration_seconds.empty() ? 0.0 : result.iteration_seconds[static_cast<std::size_t>(trace_step)]);
+  md["loss"] = fmt::format("{:.17g}", result.loss_per_step.empty() ? 0.0 : result.loss_per_step.back());
+  md["model"] = fmt::format("layers={} hidden={} heads={} ffn={} seq={} vocab={} micro_batch={}", config.layers,
+                            config.hidden, config.heads, config.ffn, config.seq, config.vocab, config.micro_batch);
+}
+
+}  // namespace cpu
+}  // namespace tdpipe::exec
