@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# cli_test.sh TDPIPE CASE — end-to-end checks of the `tdpipe` command (ctest runs
+# one CASE per test, from the source root).
+set -uo pipefail
+tdpipe=$1
+case_name=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+expect() {  # expect TEXT PATTERN WHAT
+  grep -Eq -- "$2" <<<"$1" || fail "$3: expected /$2/ in:"$'\n'"$1"
+}
+
+case $case_name in
+  plan-text)
+    out=$("$tdpipe" plan scenarios/synthetic-uniform-p4-m8.yaml --schedule 1f1b --compute-only) || fail "plan exited $?"
+    expect "$out" '^rank0: F0 F1 F2 F3 BW0 F4 BW1 F5 BW2 F6 BW3 F7 BW4 BW5 BW6 BW7$' "1F1B rank 0 order"
+    expect "$out" '^rank3: F0 BW0 F1 BW1 F2 BW2 F3 BW3 F4 BW4 F5 BW5 F6 BW6 F7 BW7$' "1F1B rank 3 order"
+    ;;
+  plan-json-roundtrip)
+    "$tdpipe" plan scenarios/synthetic-uniform-p4-m8.yaml --schedule zb-v --format json -o "$work/p.json" || fail "plan exited $?"
+    python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); assert p["schedule"]=="zb-v" and len(p["ranks"])==4, p.keys()' "$work/p.json" \
+      || fail "plan JSON lacks schedule/ranks"
+    ;;
+  sim-closed-form)
+    # Uniform F = B = W = 1 ms, p = 4, m = 8, free communication: iteration (m+p−1)(F+B+W)
+    # plus the optimizer (0), bubble (p−1)/(m+p−1) = 3/11.
+    out=$("$tdpipe" sim scenarios/synthetic-uniform-p4-m8.yaml --engine analytic --schedule 1f1b --json) || fail "sim exited $?"
+    python3 - "$out" <<'PY' || fail "closed form"
+import json, sys
+r = json.loads(sys.argv[1])
+assert abs(r["iteration_time"] - 0.033) < 1e-12, r["iteration_time"]
+assert abs(r["bubble_fraction"] - 3 / 11) < 1e-12, r["bubble_fraction"]
+assert len(r["idle_fraction_per_rank"]) == 4
+for key in ("schedule", "tokens_per_second", "peak_memory_bytes_per_rank"):
+    assert key in r, key
+PY
+    ;;
+  sim-all-table)
+    out=$("$tdpipe" sim scenarios/gpt3-175b-a100-8x8.yaml --engine analytic --schedule all) || fail "sim exited $?"
+    for s in gpipe 1f1b interleaved zb-h1 zb-h2 zb-v tdpipe; do expect "$out" "^$s " "row for $s"; done
+    expect "$out" 'gpipe: does not fit: needs [0-9.]+ GiB of 80.0 GiB on rank' "GPipe's memory verdict"
+    ;;
+  bad-scenario)
+    out=$("$tdpipe" sim tests/apps/data/bad-layout.yaml --engine analytic 2>&1) && fail "a bad scenario exited 0"
+    expect "$out" 'bad-layout.yaml:4: parallel: tensor\*pipeline\*data = 8\*4\*1 = 32 GPUs, but the cluster has 64' "error message"
+    ;;
+  missing-scenario)
+    out=$("$tdpipe" plan no/such/file.yaml 2>&1) && fail "a missing file exited 0"
+    expect "$out" 'no/such/file.yaml' "names the file"
+    ;;
+  exec-compare)
+    "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cpu --schedule zb-h1 --steps 2 --json \
+        --trace-out "$work/meas.json" > "$work/exec.json" || fail "exec exited $?"
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert len(r["loss_per_step"])==2 and r["weights_l2"]>0 and r["iteration_time"]>0' "$work/exec.json" \
+      || fail "exec --json fields"
+    "$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --engine analytic --schedule zb-h1 --trace-out "$work/pred.json" >/dev/null || fail "sim exited $?"
+    out=$("$tdpipe" compare "$work/pred.json" "$work/meas.json") || fail "compare exited $?"
+    expect "$out" 'ops matched [0-9]+, only predicted 0, only measured 0' "every op pairs up"
+    ;;
+  *) fail "unknown case $case_name" ;;
+esac
+echo "ok: $case_name"
