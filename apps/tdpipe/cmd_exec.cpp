@@ -97,7 +97,8 @@ void add_exec_command(CLI::App& app) {
   cmd->add_option("--lr", args->lr, "Adam learning rate");
   cmd->add_option("--seed", args->seed, "Data sampling seed");
   cmd->add_option("--corpus", args->corpus, "Training text (default: data/tiny_corpus.txt)");
-  cmd->add_option("--watchdog", args->watchdog, "Seconds without progress before a run is declared hung");
+  cmd->add_option("--watchdog", args->watchdog, "Seconds without progress before a run is declared hung")
+      ->check(CLI::Range(1e-3, 1e6));
   cmd->add_option("--trace-out", args->trace_out, "Write the last step's measured trace (Chrome JSON)");
   cmd->add_option("--transport", args->transport,
                   "cuda backend: loopback (every stage on one GPU) or nccl (one process per GPU)")

@@ -34,12 +34,19 @@ Watchdog::~Watchdog() {
   thread_.join();
 }
 
+int resolve_trace_step(int trace_step, int steps) {
+  if (trace_step >= steps)
+    throw Error(fmt::format("trace step {}: the run has {} step(s); expected a step in [0, {}] or -1 for the last",
+                            trace_step, steps, steps - 1));
+  return trace_step < 0 ? steps - 1 : trace_step;
+}
+
 void Watchdog::loop() {
   using clock = std::chrono::steady_clock;
   std::uint64_t last = control_.progress_count();
   auto since = clock::now();
   // Short timeouts (tests) are checked often enough to fire close to on time.
-  const auto tick = std::chrono::milliseconds(std::clamp<long>(static_cast<long>(timeout_ * 100), 1, 50));
+  const auto tick = std::chrono::milliseconds(static_cast<long>(std::clamp(timeout_ * 100.0, 1.0, 50.0)));
   while (!stop_) {
     std::this_thread::sleep_for(tick);
     const std::uint64_t now = control_.progress_count();

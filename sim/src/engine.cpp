@@ -22,6 +22,7 @@
 #include <xbt/log.h>
 
 #include "engine.hpp"
+#include "tdpipe/ir/plan_io.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/sim/placement.hpp"
 
@@ -157,14 +158,14 @@ void Model::prepare_ranks() {
       const ir::Op& op = ops[i];
       const int s = static_cast<int>(op.stream);
       if (s < 0 || s > 2)
-        throw Error(fmt::format("plan rank {} op {} ({}): unknown stream", r, i, op_label(op, plan_)));
+        throw Error(fmt::format("plan rank {} op {} ({}): unknown stream", r, i, ir::op_to_text(op)));
       // Actors know what to do with an op only on its own kind of stream.
       const bool ok = ir::is_p2p(op.kind) ? op.stream == ir::Stream::P2P
                       : ir::is_collective(op.kind) ? op.stream == ir::Stream::DP
                                                    : true;
       if (!ok)
         throw Error(fmt::format("plan rank {} op {} ({}): a {} op cannot run on the {} stream", r, i,
-                                op_label(op, plan_), ir::to_string(op.kind), ir::to_string(op.stream)));
+                                ir::op_to_text(op), ir::to_string(op.kind), ir::to_string(op.stream)));
       info.stream_ops[s].push_back(i);
       if (op.kind == OpKind::B || op.kind == OpKind::W || op.kind == OpKind::BW) last_backward = i;
       if (ir::is_compute(op.kind) && op.kind != OpKind::OPT) last_compute = i;
@@ -173,16 +174,16 @@ void Model::prepare_ranks() {
         std::optional<double> over;
         if (opt_.op_seconds) over = opt_.op_seconds(op, r);
         const double sec = over ? *over : op.est_seconds;
-        if (!(sec >= 0) || !std::isfinite(sec))
-          throw Error(fmt::format("plan rank {} op {} ({}): duration {} s; expected a finite value ≥ 0",
-                                  r, i, op_label(op, plan_), sec));
+        if (!(sec >= 0) || !(sec <= 9e9))  // 9e9 s keeps every time inside int64 ns
+          throw Error(fmt::format("plan rank {} op {} ({}): duration {} s; expected a value in [0, 9e9]",
+                                  r, i, ir::op_to_text(op), sec));
         info.seconds[i] = quantise_ns(sec);
       }
       for (const ir::OpRef& d : op.deps) {
         if (d.rank < 0 || d.rank >= p || d.index < 0 ||
             d.index >= static_cast<int>(plan_.ranks[d.rank].size()))
           throw Error(fmt::format("plan rank {} op {} ({}): dependency on rank {} op {} does not exist",
-                                  r, i, op_label(op, plan_), d.rank, d.index));
+                                  r, i, ir::op_to_text(op), d.rank, d.index));
         if (d.rank == r) info.local_deps[i].push_back(d.index);
         else info.remote_deps[i].push_back(d);
       }
@@ -204,7 +205,7 @@ void Model::prepare_ranks() {
       if (ir::is_p2p(op.kind)) {
         if (op.peer < 0 || op.peer >= p || op.peer == r)
           throw Error(fmt::format("plan rank {} op {} ({}): peer {} is not another rank of 0…{}", r, i,
-                                  op_label(op, plan_), op.peer, p - 1));
+                                  ir::op_to_text(op), op.peer, p - 1));
         const int src = op.kind == OpKind::SEND ? r : op.peer;
         const int dst = op.kind == OpKind::SEND ? op.peer : r;
         const int k = occurrence[{src * p + dst, op.kind == OpKind::SEND ? 0 : 1,
@@ -224,7 +225,7 @@ void Model::prepare_ranks() {
       auto it = sends.find({op.peer, r, static_cast<int>(op.payload), op.mb, op.slice, k});
       if (it == sends.end())
         throw Error(fmt::format("plan rank {} op {} ({}): no matching SEND on rank {}", r, i,
-                                op_label(op, plan_), op.peer));
+                                ir::op_to_text(op), op.peer));
       ranks_[r].match[i] = it->second.second;
       ranks_[it->second.first].match[it->second.second] = i;
       sends.erase(it);
@@ -233,7 +234,7 @@ void Model::prepare_ranks() {
   if (!sends.empty()) {
     const auto& [rank, index] = sends.begin()->second;
     throw Error(fmt::format("plan rank {} op {} ({}): no matching RECV on rank {}", rank, index,
-                            op_label(plan_.ranks[rank][index], plan_),
+                            ir::op_to_text(plan_.ranks[rank][index]),
                             plan_.ranks[rank][index].peer));
   }
 }
@@ -671,7 +672,7 @@ std::string Model::deadlock_report() const {
       if (op < 0 || g.ops[op].done) continue;
       const ir::Op& o = plan_.ranks[g.stage][op];
       msg += fmt::format(" rank {} {} stream blocked at op {} ({}{});", g.stage,
-                         ir::to_string(static_cast<ir::Stream>(s)), op, op_label(o, plan_),
+                         ir::to_string(static_cast<ir::Stream>(s)), op, ir::op_to_text(o),
                          ir::is_p2p(o.kind) ? fmt::format(", peer rank {}", o.peer) : "");
       if (++shown >= 16) return msg + " …";
     }

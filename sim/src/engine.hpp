@@ -30,7 +30,4 @@ struct RawResult {
 RawResult run_engine(const ir::Plan& plan, const SimOptions& options,
                      const std::function<void(double)>& progress);
 
-/// "F0.c1:s2", "SEND(F0>r1)", "ALLREDUCE(b3)" — the plan text form of one op.
-std::string op_label(const ir::Op& op, const ir::Plan& plan);
-
 }  // namespace tdpipe::sim::detail

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "engine.hpp"
+#include "tdpipe/ir/plan_io.hpp"
 #include "sim_metrics.hpp"
 #include "tdpipe/ir/error.hpp"
 
@@ -263,7 +264,7 @@ SimResult simulate(const ir::Plan& plan, const SimOptions& options) {
       traces::TraceEvent ev;
       ev.rank = r;
       ev.stream = static_cast<int>(op.stream);
-      ev.name = detail::op_label(op, plan);
+      ev.name = ir::op_to_text(op);
       ev.kind = op.kind;
       ev.mb = op.mb;
       ev.chunk = op.chunk;

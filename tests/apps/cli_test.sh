@@ -59,6 +59,19 @@ PY
     out=$("$tdpipe" compare "$work/pred.json" "$work/meas.json") || fail "compare exited $?"
     expect "$out" 'ops matched [0-9]+, only predicted 0, only measured 0' "every op pairs up"
     ;;
+  exec-compare-simgrid)
+    # SimGrid's trace names ops like the executor's, so chunks and slices pair up too.
+    for run in "interleaved" "tdpipe --slices 2"; do
+      # shellcheck disable=SC2086
+      "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cpu --schedule $run --steps 1 \
+          --trace-out "$work/meas.json" >/dev/null || fail "exec $run exited $?"
+      # shellcheck disable=SC2086
+      "$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --engine simgrid --schedule $run \
+          --trace-out "$work/pred.json" >/dev/null 2>&1 || fail "sim $run exited $?"
+      out=$("$tdpipe" compare "$work/pred.json" "$work/meas.json") || fail "compare exited $?"
+      expect "$out" 'ops matched [0-9]+, only predicted 0, only measured 0' "$run: every op pairs up"
+    done
+    ;;
   *) fail "unknown case $case_name" ;;
 esac
 echo "ok: $case_name"

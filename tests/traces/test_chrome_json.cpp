@@ -228,6 +228,17 @@ TEST_CASE("Malformed traces are rejected naming the source, event and field", "[
              Catch::Contains("otherData.ranks: 2 but an event is on rank 3"));
   CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[{"ph":"X","name":"F0","pid":0,"tid":0,"ts":1e300,"dur":1}]})J")),
              Catch::Contains("traceEvents[0]: field \"ts\": out of range"));
+  // Bounds: ranks that could not be allocated, ids that would wrap, times past int64 ns.
+  CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[{"ph":"X","name":"F0","pid":2147483647,"tid":0,"ts":0,"dur":1}],
+                                          "otherData":{"generator":"tdpipe"}})J")),
+             Catch::Contains("field \"pid\": expected an integer in [0, 1048576]"));
+  CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[],"otherData":{"generator":"tdpipe","ranks":2000000000}})J")),
+             Catch::Contains("otherData.ranks: expected an integer in [0, 1048576]"));
+  CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[{"ph":"X","name":"F0","pid":0,"tid":0,"ts":0,"dur":1,"args":{"mb":4294967296}}]})J")),
+             Catch::Contains("field \"args.mb\": expected an integer that fits 32 bits"));
+  CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[{"ph":"X","name":"a","pid":0,"tid":0,"ts":-8e15,"dur":1},
+                                                          {"ph":"X","name":"b","pid":0,"tid":0,"ts":8e15,"dur":1}]})J")),
+             Catch::Contains("expected each ≤ 4e15 µs"));
   CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[],"otherData":{"metadata":{"a":1}}})J")),
              Catch::Contains("otherData.metadata.a: expected a string"));
 }

@@ -27,6 +27,9 @@
 
 namespace tdpipe::traces {
 namespace {
+// Bounds that keep ranks allocatable and times inside int64 nanoseconds.
+constexpr std::int64_t kMaxRanks = 1 << 20;
+constexpr double kMaxMicros = 4e15;
 
 using nlohmann::json;
 
@@ -120,7 +123,6 @@ class Reader {
       if (native) {
         e.rank = int_field(ev, "pid", i);
         e.stream = int_field(ev, "tid", i);
-        if (e.rank < 0) fail_event(i, "pid", "expected a rank ≥ 0");
       } else {
         e.rank = pids.at(id(ev, "pid", i));
         e.stream = tids.at(id(ev, "tid", i));
@@ -164,8 +166,15 @@ class Reader {
 
     double origin_us = 0;
     if (!native && !starts_us.empty()) origin_us = *std::min_element(starts_us.begin(), starts_us.end());
-    for (std::size_t k = 0; k < trace.events.size(); ++k)
-      trace.events[k].start_ns = std::llround((starts_us[k] - origin_us) * 1000.0);
+    for (std::size_t k = 0; k < trace.events.size(); ++k) {
+      // Start and end must stay inside int64 ns: ≤ 4e15 µs each keeps their sum there.
+      const double start_us = starts_us[k] - origin_us;
+      if (start_us > kMaxMicros || trace.events[k].dur_ns > std::int64_t(kMaxMicros * 1000))
+        fail(fmt::format("event {} (\"{}\"): start {} µs after the first event, duration {} µs: "
+                         "expected each ≤ 4e15 µs",
+                         k, trace.events[k].name, start_us, trace.events[k].dur_ns / 1000.0));
+      trace.events[k].start_ns = std::llround(start_us * 1000.0);
+    }
     int max_rank = -1;
     for (const auto& e : trace.events) max_rank = std::max(max_rank, e.rank);
     if (!native || trace.ranks == 0) trace.ranks = std::max(trace.ranks, max_rank + 1);
@@ -194,8 +203,8 @@ class Reader {
     str("schedule", trace.schedule);
     str("scenario", trace.scenario);
     if (auto it = o.find("ranks"); it != o.end()) {
-      if (!it->is_number_integer() || it->get<std::int64_t>() < 0)
-        fail("otherData.ranks: expected an integer ≥ 0");
+      if (!it->is_number_integer() || it->get<std::int64_t>() < 0 || it->get<std::int64_t>() > kMaxRanks)
+        fail(fmt::format("otherData.ranks: expected an integer in [0, {}]", kMaxRanks));
       trace.ranks = it->get<int>();
     }
     if (auto it = o.find("metadata"); it != o.end()) {
@@ -227,7 +236,8 @@ class Reader {
   int int_field(const json& ev, const char* field, std::size_t i) const {
     auto it = ev.find(field);
     if (it == ev.end()) fail_event(i, field, "missing");
-    if (!it->is_number_integer()) fail_event(i, field, "expected an integer");
+    if (!it->is_number_integer() || it->get<std::int64_t>() < 0 || it->get<std::int64_t>() > kMaxRanks)
+      fail_event(i, field, fmt::format("expected an integer in [0, {}]", kMaxRanks));
     return it->get<int>();
   }
 
@@ -243,7 +253,9 @@ class Reader {
   void read_int_arg(const json& args, const char* key, std::size_t i, int& out) const {
     auto it = args.find(key);
     if (it == args.end()) return;
-    if (!it->is_number_integer()) fail_event(i, fmt::format("args.{}", key), "expected an integer");
+    if (!it->is_number_integer() || it->get<std::int64_t>() < std::numeric_limits<int>::min() ||
+        it->get<std::int64_t>() > std::numeric_limits<int>::max())
+      fail_event(i, fmt::format("args.{}", key), "expected an integer that fits 32 bits");
     out = it->get<int>();
   }
 

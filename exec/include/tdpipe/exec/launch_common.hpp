@@ -49,8 +49,9 @@ std::vector<traces::TraceEvent> step_events(std::vector<RankStepResult>& outs);
 /// A run's trace before events: origin ("cpu", "cuda"), the plan's schedule and scenario, ranks.
 traces::Trace run_trace_header(const std::string& origin, const ir::Plan& plan, int ranks);
 
-/// The step whose trace is kept: `trace_step`, or the last when negative.
-inline int resolve_trace_step(int trace_step, int steps) { return trace_step < 0 ? steps - 1 : trace_step; }
+/// The step whose trace is kept: `trace_step`, or the last when negative. Throws
+/// tdpipe::Error when it names a step the run does not have.
+int resolve_trace_step(int trace_step, int steps);
 
 namespace cpu {
 
