@@ -166,18 +166,8 @@ class RankRun {
 
   void record(int i, std::int64_t start, std::int64_t end) {
     const Op& op = ops_[static_cast<std::size_t>(i)];
-    traces::TraceEvent e;
-    e.rank = trace_rank_;
-    e.stream = static_cast<int>(op.stream);
-    e.name = op_label(op);
-    e.kind = op.kind;
-    e.mb = op.mb;
-    e.chunk = op.chunk;
-    e.slice = op.slice;
-    e.peer = ir::is_p2p(op.kind) ? trace_rank_ - rank_ + op.peer : -1;
-    e.bytes = op.bytes;
-    e.start_ns = start;
-    e.dur_ns = end - start;
+    traces::TraceEvent e = traces::event_of(op, trace_rank_, start, end);
+    e.peer = ir::is_p2p(op.kind) ? trace_rank_ - rank_ + op.peer : -1;  // peer's trace rank
     events_[static_cast<std::size_t>(i)] = std::move(e);
   }
 

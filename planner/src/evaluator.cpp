@@ -155,19 +155,7 @@ traces::Trace evaluate(const ir::Plan& plan) {
     const auto& ops = plan.ranks[static_cast<std::size_t>(r)];
     const auto& timing = result.timing[static_cast<std::size_t>(r)];
     for (std::size_t i = 0; i < ops.size(); ++i) {
-      const ir::Op& op = ops[i];
-      traces::TraceEvent& e = trace.events.emplace_back();
-      e.rank = r;
-      e.stream = static_cast<int>(op.stream);
-      e.name = ir::op_to_text(op);
-      e.kind = op.kind;
-      e.mb = op.mb;
-      e.chunk = op.chunk;
-      e.slice = op.slice;
-      e.peer = op.peer;
-      e.bytes = op.bytes;
-      e.start_ns = timing[i].start_ns;
-      e.dur_ns = timing[i].end_ns - timing[i].start_ns;
+      trace.events.push_back(traces::event_of(ops[i], r, timing[i].start_ns, timing[i].end_ns));
     }
   }
   trace.metadata["engine"] = "analytic";

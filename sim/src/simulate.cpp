@@ -260,20 +260,7 @@ SimResult simulate(const ir::Plan& plan, const SimOptions& options) {
   for (int r = 0; r < plan.num_ranks(); ++r) {
     const auto& ops = plan.ranks[r];
     for (std::size_t i = 0; i < ops.size(); ++i) {
-      const ir::Op& op = ops[i];
-      traces::TraceEvent ev;
-      ev.rank = r;
-      ev.stream = static_cast<int>(op.stream);
-      ev.name = ir::op_to_text(op);
-      ev.kind = op.kind;
-      ev.mb = op.mb;
-      ev.chunk = op.chunk;
-      ev.slice = op.slice;
-      ev.peer = op.peer;
-      ev.bytes = op.bytes;
-      ev.start_ns = raw.timing[r][i].first;
-      ev.dur_ns = raw.timing[r][i].second - raw.timing[r][i].first;
-      tr.events.push_back(std::move(ev));
+      tr.events.push_back(traces::event_of(ops[i], r, raw.timing[r][i].first, raw.timing[r][i].second));
     }
   }
   std::stable_sort(tr.events.begin(), tr.events.end(), [](const auto& a, const auto& b) {

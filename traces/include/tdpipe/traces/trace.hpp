@@ -29,6 +29,10 @@ struct TraceEvent {
   friend bool operator==(const TraceEvent&, const TraceEvent&) = default;
 };
 
+/// The event of plan op `op` on `rank` from `start_ns` to `end_ns`, named by its text
+/// form (ir::op_to_text) so predicted and measured traces pair op for op.
+TraceEvent event_of(const ir::Op& op, int rank, std::int64_t start_ns, std::int64_t end_ns);
+
 struct Trace {
   std::string origin;    ///< "analytic", "simgrid", "cpu", "cuda", or "chrome" for foreign traces
   std::string schedule;  ///< schedule name, if known
