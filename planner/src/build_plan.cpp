@@ -31,10 +31,8 @@ BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, in
         "divisible by {}",
         scenario.name, schedule, params.chunks, params.stages, scenario.model.layers,
         params.stages * params.chunks));
-  if (params.slices > 1 && !scenario.synthetic) {
-    // The list scheduler weighs slices by their cost; equal-cost slices are the solver's goal.
-    params.slice_costs.assign(params.slices, 1.0);
-  }
+  // params.slice_costs stays empty (equal): solve_slices gives every slice the same
+  // cost given its prefix, which is what the tdpipe list scheduler then assumes.
 
   BuiltPlan out;
   out.compute_only = make_schedule(schedule, params);
