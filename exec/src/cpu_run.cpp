@@ -78,16 +78,8 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
       for (auto& t : threads) t.join();
       if (control.failed()) throw Error(control.failure());
       const std::int64_t step_end = clock.now_ns(ir::Stream::Compute);
-      double loss = 0;
-      for (const auto& o : outs) loss += o.loss;
-      result.loss_per_step.push_back(loss);
-      result.iteration_seconds.push_back(static_cast<double>(step_end - step_start) * 1e-9);
-      if (step == trace_step || options.keep_step_traces) {
-        traces::Trace t = run_trace_header("cpu", plan, p * d);
-        t.events = step_events(outs);
-        if (options.keep_step_traces) result.step_traces.push_back(t);
-        if (step == trace_step) result.trace.events = std::move(t.events);
-      }
+      record_step(result, outs, step_end - step_start, step == trace_step, options.keep_step_traces, "cpu",
+                  plan, p * d);
     }
   }
 

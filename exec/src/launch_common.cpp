@@ -100,6 +100,19 @@ Corpus training_corpus(const TrainOptions& options) {
   return Corpus::load(options.corpus_path.empty() ? Corpus::default_path() : options.corpus_path);
 }
 
+void record_step(RunResult& result, std::vector<RankStepResult>& outs, std::int64_t step_ns, bool traced,
+                 bool keep_every_trace, const std::string& origin, const ir::Plan& plan, int ranks) {
+  double loss = 0;
+  for (const auto& o : outs) loss += o.loss;
+  result.loss_per_step.push_back(loss);
+  result.iteration_seconds.push_back(static_cast<double>(step_ns) * 1e-9);
+  if (!traced && !keep_every_trace) return;
+  traces::Trace t = run_trace_header(origin, plan, ranks);
+  t.events = step_events(outs);
+  if (keep_every_trace) result.step_traces.push_back(t);
+  if (traced) result.trace.events = std::move(t.events);
+}
+
 void add_run_metadata(traces::Trace& trace, const ir::Plan& plan, const GptConfig& config,
                       const RunResult& result, int steps, int trace_step) {
   auto& md = trace.metadata;

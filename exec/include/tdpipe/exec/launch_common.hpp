@@ -60,6 +60,12 @@ GptConfig model_config(const ir::Scenario& scenario, const TrainOptions& options
 /// The training text: options.corpus_path, or the bundled corpus when empty.
 Corpus training_corpus(const TrainOptions& options);
 
+/// Records a finished step in `result`: the ranks' summed loss, its time, and its
+/// timeline (a `origin` trace of `ranks` ranks) when it is the traced step or every
+/// step's timeline is kept.
+void record_step(RunResult& result, std::vector<RankStepResult>& outs, std::int64_t step_ns, bool traced,
+                 bool keep_every_trace, const std::string& origin, const ir::Plan& plan, int ranks);
+
 /// Metadata every backend records: steps, trace_step, pipeline/data/microbatches/
 /// chunks/slices, the traced step's iteration time, the final loss and the model.
 void add_run_metadata(traces::Trace& trace, const ir::Plan& plan, const GptConfig& config,
