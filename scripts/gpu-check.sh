@@ -13,8 +13,8 @@
 #  3. one decoder block's F, B, W at a GPT-3 175B per-tensor-shard width (h = 12288 / t 8
 #     = 1536, 12 heads of 128, ffn 4h, seq 2048) vs PyTorch eager, ratio printed;
 #  4. a 4-stage pipeline of each main schedule on the loopback transport: measured
-#     traces, `tdpipe calibrate --backend cuda`, a profile-driven prediction and
-#     `tdpipe compare` (median iteration-time error printed; goal ≤ 5 %).
+#     traces, `tdpipe calibrate --backend cuda`, `tdpipe sim --engine analytic --profile`
+#     (SimGrid is not there) and `tdpipe compare` (median iteration-time error printed; goal ≤ 5 %).
 # Everything lands in OUT_DIR (traces/, profiles/, *.json, *.log, summary.txt).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -35,6 +35,10 @@ say "GPU: $(head -1 "$out/gpu.txt")"
 # ---------------------------------------------------------------------- 1. build
 step "1/4 build the gpu preset"
 if ! cmake --preset gpu > "$out/configure.log" 2>&1; then tail -30 "$out/configure.log"; exit 1; fi
+if grep -qE "CUDA backend is not built|no CUDA compiler found" "$out/configure.log"; then
+  grep -E -A2 "CUDA backend is not built|no CUDA compiler found" "$out/configure.log" | tee -a "$out/summary.txt"; exit 1
+fi
+grep -E "exec/cuda: NCCL" "$out/configure.log" | tee -a "$out/summary.txt"
 if ! cmake --build --preset gpu -j "$(nproc)" > "$out/build.log" 2>&1; then
   grep -E "error|Error" "$out/build.log" | head -30; exit 1
 fi
@@ -43,7 +47,9 @@ say "built in $(( $(date +%s) - t_start )) s"
 
 # ------------------------------------------------------------- 2. CUDA vs CPU
 step "2/4 CUDA backend vs CPU backend (tiny scenario, 4 stages, loopback)"
-build/gpu/tests/exec_cuda/gpu/test_exec_cuda_gpu -r compact 2>&1 | tee "$out/gpu_tests.log" | tail -15
+# One process per test case (ctest), so an illegal memory access in one case cannot
+# take the later ones down with it.
+ctest --test-dir build/gpu -L gpu --output-on-failure --timeout 120 2>&1 | tee "$out/gpu_tests.log" | tail -25
 tiny=tests/exec_cuda/data/tiny-gpt-cpu.json
 python3 - "$tiny" "$out/tiny-p4.json" <<'PY'
 import json, sys
@@ -105,10 +111,11 @@ for spec in "gpipe 1" "1f1b 1" "interleaved 1" "zb-h1 1" "zb-h2 1" "zb-v 1" "tdp
   "$tdp" calibrate "$scen" --backend cuda --schedule "$1" --slices "$2" --steps 4 --warmup 2 \
       -o "$out/profiles/$name.profile.json" > "$out/calibrate-$name.log" 2>&1 \
     || { say "  $name: calibrate failed: $(tail -2 "$out/calibrate-$name.log")"; continue; }
-  # SimGrid is not on the GPU machine: predict with the profile-driven replay here;
-  # the profile and traces are kept for `tdpipe sim --engine simgrid --profile` elsewhere.
-  build/gpu/bench/bench_profile_replay "$scen" "$1" "$2" "$out/profiles/$name.profile.json" \
-      "$out/traces/$name.predicted.json" > "$out/predict-$name.log" 2>&1 \
+  # SimGrid is not on the GPU machine: the analytic engine predicts with the profile's
+  # op times and loopback transport; `tdpipe sim --engine simgrid --profile` elsewhere
+  # takes the same profile.
+  "$tdp" sim "$scen" --engine analytic --schedule "$1" --slices "$2" --profile "$out/profiles/$name.profile.json" \
+      --trace-out "$out/traces/$name.predicted.json" > "$out/predict-$name.log" 2>&1 \
     || { say "  $name: prediction failed: $(tail -2 "$out/predict-$name.log")"; continue; }
   "$tdp" compare "$out/traces/$name.predicted.json" "$out/traces/$name.cuda.json" --json > "$out/compare-$name.json" 2>&1
   python3 - "$out/compare-$name.json" "$out/exec-$name.json" "$name" "$out/compare.tsv" <<'PY' | tee -a "$out/summary.txt"

@@ -15,13 +15,12 @@
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/planner/schedule_report.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
+#include "tdpipe/traces/profile.hpp"
 #ifdef TDPIPE_HAVE_SIMGRID
 #include <chrono>
 #include <string>
 
-#include "tdpipe/sim/profile_costs.hpp"
 #include "tdpipe/sim/simulate.hpp"
-#include "tdpipe/traces/profile.hpp"
 #endif
 
 namespace tdpipe::apps {
@@ -39,6 +38,7 @@ struct SimArgs {
   std::string schedule;
   int slices = 0;
   std::string profile;
+  bool profile_ops_only = false;
   bool json = false;
   std::string trace_out;
 };
@@ -67,10 +67,8 @@ std::vector<std::pair<std::string, int>> runs_for(const SimArgs& a, const ir::Sc
 #ifdef TDPIPE_HAVE_SIMGRID
 /// The SimGrid engine (sim::simulate), with a progress bar on stderr once a run has
 /// taken more than a second.
-traces::Trace simulate_simgrid(const planner::BuiltPlan& built, const SimArgs& a) {
+traces::Trace simulate_simgrid(const planner::BuiltPlan& built) {
   sim::SimOptions opt;
-  if (!a.profile.empty())
-    opt.op_seconds = sim::profile_op_seconds(traces::read_profile(a.profile), built.lowered);
   const auto t0 = std::chrono::steady_clock::now();
   bool shown = false;
   opt.progress = [&](double f) {
@@ -89,7 +87,7 @@ traces::Trace simulate_simgrid(const planner::BuiltPlan& built, const SimArgs& a
 traces::Trace predict(const planner::BuiltPlan& built, const SimArgs& a) {
   if (a.engine == "analytic") return planner::evaluate(built.lowered);
 #ifdef TDPIPE_HAVE_SIMGRID
-  if (a.engine == "simgrid") return simulate_simgrid(built, a);
+  if (a.engine == "simgrid") return simulate_simgrid(built);
 #endif
   throw Error(fmt::format("--engine {}: this build has no such engine (available: analytic{})",
                           a.engine, std::string(kDefaultEngine) == "simgrid" ? ", simgrid" : ""));
@@ -135,15 +133,21 @@ void print_table(const ir::Scenario& sc, const std::vector<planner::ScheduleRepo
 
 void run_sim(const SimArgs& a) {
   const ir::Scenario sc = ir::load_scenario(a.scenario);
-  if (!a.profile.empty() && a.engine == "analytic")
-    throw Error("--profile: calibration profiles are read by the simgrid engine; use --engine simgrid");
+  std::optional<traces::Profile> profile;
+  if (!a.profile.empty()) profile = traces::read_profile(a.profile);
   const auto runs = runs_for(a, sc);
   const bool many = runs.size() > 1;
   std::vector<planner::ScheduleReport> rows;
   std::vector<std::pair<std::string, std::string>> failures;
   for (const auto& [schedule, slices] : runs) {
     try {
-      const planner::BuiltPlan built = planner::build_plan(sc, schedule, slices);
+      planner::BuiltPlan built = planner::build_plan(sc, schedule, slices);
+      if (profile) {
+        const traces::ProfileApplied applied = traces::apply_profile(*profile, built.lowered, a.profile_ops_only);
+        if (applied.ops_kept > 0)
+          fmt::print(stderr, "note: {}: the profile has no entry for {} of {} compute ops; they keep the cost model's time\n",
+                     a.profile, applied.ops_kept, applied.ops_kept + applied.ops_from_profile);
+      }
       const traces::Trace trace = predict(built, a);
       if (!a.trace_out.empty())
         traces::write_trace(trace, trace_path(a.trace_out, schedule, built.lowered.slices, many));
@@ -177,8 +181,12 @@ void add_sim_command(CLI::App& app) {
   cmd->add_option("--schedule", args->schedule, "Schedule, or `all` (default: the scenario's)")
       ->check(CLI::IsMember(names));
   cmd->add_option("--slices", args->slices, "Temporal slices S (tdpipe)")->check(CLI::PositiveNumber);
-  cmd->add_option("--profile", args->profile, "Calibration profile (from `tdpipe calibrate`)")
+  cmd->add_option("--profile", args->profile,
+                  "Calibration profile (from `tdpipe calibrate`): its op times and, unless --profile-ops-only, "
+                  "its transport replace the cost model's (either engine)")
       ->check(CLI::ExistingFile);
+  cmd->add_flag("--profile-ops-only", args->profile_ops_only,
+                "Take only op times from --profile and keep the scenario's links (predicting another cluster)");
   cmd->add_flag("--json", args->json, "Print JSON instead of a table");
   cmd->add_option("--trace-out", args->trace_out,
                   "Write the predicted trace (Chrome/Perfetto JSON); with `all`, one file per schedule");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -29,6 +30,42 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// Runs `mine` here and `theirs` on a second thread (the peer rank). A failure on
+// either side fails `control` and aborts `fabric`, so the other side's waits end
+// instead of hanging; the first exception is rethrown here (never std::terminate).
+template <class Mine, class Theirs>
+void run_pair(RunControl& control, LoopbackFabric& fabric, Mine mine, Theirs theirs) {
+  std::exception_ptr theirs_error, mine_error;
+  auto fail = [&](std::exception_ptr& slot) {
+    slot = std::current_exception();
+    try {
+      std::rethrow_exception(slot);
+    } catch (const std::exception& e) {
+      control.fail(e.what());
+    } catch (...) {
+      control.fail("loopback benchmark: peer aborted");
+    }
+    fabric.abort(control.failure());
+  };
+  std::thread peer([&] {
+    try {
+      theirs();
+    } catch (...) {
+      fail(theirs_error);
+    }
+  });
+  try {
+    mine();
+  } catch (...) {
+    fail(mine_error);
+  }
+  peer.join();
+  // The side that failed first explains the failure; the other one was aborted.
+  if (control.failed()) throw Error("loopback transport benchmark: " + control.failure());
+  if (mine_error) std::rethrow_exception(mine_error);
+  if (theirs_error) std::rethrow_exception(theirs_error);
+}
+
 // Median seconds of a SEND/RECV pair of `bytes` between two rank threads over the
 // loopback transport (what a pipeline SEND costs in a loopback run).
 double loopback_p2p_seconds(int device, std::int64_t bytes, int repeats) {
@@ -37,24 +74,28 @@ double loopback_p2p_seconds(int device, std::int64_t bytes, int repeats) {
   DeviceContext a(device), b(device);
   LoopbackTransport ta(fabric, a, 0, 0, 2, 1), tb(fabric, b, 0, 1, 2, 1);
   const std::int64_t elements = std::max<std::int64_t>(1, bytes / 4);
+  a.bind();
   Buffer src = device_buffer(elements, a.p2p()), dst = device_buffer(elements, b.p2p());
   TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<double> samples;
-  std::thread receiver([&] {
-    b.bind();
-    for (int i = 0; i < repeats; ++i) {
-      P2POp op{ir::OpKind::RECV, 0, TensorKey{ir::OpKind::F, 0, i, 0}, dst, "RECV"};
-      tb.post(std::span<P2POp>(&op, 1));
-    }
-  });
-  a.bind();
-  for (int i = 0; i < repeats; ++i) {
-    P2POp op{ir::OpKind::SEND, 1, TensorKey{ir::OpKind::F, 0, i, 0}, src, "SEND"};
-    const auto t0 = std::chrono::steady_clock::now();
-    ta.post(std::span<P2POp>(&op, 1));
-    samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  receiver.join();
+  run_pair(
+      control, fabric,
+      [&] {
+        a.bind();
+        for (int i = 0; i < repeats; ++i) {
+          P2POp op{ir::OpKind::SEND, 1, TensorKey{ir::OpKind::F, 0, i, 0}, src, "SEND"};
+          const auto t0 = std::chrono::steady_clock::now();
+          ta.post(std::span<P2POp>(&op, 1));
+          samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+      },
+      [&] {
+        b.bind();
+        for (int i = 0; i < repeats; ++i) {
+          P2POp op{ir::OpKind::RECV, 0, TensorKey{ir::OpKind::F, 0, i, 0}, dst, "RECV"};
+          tb.post(std::span<P2POp>(&op, 1));
+        }
+      });
   return median(samples);
 }
 
@@ -64,28 +105,35 @@ double loopback_allreduce_seconds(int device, std::int64_t bytes, int repeats) {
   DeviceContext a(device), b(device);
   LoopbackTransport ta(fabric, a, 0, 0, 1, 2), tb(fabric, b, 1, 0, 1, 2);
   const std::int64_t elements = std::max<std::int64_t>(1, bytes / 4);
+  a.bind();
   Buffer x = device_buffer(elements, a.dp()), y = device_buffer(elements, b.dp());
   TDPIPE_CUDA_CHECK(cudaMemsetAsync(x.data.get(), 0, static_cast<std::size_t>(elements) * 4, a.dp()));
   TDPIPE_CUDA_CHECK(cudaMemsetAsync(y.data.get(), 0, static_cast<std::size_t>(elements) * 4, b.dp()));
   TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<double> samples;
-  std::thread other([&] {
-    b.bind();
-    for (int i = 0; i < repeats; ++i) tb.all_reduce(y, 0);
-  });
-  a.bind();
-  for (int i = 0; i < repeats; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    ta.all_reduce(x, 0);
-    samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  other.join();
+  run_pair(
+      control, fabric,
+      [&] {
+        a.bind();
+        for (int i = 0; i < repeats; ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          ta.all_reduce(x, 0);
+          samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+      },
+      [&] {
+        b.bind();
+        for (int i = 0; i < repeats; ++i) tb.all_reduce(y, 0);
+      });
   return median(samples);
 }
 
 }  // namespace
 
 traces::Profile calibrate(const ir::Plan& plan, const CudaCalibrateOptions& options) {
+  if (options.steps < 1) throw Error("calibrate: --steps " + std::to_string(options.steps) + ": expected at least 1");
+  if (options.warmup_steps < 0)
+    throw Error("calibrate: --warmup " + std::to_string(options.warmup_steps) + ": expected 0 or more");
   CudaRunOptions run;
   run.train = options.train;
   run.train.steps = options.warmup_steps + options.steps;
@@ -138,11 +186,14 @@ traces::Profile calibrate(const ir::Plan& plan, const CudaCalibrateOptions& opti
 }
 
 LayerTiming time_layer(const LayerShape& shape, int warmup, int iters, int device) {
-  if (shape.hidden % shape.heads != 0)
+  if (warmup < 0 || iters < 1)
+    throw Error("time_layer: expected warmup >= 0 and iters >= 1 (got " + std::to_string(warmup) + ", " +
+                std::to_string(iters) + ")");
+  if (shape.heads < 1 || shape.hidden % shape.heads != 0)
     throw Error("layer shape: hidden " + std::to_string(shape.hidden) + " is not a multiple of heads " +
                 std::to_string(shape.heads));
   const GpuInfo gpus = query_gpus();
-  if (gpus.count <= device)
+  if (device < 0 || gpus.count <= device)
     throw Error("time_layer: no CUDA GPU " + std::to_string(device) + " (" +
                 (gpus.why_none.empty() ? "not enough devices" : gpus.why_none) + ")");
   DeviceContext ctx(device);
@@ -155,6 +206,8 @@ LayerTiming time_layer(const LayerShape& shape, int warmup, int iters, int devic
   c.seq = shape.seq;
   c.vocab = 64;
   c.micro_batch = shape.micro_batch;
+  cudaDeviceProp prop{};
+  TDPIPE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   GptStageCuda stage(c, 1, 3, ctx.compute(), ctx.cublas());
   const std::int64_t n = std::int64_t(shape.micro_batch) * shape.seq * shape.hidden;
   // Random activations: all-zero data would run the tensor cores at lower power.
@@ -168,8 +221,16 @@ LayerTiming time_layer(const LayerShape& shape, int warmup, int iters, int devic
   for (auto& v : host) v *= 1e-3f;
   TDPIPE_CUDA_CHECK(cudaMemcpyAsync(dy.get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice, ctx.compute()));
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
-  cudaEvent_t ev[4];
-  for (auto& e : ev) TDPIPE_CUDA_CHECK(cudaEventCreate(&e));
+  // Owned so that a failing CUDA call below does not leak them.
+  struct Events {
+    cudaEvent_t e[4] = {};
+    ~Events() {
+      for (cudaEvent_t x : e)
+        if (x) cudaEventDestroy(x);
+    }
+  } events;
+  cudaEvent_t* ev = events.e;
+  for (int k = 0; k < 4; ++k) TDPIPE_CUDA_CHECK(cudaEventCreate(&ev[k]));
   std::vector<double> f, b, w;
   for (int i = 0; i < warmup + iters; ++i) {
     stage.begin_step();
@@ -188,13 +249,12 @@ LayerTiming time_layer(const LayerShape& shape, int warmup, int iters, int devic
     b.push_back(ms[1] * 1e-3);
     w.push_back(ms[2] * 1e-3);
   }
-  for (auto& e : ev) cudaEventDestroy(e);
   LayerTiming t;
   t.f_seconds = median(f);
   t.b_seconds = median(b);
   t.w_seconds = median(w);
   t.samples = iters;
-  t.device = gpus.name;
+  t.device = prop.name;  // the timed device (gpus.name is device 0's)
   return t;
 }
 

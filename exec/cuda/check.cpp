@@ -27,8 +27,11 @@ void throw_cublas(cublasStatus_t status, const char* call, const char* file, int
 }
 
 void throw_nccl(ncclResult_t status, const char* call, const char* file, int line) {
+  // ncclGetLastError: NCCL's own sentence about the failure (peer, size, …), when it left one.
+  const char* last = ncclGetLastError(nullptr);
+  const std::string detail = last != nullptr && *last != '\0' ? std::string(" (NCCL: ") + last + ")" : "";
   throw Error("NCCL error " + std::to_string(static_cast<int>(status)) + " — " +
-              ncclGetErrorString(status) + " — in " + where(call, file, line) +
+              ncclGetErrorString(status) + " — in " + where(call, file, line) + detail +
               " (set NCCL_DEBUG=INFO for NCCL's own log)");
 }
 

@@ -1,6 +1,7 @@
 // cuda_compute.cpp — CudaCompute (GptStageCuda per chunk) and CudaClock (CUDA events).
 #include "cuda_compute.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -46,11 +47,23 @@ const CudaCompute::DeviceBatch& CudaCompute::micro_batch(int mb) {
   cpu::MicroBatch host = cpu::load_micro_batch(*corpus_, options_.data_seed, step_, replica_, microbatches_, mb,
                                                config_.micro_batch, config_.seq);
   std::vector<int> tokens, targets;
-  for (const auto& row : host.tokens) tokens.insert(tokens.end(), row.begin(), row.begin() + config_.seq);
-  for (const auto& row : host.targets) targets.insert(targets.end(), row.begin(), row.begin() + config_.seq);
-  for (int t : tokens)
-    if (t < 0 || t >= config_.vocab)
-      throw Error("token id " + std::to_string(t) + " outside the vocabulary of " + std::to_string(config_.vocab));
+  // Rows of exactly seq ids, b of them (the kernels index them as b × seq).
+  auto append = [&](std::vector<int>& to, const std::vector<int>& row) {
+    to.insert(to.end(), row.begin(), row.begin() + std::min<std::ptrdiff_t>(std::ssize(row), config_.seq));
+  };
+  for (const auto& row : host.tokens) append(tokens, row);
+  for (const auto& row : host.targets) append(targets, row);
+  // Both ids index device tables (embedding rows, logits columns): a bad one would
+  // read past them in a kernel, so it is refused here, on the host.
+  for (const auto* ids : {&tokens, &targets})
+    for (int t : *ids)
+      if (t < 0 || t >= config_.vocab)
+        throw Error(std::string(ids == &tokens ? "token" : "target") + " id " + std::to_string(t) +
+                    " outside the vocabulary of " + std::to_string(config_.vocab));
+  if (static_cast<int>(tokens.size()) != config_.micro_batch * config_.seq ||
+      static_cast<int>(targets.size()) != config_.micro_batch * config_.seq)
+    throw Error("micro-batch " + std::to_string(mb) + ": expected " + std::to_string(config_.micro_batch) + " × " +
+                std::to_string(config_.seq) + " token and target ids");
   DeviceBatch b;
   b.tokens = DeviceMemory(tokens.size() * sizeof(int), ctx_->compute());
   b.targets = DeviceMemory(targets.size() * sizeof(int), ctx_->compute());

@@ -8,22 +8,31 @@
 namespace tdpipe::exec::cuda {
 
 DeviceContext::DeviceContext(int device) : device_(device) {
-  TDPIPE_CUDA_CHECK(cudaSetDevice(device));
-  TDPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
-  TDPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&p2p_, cudaStreamNonBlocking));
-  TDPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&dp_, cudaStreamNonBlocking));
-  TDPIPE_CUBLAS_CHECK(cublasCreate(&cublas_));
-  TDPIPE_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
+  // Streams and the cuBLAS handle belong to the device current at creation.
+  try {
+    TDPIPE_CUDA_CHECK(cudaSetDevice(device));
+    TDPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+    TDPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&p2p_, cudaStreamNonBlocking));
+    TDPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&dp_, cudaStreamNonBlocking));
+    TDPIPE_CUBLAS_CHECK(cublasCreate(&cublas_));
+    TDPIPE_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
+  } catch (...) {
+    release();  // the destructor does not run for a constructor that threw
+    throw;
+  }
 }
 
-DeviceContext::~DeviceContext() {
+DeviceContext::~DeviceContext() { release(); }
+
+void DeviceContext::release() noexcept {
   cudaSetDevice(device_);
-  cudaStreamSynchronize(compute_);
-  cudaStreamSynchronize(p2p_);
-  cudaStreamSynchronize(dp_);
+  for (cudaStream_t s : {compute_, p2p_, dp_})
+    if (s) cudaStreamSynchronize(s);
   if (cublas_) cublasDestroy(cublas_);
   for (cudaStream_t s : {compute_, p2p_, dp_})
     if (s) cudaStreamDestroy(s);
+  cublas_ = nullptr;
+  compute_ = p2p_ = dp_ = nullptr;
 }
 
 void DeviceContext::bind() const { TDPIPE_CUDA_CHECK(cudaSetDevice(device_)); }

@@ -33,6 +33,7 @@ class DeviceContext {
   cublasHandle_t cublas() const { return cublas_; }
 
  private:
+  void release() noexcept;
   int device_;
   cudaStream_t compute_ = nullptr, p2p_ = nullptr, dp_ = nullptr;
   cublasHandle_t cublas_ = nullptr;

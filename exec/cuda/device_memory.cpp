@@ -9,10 +9,34 @@
 
 namespace tdpipe::exec::cuda {
 
+namespace {
+// cudaMallocAsync with the size in the message when the device is full: activations
+// are allocated op by op, so this is where a too-large plan runs out.
+void* allocate(std::size_t bytes, cudaStream_t stream) {
+  void* p = nullptr;
+  const cudaError_t status = cudaMallocAsync(&p, bytes, stream);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: clear it so the message below is the one seen
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    char what[256];
+    std::snprintf(what, sizeof what,
+                  "GPU out of memory allocating %.1f MiB (the driver reports %.2f GiB free of %.2f GiB; "
+                  "memory cached in the pool of every rank on this GPU counts as used): lower micro_batch, "
+                  "seq or layers, or use a schedule that keeps fewer micro-batches in flight",
+                  static_cast<double>(bytes) / (1 << 20), static_cast<double>(free_b) / (1 << 30),
+                  static_cast<double>(total_b) / (1 << 30));
+    throw Error(what);
+  }
+  TDPIPE_CUDA_CHECK(status);
+  return p;
+}
+}  // namespace
+
 DeviceMemory::DeviceMemory(std::size_t bytes, cudaStream_t stream, bool zero)
     : bytes_(bytes), stream_(stream) {
   if (bytes == 0) return;
-  TDPIPE_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream));
+  ptr_ = allocate(bytes, stream);
   if (zero) TDPIPE_CUDA_CHECK(cudaMemsetAsync(ptr_, 0, bytes, stream));
 }
 
@@ -26,9 +50,8 @@ void DeviceMemory::reset() {
 }
 
 Buffer device_buffer(std::int64_t elements, cudaStream_t stream) {
-  void* p = nullptr;
   const std::size_t bytes = static_cast<std::size_t>(elements > 0 ? elements : 1) * sizeof(float);
-  TDPIPE_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
+  void* p = allocate(bytes, stream);
   Buffer b;
   b.data = std::shared_ptr<void>(p, [stream](void* q) {
     cudaError_t status = cudaFreeAsync(q, stream);
@@ -45,6 +68,14 @@ void keep_pool_memory(int device) {
   TDPIPE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
   std::uint64_t threshold = std::numeric_limits<std::uint64_t>::max();
   TDPIPE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  // Loopback ranks share this pool, each on its own streams. By default
+  // cudaMallocAsync may hand one stream a block another stream freed but has not yet
+  // reached, making the new stream wait for the other's queued work: a hidden
+  // dependency between two ranks' compute streams that the plan does not have, and
+  // that would show up in the measured timeline. Reuse across streams only once the
+  // free has completed (opportunistic reuse, still on); same-stream reuse is unaffected.
+  int no = 0;
+  TDPIPE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &no));
 }
 
 }  // namespace tdpipe::exec::cuda

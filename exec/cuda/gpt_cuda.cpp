@@ -244,6 +244,12 @@ struct GptStageCuda::Impl {
     DeviceMemory dx = std::move(dx2);
     k::layernorm_backward_input(s.dh.as<float>(), s.x.as<float>(), s.mean1.as<float>(), s.rstd1.as<float>(),
                                 P(bname(l, "ln1.g")), dx.as<float>(), N, H, stream);
+    // W reads neither q, the probabilities nor the pre-GeLU u (it uses dqkv, du, g):
+    // free them now, so a split schedule (zb-*) that defers W holds only what W needs.
+    // The frees are stream-ordered after the kernels above that read them.
+    s.q.reset();
+    s.p.reset();
+    s.u.reset();
     return dx;
   }
 
@@ -286,7 +292,7 @@ GptStageCuda::GptStageCuda(const cpu::GptConfig& config, int stage, int stages, 
   if (static_cast<std::int64_t>(flat.size()) != I.total)
     throw Error("CUDA GPT stage " + std::to_string(stage) + ": the CPU model has " + std::to_string(flat.size()) +
                 " parameters, this one " + std::to_string(I.total) +
-                " — exec/src/cpu_gpt.cpp's parameter list changed; update gpt_cuda.cu");
+                " — exec/src/cpu_gpt.cpp's parameter list changed; update gpt_cuda.cpp");
   cpu::ParamMap named = host.named_params();
   for (const Spec& s : I.specs) {
     auto it = named.find(s.name);
@@ -295,7 +301,7 @@ GptStageCuda::GptStageCuda(const cpu::GptConfig& config, int stage, int stages, 
       same = it->second[static_cast<std::size_t>(i)] == flat[static_cast<std::size_t>(s.offset + i)];
     if (!same)
       throw Error("CUDA GPT stage " + std::to_string(stage) + ": parameter " + s.name +
-                  " is not where the CPU model keeps it — update gpt_cuda.cu's parameter list");
+                  " is not where the CPU model keeps it — update gpt_cuda.cpp's parameter list");
   }
   std::vector<float> host_f(flat.begin(), flat.end());
   const std::size_t bytes = static_cast<std::size_t>(I.total) * sizeof(float);
@@ -304,7 +310,9 @@ GptStageCuda::GptStageCuda(const cpu::GptConfig& config, int stage, int stages, 
   I.m1 = DeviceMemory(bytes, stream, true);
   I.m2 = DeviceMemory(bytes, stream, true);
   I.wbf = DeviceMemory(static_cast<std::size_t>(I.total) * sizeof(bf16), stream);
-  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(I.master.get(), host_f.data(), bytes, cudaMemcpyHostToDevice, stream));
+  // A stage may hold no parameters (more virtual stages than layers): nothing to copy.
+  if (bytes > 0)
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(I.master.get(), host_f.data(), bytes, cudaMemcpyHostToDevice, stream));
   k::to_bf16(I.master.as<float>(), I.wbf.as<bf16>(), I.total, stream);
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
@@ -321,7 +329,8 @@ std::int64_t GptStageCuda::state_bytes() const { return stage_state_bytes(impl_-
 
 void GptStageCuda::begin_step() {
   Impl& I = *impl_;
-  TDPIPE_CUDA_CHECK(cudaMemsetAsync(I.grad.get(), 0, static_cast<std::size_t>(I.total) * sizeof(float), I.stream));
+  if (I.total > 0)
+    TDPIPE_CUDA_CHECK(cudaMemsetAsync(I.grad.get(), 0, static_cast<std::size_t>(I.total) * sizeof(float), I.stream));
   I.slices.clear();
   I.kv.clear();
 }
@@ -333,6 +342,10 @@ void GptStageCuda::forward(int mb, int slice, int t0, int t1, const float* x, fl
   if (T <= 0 || t0 < 0 || t1 > I.cfg.seq)
     throw Error("CUDA stage " + std::to_string(I.stage) + ": F" + std::to_string(mb) + ":s" + std::to_string(slice) +
                 ": token range [" + std::to_string(t0) + ", " + std::to_string(t1) + ") outside the sequence");
+  if (I.last() && (targets == nullptr || loss == nullptr))
+    throw Error("CUDA last stage: F" + std::to_string(mb) + " without targets or a loss accumulator");
+  if ((!I.first() && x == nullptr) || (!I.last() && out == nullptr))
+    throw Error("CUDA stage " + std::to_string(I.stage) + ": F" + std::to_string(mb) + " without its input or output");
   auto [it, inserted] = I.slices.try_emplace({mb, slice});
   if (!inserted)
     throw Error("CUDA stage " + std::to_string(I.stage) + ": F" + std::to_string(mb) + ":s" + std::to_string(slice) +
@@ -356,7 +369,6 @@ void GptStageCuda::forward(int mb, int slice, int t0, int t1, const float* x, fl
     TDPIPE_CUDA_CHECK(cudaMemcpyAsync(out, act.get(), nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
     return;
   }
-  if (targets == nullptr) throw Error("CUDA last stage: F" + std::to_string(mb) + " without targets");
   const int V = I.cfg.vocab;
   HeadSaved& hs = st.head;
   hs.x = std::move(act);
@@ -384,6 +396,9 @@ void GptStageCuda::backward_input(int mb, int slice, const float* dy, float* dx)
   if (st.backward_done)
     throw Error("CUDA stage " + std::to_string(I.stage) + ": B" + std::to_string(mb) + ":s" + std::to_string(slice) +
                 " ran twice");
+  if ((!I.last() && dy == nullptr) || (!I.first() && dx == nullptr))
+    throw Error("CUDA stage " + std::to_string(I.stage) + ": B" + std::to_string(mb) + ":s" + std::to_string(slice) +
+                " without its gradient input or output");
   st.backward_done = true;
   const int H = I.cfg.hidden, N = I.cfg.micro_batch * (st.t1 - st.t0);
   const std::size_t nH = std::size_t(N) * H;
@@ -449,8 +464,10 @@ namespace {
 cpu::ParamMap download(const std::vector<Spec>& specs, const float* device, std::int64_t total,
                        cudaStream_t stream) {
   std::vector<float> host(static_cast<std::size_t>(total));
-  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(host.data(), device, host.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (total > 0) {
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(host.data(), device, host.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    TDPIPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
   cpu::ParamMap out;
   for (const Spec& s : specs)
     out[s.name].assign(host.begin() + s.offset, host.begin() + s.offset + s.size());

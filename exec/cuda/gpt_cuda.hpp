@@ -61,7 +61,7 @@ class GptStageCuda {
 };
 
 /// Device bytes one stage's weights, gradients, Adam moments and bf16 copy need
-/// (14 bytes per parameter), from the CPU model's parameter count.
+/// (18 bytes per parameter: four fp32 copies and one bf16), from the CPU model's parameter count.
 std::int64_t stage_state_bytes(std::int64_t parameters);
 
 }  // namespace tdpipe::exec::cuda

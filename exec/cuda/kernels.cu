@@ -181,6 +181,9 @@ __device__ __forceinline__ float gelu_tanh(float u) {
 }
 __device__ __forceinline__ float gelu_tanh_grad(float u) {
   const float k = 0.7978845608028654f;
+  // tanh has saturated to ±1 long before |u| = 20 (in fp32 and in the CPU's fp64), so
+  // the exact value is 1 or 0; the formula below would give 0·inf = NaN once u² overflows.
+  if (fabsf(u) > 20.f) return u > 0.f ? 1.f : 0.f;
   float inner = k * (u + 0.044715f * u * u * u);
   float t = tanhf(inner);
   return 0.5f * (1.f + t) + 0.5f * u * (1.f - t * t) * k * (1.f + 3.f * 0.044715f * u * u);
@@ -218,12 +221,11 @@ __global__ void split_qkv_k(const bf16* qkv, bf16* q, bf16* kc, bf16* vc, int b,
     int c = static_cast<int>(i % h);
     std::int64_t row = i / h;
     int seq = static_cast<int>(row / tq), r = static_cast<int>(row % tq);
-    int hd = c / dh, d = c % dh;
-    std::int64_t bh = std::int64_t(seq) * heads + hd;
     // qkv is [3, b·Tq, h]: the q, k and v projections one after another.
-    q[(bh * tq + r) * dh + d] = qkv[i];
-    kc[(bh * tt + t0 + r) * dh + d] = qkv[n + i];
-    vc[(bh * tt + t0 + r) * dh + d] = qkv[2 * n + i];
+    q[head_major_index(seq, r, c, heads, dh, tq, 0)] = qkv[i];
+    const std::int64_t kv = head_major_index(seq, r, c, heads, dh, tt, t0);
+    kc[kv] = qkv[n + i];
+    vc[kv] = qkv[2 * n + i];
   }
 }
 __global__ void merge_heads_k(const bf16* o, bf16* out, int b, int tq, int heads, int dh) {
@@ -234,8 +236,7 @@ __global__ void merge_heads_k(const bf16* o, bf16* out, int b, int tq, int heads
     int c = static_cast<int>(i % h);
     std::int64_t row = i / h;
     int seq = static_cast<int>(row / tq), r = static_cast<int>(row % tq);
-    std::int64_t bh = std::int64_t(seq) * heads + c / dh;
-    out[i] = o[(bh * tq + r) * dh + c % dh];
+    out[i] = o[head_major_index(seq, r, c, heads, dh, tq, 0)];
   }
 }
 __global__ void split_heads_k(const bf16* in, bf16* o, int b, int tq, int heads, int dh) {
@@ -246,8 +247,7 @@ __global__ void split_heads_k(const bf16* in, bf16* o, int b, int tq, int heads,
     int c = static_cast<int>(i % h);
     std::int64_t row = i / h;
     int seq = static_cast<int>(row / tq), r = static_cast<int>(row % tq);
-    std::int64_t bh = std::int64_t(seq) * heads + c / dh;
-    o[(bh * tq + r) * dh + c % dh] = in[i];
+    o[head_major_index(seq, r, c, heads, dh, tq, 0)] = in[i];
   }
 }
 __global__ void gather_dqkv_k(const bf16* dq, const float* dk, const float* dv, bf16* dqkv, int b, int tq,
@@ -259,11 +259,10 @@ __global__ void gather_dqkv_k(const bf16* dq, const float* dk, const float* dv, 
     int c = static_cast<int>(i % h);
     std::int64_t row = i / h;
     int seq = static_cast<int>(row / tq), r = static_cast<int>(row % tq);
-    int d = c % dh;
-    std::int64_t bh = std::int64_t(seq) * heads + c / dh;
-    dqkv[i] = dq[(bh * tq + r) * dh + d];
-    dqkv[n + i] = __float2bfloat16(dk[(bh * tt + t0 + r) * dh + d]);
-    dqkv[2 * n + i] = __float2bfloat16(dv[(bh * tt + t0 + r) * dh + d]);
+    const std::int64_t kv = head_major_index(seq, r, c, heads, dh, tt, t0);
+    dqkv[i] = dq[head_major_index(seq, r, c, heads, dh, tq, 0)];
+    dqkv[n + i] = __float2bfloat16(dk[kv]);
+    dqkv[2 * n + i] = __float2bfloat16(dv[kv]);
   }
 }
 
@@ -271,19 +270,20 @@ __global__ void gather_dqkv_k(const bf16* dq, const float* dk, const float* dv, 
 __global__ void causal_softmax_k(const float* s, bf16* p, int tq, int tk, int t0) {
   std::int64_t row = blockIdx.x;
   int r = static_cast<int>(row % tq);
-  int visible = t0 + r + 1;
-  if (visible > tk) visible = tk;
+  const int visible = visible_keys(t0, r, tk);
   const float* sr = s + row * tk;
   bf16* pr = p + row * tk;
   float m = -INFINITY;
   for (int k = threadIdx.x; k < visible; k += blockDim.x) m = fmaxf(m, sr[k]);
   m = block_max(m);
   float z = 0;
-  for (int k = threadIdx.x; k < visible; k += blockDim.x) z += __expf(sr[k] - m);
+  // expf, not __expf: the fast intrinsic's error grows with |x| (up to ~1e-5 relative
+  // at x = −80), and these probabilities are compared with the CPU's fp64 ones.
+  for (int k = threadIdx.x; k < visible; k += blockDim.x) z += expf(sr[k] - m);
   z = block_sum(z);
   float inv = 1.f / z;
   for (int k = threadIdx.x; k < tk; k += blockDim.x)
-    pr[k] = __float2bfloat16(k < visible ? __expf(sr[k] - m) * inv : 0.f);
+    pr[k] = __float2bfloat16(k < visible ? expf(sr[k] - m) * inv : 0.f);
 }
 __global__ void softmax_bwd_k(const bf16* p, const float* dp, bf16* ds, int tk, float scale) {
   std::int64_t row = blockIdx.x;
@@ -327,7 +327,10 @@ __global__ void cross_entropy_k(const float* logits, const int* targets, bf16* d
                                 int tq, int tt, int t0, int vocab, float scale) {
   std::int64_t row = blockIdx.x;
   int seq = static_cast<int>(row / tq), r = static_cast<int>(row % tq);
-  int target = targets[std::int64_t(seq) * tt + t0 + r];
+  const int target = targets[std::int64_t(seq) * tt + t0 + r];
+  // An id outside the vocabulary must not read past the row: it poisons the loss
+  // with NaN instead, which the host sees at the end of the step.
+  const bool valid = target >= 0 && target < vocab;
   const float* lr = logits + row * vocab;
   float m = -INFINITY;
   for (int k = threadIdx.x; k < vocab; k += blockDim.x) m = fmaxf(m, lr[k]);
@@ -339,7 +342,8 @@ __global__ void cross_entropy_k(const float* logits, const int* targets, bf16* d
   for (int k = threadIdx.x; k < vocab; k += blockDim.x)
     dlogits[row * vocab + k] = __float2bfloat16(scale * (expf(lr[k] - m) * inv - (k == target ? 1.f : 0.f)));
   if (threadIdx.x == 0) {
-    double loss = (static_cast<double>(m) + log(static_cast<double>(z))) - lr[target];
+    const double loss =
+        valid ? (static_cast<double>(m) + log(static_cast<double>(z))) - lr[target] : nan("");
     atomicAdd(loss_sum, static_cast<double>(scale) * loss);
   }
 }

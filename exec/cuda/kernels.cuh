@@ -7,6 +7,32 @@
 
 #include <cstdint>
 
+// Index logic shared by the kernels and the host (tests/exec_cuda/test_kernel_index.cpp
+// runs it on CPU): __host__ __device__ under nvcc, plain inline functions elsewhere.
+// Define TDPIPE_KERNEL_INDEX_ONLY before including to get only that part (no CUDA header).
+#if defined(__CUDACC__)
+#define TDPIPE_HD __host__ __device__
+#else
+#define TDPIPE_HD
+#endif
+
+namespace tdpipe::exec::cuda::kernels {
+
+/// Keys a query at row r of a slice starting at token t0 may see, of the tk = t1
+/// keys in the scores row: 0 … t0 + r (causal mask with the TD-Pipe slice prefix).
+TDPIPE_HD inline int visible_keys(int t0, int r, int tk) { return t0 + r + 1 < tk ? t0 + r + 1 : tk; }
+
+/// Element (sequence seq, token row0 + r, column c of the hidden dimension) of a
+/// head-major tensor [b·heads, rows, dh]: head c / dh, lane c % dh. rows = Tq and
+/// row0 = 0 for per-slice q / o tensors; rows = seq and row0 = t0 for the caches.
+TDPIPE_HD inline std::int64_t head_major_index(int seq, int r, int c, int heads, int dh, int rows, int row0) {
+  return ((std::int64_t(seq) * heads + c / dh) * rows + row0 + r) * dh + c % dh;
+}
+
+}  // namespace tdpipe::exec::cuda::kernels
+
+#ifndef TDPIPE_KERNEL_INDEX_ONLY
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -49,7 +75,7 @@ void softmax_backward(const bf16* p, const float* dp, bf16* ds, int bh, int tq, 
                       cudaStream_t stream);
 /// [b·H, Tq, dh] → [b·Tq, h].
 void merge_heads(const bf16* o, bf16* out, int b, int tq, int heads, int head_dim, cudaStream_t stream);
-/// [b·Tq, h] → [b·H, Tq, dh] (from fp32 or bf16).
+/// [b·Tq, h] → [b·H, Tq, dh].
 void split_heads(const bf16* in, bf16* o, int b, int tq, int heads, int head_dim, cudaStream_t stream);
 /// dqkv [3, b·Tq, h] from dq [b·H, Tq, dh] and rows t0… of the fp32 key/value gradient
 /// accumulators [b·H, T, dh].
@@ -78,3 +104,5 @@ void adam(float* p, const float* g, float* m, float* v, bf16* p_bf16, std::int64
           float beta1, float beta2, float eps, float bias1, float bias2, cudaStream_t stream);
 
 }  // namespace tdpipe::exec::cuda::kernels
+
+#endif  // TDPIPE_KERNEL_INDEX_ONLY

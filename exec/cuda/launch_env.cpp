@@ -110,8 +110,11 @@ LaunchEnv parse_launch_env(const EnvLookup& env) {
     e.world = required(env, "OMPI_COMM_WORLD_SIZE", "mpirun");
     e.local_rank = optional_int(env, "OMPI_COMM_WORLD_LOCAL_RANK").value_or(0);
     e.local_world = optional_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE").value_or(e.world);
-    e.node = optional_int(env, "OMPI_COMM_WORLD_NODE_RANK").value_or(0);
     check_consistent(e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
+    // OpenMPI names no node index (OMPI_COMM_WORLD_NODE_RANK is a rank *on* the node,
+    // across jobs): with mpirun's default by-slot mapping of equal nodes, ranks fill
+    // node after node. Informational only — nothing selects by it.
+    e.node = (e.rank - e.local_rank) / e.local_world;
     return e;
   }
   if (env("SLURM_PROCID") && (env("SLURM_NTASKS") || env("SLURM_NPROCS"))) {
@@ -179,6 +182,12 @@ int select_device(const LaunchEnv& launch, int visible_devices) {
   if (visible_devices <= 0)
     throw Error("no CUDA GPU visible on this node (rank " + std::to_string(launch.rank) +
                 "): check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi), or use --backend cpu");
+  // Under srun, one visible GPU for several tasks on the node means Slurm bound one
+  // GPU to each task (--gpus-per-task=1, --gpu-bind=single:1): it is device 0 here.
+  // (Should they really share one, ncclCommInitRank fails with NCCL's "Duplicate GPU
+  // detected" naming both ranks.) Elsewhere several processes on one GPU is a mistake
+  // we can name now.
+  if (visible_devices == 1 && launch.launcher == "slurm") return 0;
   if (launch.local_world > visible_devices)
     throw Error(std::to_string(launch.local_world) + " processes were started on this node but it has " +
                 std::to_string(visible_devices) + " GPU" + (visible_devices == 1 ? "" : "s") +

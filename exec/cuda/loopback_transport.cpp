@@ -3,6 +3,7 @@
 #include "loopback_transport.hpp"
 
 #include <chrono>
+#include <thread>
 
 #include "check.hpp"
 #include "device_memory.hpp"
@@ -97,45 +98,88 @@ void LoopbackFabric::all_reduce(int rank, int replica, int data, long call, cons
 
 void LoopbackTransport::post(std::span<P2POp> batch) {
   ctx_->bind();
-  NvtxRange range("r" + std::to_string(replica_ * stages_ + rank_) + " p2p batch of " + std::to_string(batch.size()));
+  const int self = replica_ * stages_ + rank_;
+  NvtxRange range("r" + std::to_string(self) + " p2p batch of " + std::to_string(batch.size()));
+  // Checked before anything is posted: a batch is posted whole or not at all.
+  std::string labels;
+  for (const P2POp& op : batch) {
+    if (op.kind != ir::OpKind::SEND && op.kind != ir::OpKind::RECV)
+      throw Error("transport: " + std::string(ir::to_string(op.kind)) + " is not SEND or RECV");
+    if (op.peer < 0 || op.peer >= stages_)
+      throw Error(op.label + ": peer " + std::to_string(op.peer) + " is not a pipeline rank (p = " +
+                  std::to_string(stages_) + ")");
+    if (!op.buffer.data || op.buffer.bytes() <= 0) throw Error(op.label + ": empty buffer");
+    labels += (labels.empty() ? "" : "+") + op.label;
+  }
   auto& rv = fabric_->p2p();
   using Ticket = std::shared_ptr<RendezvousTicket<EventHandle>>;
   std::vector<Ticket> tickets;
   std::vector<EventHandle> ready;
-  const int self = replica_ * stages_ + rank_;
   for (P2POp& op : batch) {
-    if (op.peer < 0 || op.peer >= stages_)
-      throw Error(op.label + ": peer " + std::to_string(op.peer) + " is not a pipeline rank (p = " +
-                  std::to_string(stages_) + ")");
     const int peer = replica_ * stages_ + op.peer;
     MessageKey key{op.key.payload, op.key.stage, op.key.mb, op.key.slice, op.buffer.bytes()};
     if (op.kind == ir::OpKind::SEND) {
+      // The tensor was produced on the compute stream, which Compute::run waited for
+      // before the interpreter handed it to this SEND; the ready event sits on this
+      // rank's p2p stream (never on its compute stream, where it would also wait for
+      // kernels the compute thread issues meanwhile and delay the copy for nothing).
       EventHandle ev = make_event();
       TDPIPE_CUDA_CHECK(cudaEventRecord(ev.get(), ctx_->p2p()));
       ready.push_back(ev);
       tickets.push_back(rv.post_send(self, peer, key,
                                      {op.buffer.data.get(), op.buffer.bytes(), ev.get(),
                                       "rank " + std::to_string(self) + " " + op.label}));
-    } else if (op.kind == ir::OpKind::RECV) {
+    } else {
       tickets.push_back(rv.post_recv(peer, self, key,
                                      {op.buffer.data.get(), op.buffer.bytes(), ctx_->p2p(), ctx_->device(),
                                       "rank " + std::to_string(self) + " " + op.label}));
-    } else {
-      throw Error("transport: " + std::string(ir::to_string(op.kind)) + " is not SEND or RECV");
     }
   }
   RunControl& control = fabric_->control();
-  std::vector<EventHandle> done;
-  for (auto& t : tickets) {
-    for (;;) {
-      if (control.failed()) throw Aborted{};
-      if (auto r = t->try_wait(std::chrono::milliseconds(20))) {
-        done.push_back(*r);
-        break;
+  try {
+    std::vector<EventHandle> done;
+    for (auto& t : tickets) {
+      for (;;) {
+        if (control.failed()) throw Aborted{};
+        if (auto r = t->try_wait(std::chrono::milliseconds(20))) {
+          done.push_back(*r);
+          break;
+        }
       }
     }
+    // Host-side wait: when post returns, the SEND buffers may be freed and the RECV
+    // buffers read on another stream (backend.hpp: every call returns complete).
+    for (auto& ev : done) wait_event(ev.get(), &control);
+  } catch (const std::exception& e) {
+    // The first failure names this rank and batch (the interpreter's own report of
+    // it would lose the race against the "aborted" errors of the peers woken below).
+    control.fail("rank " + std::to_string(self) + " (p2p stream) failed in " + labels + ": " + e.what());
+    drain(tickets);
+    throw;
+  } catch (const Aborted&) {
+    drain(tickets);
+    throw;
   }
-  for (auto& ev : done) wait_event(ev.get(), &control);
+}
+
+void LoopbackTransport::drain(const std::vector<std::shared_ptr<RendezvousTicket<EventHandle>>>& tickets) {
+  // This rank is leaving the batch with a failure, and its caller frees the batch's
+  // buffers next. Copies from/into them may be in flight, and a peer could still
+  // match a pending post and start one: refuse every further match, let matches
+  // being made finish, and wait (in the driver: a copy only waits for events that
+  // were recorded before it, so it always completes) for the copies that started.
+  const std::string why = fabric_->control().failed() ? fabric_->control().failure() : "a rank failed";
+  fabric_->abort(why);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (const auto& t : tickets) {
+    while (!t->done() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    try {
+      if (auto ev = t->try_wait(std::chrono::milliseconds(0))) cudaEventSynchronize(ev->get());
+    } catch (const std::exception&) {
+      // failed or aborted before a copy started: nothing in flight
+    }
+  }
 }
 
 void LoopbackTransport::all_reduce(const Buffer& buffer, int tag) {

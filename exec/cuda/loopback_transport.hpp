@@ -75,6 +75,8 @@ class LoopbackTransport final : public Transport {
   void all_reduce(const Buffer& buffer, int tag) override;
 
  private:
+  /// After a failure inside post(): abort the fabric and wait for this batch's copies.
+  void drain(const std::vector<std::shared_ptr<RendezvousTicket<EventHandle>>>& tickets);
   LoopbackFabric* fabric_;
   const DeviceContext* ctx_;
   int replica_, rank_, stages_, data_;

@@ -2,7 +2,9 @@
 // without blocking in the driver so a failed peer cannot hang the process.
 #include "nccl_transport.hpp"
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "check.hpp"
 #include "device_memory.hpp"
@@ -11,14 +13,16 @@
 
 namespace tdpipe::exec::cuda {
 
-void NcclTransport::wait(cudaStream_t stream) {
+void NcclTransport::wait(cudaStream_t stream, ncclComm_t comm) {
   for (int i = 0;; ++i) {
     cudaError_t status = cudaStreamQuery(stream);
     if (status == cudaSuccess) return;
     if (status != cudaErrorNotReady) TDPIPE_CUDA_CHECK(status);
     ncclResult_t async = ncclSuccess;
-    TDPIPE_NCCL_CHECK(ncclCommGetAsyncError(world_, &async));
-    if (async != ncclSuccess && async != ncclInProgress) TDPIPE_NCCL_CHECK(async);
+    TDPIPE_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+    if (async != ncclSuccess && async != ncclInProgress)
+      throw Error(std::string("NCCL asynchronous error: ") + ncclGetErrorString(async) +
+                  " (a peer process failed? set NCCL_DEBUG=INFO)");
     if (control_ != nullptr && control_->failed()) throw Aborted{};
     if (i > 2000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     else std::this_thread::yield();
@@ -28,27 +32,36 @@ void NcclTransport::wait(cudaStream_t stream) {
 void NcclTransport::post(std::span<P2POp> batch) {
   ctx_->bind();
   NvtxRange range("r" + std::to_string(replica_ * stages_ + rank_) + " nccl batch of " + std::to_string(batch.size()));
-  cudaStream_t s = ctx_->p2p();
-  TDPIPE_NCCL_CHECK(ncclGroupStart());
-  for (P2POp& op : batch) {
-    if (op.peer < 0 || op.peer >= stages_) {
-      ncclGroupEnd();
+  // Everything is checked before the group opens: a throw between ncclGroupStart
+  // and ncclGroupEnd would leave the group open for every later NCCL call.
+  for (const P2POp& op : batch) {
+    if (op.kind != ir::OpKind::SEND && op.kind != ir::OpKind::RECV)
+      throw Error("transport: " + std::string(ir::to_string(op.kind)) + " is not SEND or RECV");
+    if (op.peer < 0 || op.peer >= stages_)
       throw Error(op.label + ": peer " + std::to_string(op.peer) + " is not a pipeline rank (p = " +
                   std::to_string(stages_) + ")");
-    }
-    if (op.buffer.dtype != DType::F32) {
-      ncclGroupEnd();
+    if (op.buffer.dtype != DType::F32)
       throw Error(op.label + ": the CUDA backend moves fp32 tensors");
+    if (op.buffer.elements < 1 || !op.buffer.data)
+      throw Error(op.label + ": empty buffer");
+  }
+  cudaStream_t s = ctx_->p2p();
+  TDPIPE_NCCL_CHECK(ncclGroupStart());
+  try {
+    for (P2POp& op : batch) {
+      const int peer = replica_ * stages_ + op.peer;
+      const auto n = static_cast<std::size_t>(op.buffer.elements);
+      if (op.kind == ir::OpKind::SEND)
+        TDPIPE_NCCL_CHECK(ncclSend(op.buffer.data.get(), n, ncclFloat32, peer, world_, s));
+      else
+        TDPIPE_NCCL_CHECK(ncclRecv(op.buffer.data.get(), n, ncclFloat32, peer, world_, s));
     }
-    const int peer = replica_ * stages_ + op.peer;
-    const auto n = static_cast<std::size_t>(op.buffer.elements);
-    if (op.kind == ir::OpKind::SEND)
-      TDPIPE_NCCL_CHECK(ncclSend(op.buffer.data.get(), n, ncclFloat32, peer, world_, s));
-    else
-      TDPIPE_NCCL_CHECK(ncclRecv(op.buffer.data.get(), n, ncclFloat32, peer, world_, s));
+  } catch (...) {
+    ncclGroupEnd();
+    throw;
   }
   TDPIPE_NCCL_CHECK(ncclGroupEnd());
-  wait(s);
+  wait(s, world_);
 }
 
 void NcclTransport::all_reduce(const Buffer& buffer, int tag) {
@@ -58,7 +71,7 @@ void NcclTransport::all_reduce(const Buffer& buffer, int tag) {
   if (buffer.dtype != DType::F32) throw Error("NCCL all-reduce: expected fp32 gradients");
   TDPIPE_NCCL_CHECK(ncclAllReduce(buffer.data.get(), buffer.data.get(), static_cast<std::size_t>(buffer.elements),
                                   ncclFloat32, ncclSum, dp_, ctx_->dp()));
-  wait(ctx_->dp());
+  wait(ctx_->dp(), dp_);
 }
 
 void NcclTransport::warm_up(const std::set<int>& pipeline_peers) {
@@ -67,19 +80,24 @@ void NcclTransport::warm_up(const std::set<int>& pipeline_peers) {
   const int n = static_cast<int>(pipeline_peers.size());
   DeviceMemory buf(static_cast<std::size_t>(2 * n + 1) * sizeof(float), s, true);
   TDPIPE_NCCL_CHECK(ncclGroupStart());
-  int i = 0;
-  for (int peer : pipeline_peers) {
-    const int w = replica_ * stages_ + peer;
-    TDPIPE_NCCL_CHECK(ncclSend(buf.as<float>() + 2 * i, 1, ncclFloat32, w, world_, s));
-    TDPIPE_NCCL_CHECK(ncclRecv(buf.as<float>() + 2 * i + 1, 1, ncclFloat32, w, world_, s));
-    ++i;
+  try {
+    int i = 0;
+    for (int peer : pipeline_peers) {
+      const int w = replica_ * stages_ + peer;
+      TDPIPE_NCCL_CHECK(ncclSend(buf.as<float>() + 2 * i, 1, ncclFloat32, w, world_, s));
+      TDPIPE_NCCL_CHECK(ncclRecv(buf.as<float>() + 2 * i + 1, 1, ncclFloat32, w, world_, s));
+      ++i;
+    }
+  } catch (...) {
+    ncclGroupEnd();
+    throw;
   }
   TDPIPE_NCCL_CHECK(ncclGroupEnd());
-  wait(s);
+  wait(s, world_);
   if (dp_ != nullptr) {
     TDPIPE_NCCL_CHECK(ncclAllReduce(buf.as<float>() + 2 * n, buf.as<float>() + 2 * n, 1, ncclFloat32, ncclSum, dp_,
                                     ctx_->dp()));
-    wait(ctx_->dp());
+    wait(ctx_->dp(), dp_);
   }
 }
 

@@ -28,7 +28,9 @@ class NcclTransport final : public Transport {
   void warm_up(const std::set<int>& pipeline_peers);
 
  private:
-  void wait(cudaStream_t stream);
+  /// Polls `stream` until NCCL's work on it is done; throws on `comm`'s asynchronous
+  /// error and Aborted once the run failed elsewhere (never blocks in the driver).
+  void wait(cudaStream_t stream, ncclComm_t comm);
   ncclComm_t world_, dp_;
   const DeviceContext* ctx_;
   int replica_, rank_, stages_;

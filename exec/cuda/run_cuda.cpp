@@ -5,6 +5,7 @@
 #include "tdpipe/exec/cuda/run.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <set>
@@ -140,6 +141,25 @@ double sum_squares(const cpu::ParamMap& m) {
   return s;
 }
 
+// The timeline's zero: a timing event, re-recorded at the start of every step.
+class OriginEvent {
+ public:
+  OriginEvent() { TDPIPE_CUDA_CHECK(cudaEventCreate(&event_)); }
+  ~OriginEvent() { cudaEventDestroy(event_); }
+  OriginEvent(const OriginEvent&) = delete;
+  OriginEvent& operator=(const OriginEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+  /// Records it on `stream` (idle: after a barrier) and waits for it, so that the
+  /// clocks' later events measure from here.
+  void record(cudaStream_t stream) {
+    TDPIPE_CUDA_CHECK(cudaEventRecord(event_, stream));
+    TDPIPE_CUDA_CHECK(cudaEventSynchronize(event_));
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
 // ---- loopback: every rank a thread, one GPU ---------------------------------------
 
 CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) {
@@ -170,13 +190,11 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
       transports.push_back(std::make_unique<LoopbackTransport>(fabric, *contexts.back(), k, r, p, d));
     }
   // One origin for every rank: all share the device, so event times compare directly.
-  cudaEvent_t origin = nullptr;
-  TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
-  TDPIPE_CUDA_CHECK(cudaEventCreate(&origin));
-  TDPIPE_CUDA_CHECK(cudaEventRecord(origin, contexts[0]->compute()));
-  TDPIPE_CUDA_CHECK(cudaEventSynchronize(origin));
+  // It is re-recorded at the start of every step (origin.record): cudaEventElapsedTime
+  // returns float ms, whose 24-bit mantissa would lose µs after ~20 s of a long run.
+  OriginEvent origin;
   std::vector<std::unique_ptr<CudaClock>> clocks;
-  for (auto& c : contexts) clocks.push_back(std::make_unique<CudaClock>(*c, origin));
+  for (auto& c : contexts) clocks.push_back(std::make_unique<CudaClock>(*c, origin.get()));
 
   CudaRunResult out;
   out.device_name = device_name(device);
@@ -184,7 +202,7 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
   const int steps = options.train.steps;
   const int trace_step = resolve_trace_step(options.trace_step, steps);
   result.trace = run_trace_header("cuda", plan, p * d);
-  try {
+  {
     Watchdog watchdog(
         control, options.watchdog_seconds,
         [&fabric](std::string& report) {
@@ -194,6 +212,7 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
     for (int step = 0; step < steps; ++step) {
       std::vector<RankStepResult> outs(static_cast<std::size_t>(p * d));
       TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
+      origin.record(contexts[0]->compute());  // every rank thread is joined: nobody reads it now
       const std::int64_t step_start = clocks[0]->now_ns(ir::Stream::Compute);
       std::vector<std::thread> threads;
       for (int w = 0; w < p * d; ++w)
@@ -218,11 +237,7 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
       cpu::record_step(result, outs, step_end - step_start, step == trace_step, options.keep_step_traces, "cuda",
                        plan, p * d);
     }
-  } catch (...) {
-    cudaEventDestroy(origin);
-    throw;
   }
-  cudaEventDestroy(origin);
 
   double ss = 0;
   for (int r = 0; r < p; ++r) {
@@ -253,9 +268,13 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
 // ---- NCCL: one process per GPU -------------------------------------------------------
 
 #if defined(TDPIPE_HAVE_MPI)
-// MPI_Init once per process; MPI_Finalize at exit if we initialised it.
+// MPI_Init once per process; at exit MPI_Finalize if we initialised it — or, after
+// a failure of this process, MPI_Abort: MPI_Finalize synchronises with the other
+// processes, which may be blocked in a collective this one will never join (they
+// would hang instead of being stopped by the launcher).
 struct MpiSession {
   bool ours = false;
+  bool failed = false;
   MpiSession() {
     int inited = 0;
     MPI_Initialized(&inited);
@@ -267,7 +286,9 @@ struct MpiSession {
   ~MpiSession() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (ours && !finalized) MPI_Finalize();
+    if (finalized) return;
+    if (failed) MPI_Abort(MPI_COMM_WORLD, 1);
+    else if (ours) MPI_Finalize();
   }
 };
 MpiSession& mpi_session() {
@@ -276,25 +297,51 @@ MpiSession& mpi_session() {
 }
 #endif
 
-ncclUniqueId exchange_id(const LaunchEnv& launch) {
+ncclUniqueId exchange_id(IdExchange exchange, const LaunchEnv& launch) {
   ncclUniqueId id{};
-  switch (choose_id_exchange(launch, process_env(), built_with_mpi())) {
+  switch (exchange) {
     case IdExchange::None:
       TDPIPE_NCCL_CHECK(ncclGetUniqueId(&id));
       break;
     case IdExchange::NcclCommId:
-      // With NCCL_COMM_ID set, NCCL derives the id from that address on every rank.
+      // With NCCL_COMM_ID set, NCCL derives the id from that address on every rank
+      // (and rank 0's ncclCommInitRank opens the bootstrap root there).
       TDPIPE_NCCL_CHECK(ncclGetUniqueId(&id));
       break;
     case IdExchange::Mpi:
 #if defined(TDPIPE_HAVE_MPI)
-      mpi_session();
       if (launch.rank == 0) TDPIPE_NCCL_CHECK(ncclGetUniqueId(&id));
-      MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+      if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        throw Error("MPI_Bcast of the NCCL unique id failed on rank " + std::to_string(launch.rank));
+#else
+      (void)launch;
+      throw Error("internal: MPI id exchange chosen in a build without MPI");
 #endif
       break;
   }
   return id;
+}
+
+// Waits for NCCL work on `stream` by polling, never blocking in the driver: a peer
+// that died leaves its partners' NCCL kernels spinning forever, so this checks the
+// communicator's asynchronous error and gives up after `timeout_s` with a message.
+void wait_nccl(cudaStream_t stream, ncclComm_t comm, double timeout_s, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (int i = 0;; ++i) {
+    const cudaError_t status = cudaStreamQuery(stream);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady) TDPIPE_CUDA_CHECK(status);
+    ncclResult_t async = ncclSuccess;
+    TDPIPE_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+    if (async != ncclSuccess && async != ncclInProgress)
+      throw Error("NCCL asynchronous error during " + what + ": " + ncclGetErrorString(async) +
+                  " (a peer process failed? set NCCL_DEBUG=INFO)");
+    if (std::chrono::steady_clock::now() > deadline)
+      throw Error("waited " + std::to_string(static_cast<int>(timeout_s)) + " s for " + what +
+                  ": another process is gone or stuck (see its output), or raise --watchdog");
+    if (i > 2000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    else std::this_thread::yield();
+  }
 }
 
 // Every event of this process as text lines, for gathering on the root.
@@ -319,9 +366,9 @@ std::vector<traces::TraceEvent> deserialize(const std::string& text) {
   return out;
 }
 
-CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options) {
+CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& options, const LaunchEnv& launch,
+                               IdExchange exchange) {
   const int p = plan.num_ranks(), d = std::max(1, plan.data);
-  const LaunchEnv launch = parse_launch_env(process_env());
   const GpuInfo gpus = query_gpus();
   check_world(p * d, launch, /*loopback=*/false, gpus.count);
   const int device = select_device(launch, gpus.count);
@@ -329,42 +376,49 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options) {
   const DeviceSetup setup = set_up_device(device, plan, options.train, {rank}, 1);
   const cpu::GptConfig& config = setup.config;
   const cpu::Corpus& corpus = setup.corpus;
-  const ncclUniqueId id = exchange_id(launch);
-  ncclComm_t world = nullptr, dp = nullptr;
-  TDPIPE_NCCL_CHECK(ncclCommInitRank(&world, launch.world, id, world_rank));
-  struct Comms {
-    ncclComm_t* w;
-    ncclComm_t* d;
-    ~Comms() {
-      if (*d) ncclCommDestroy(*d);
-      if (*w) ncclCommDestroy(*w);
-    }
-  } comms{&world, &dp};
-  if (d > 1) TDPIPE_NCCL_CHECK(ncclCommSplit(world, /*color=*/rank, /*key=*/replica, &dp, nullptr));
-
   RunControl control;
   DeviceContext ctx(device);
   CudaCompute compute(config, plan, rank, replica, corpus, options.train, ctx, &control);
-  NcclTransport transport(world, dp, ctx, replica, rank, p, &control);
+  const ncclUniqueId id = exchange_id(exchange, launch);
+  // Declared after the streams and buffers, so destroyed before them: on any failure
+  // the communicators are aborted (not destroyed — ncclCommDestroy would wait for
+  // NCCL work a failed peer never completes) and that ends this process's spinning
+  // NCCL kernels, which the stream synchronisations in ~CudaCompute and
+  // ~DeviceContext would otherwise wait for forever.
+  struct Comms {
+    ncclComm_t world = nullptr, dp = nullptr;
+    bool clean = false;
+    ~Comms() {
+      for (ncclComm_t c : {dp, world})
+        if (c) clean ? ncclCommDestroy(c) : ncclCommAbort(c);
+    }
+  } comms;
+  TDPIPE_NCCL_CHECK(ncclCommInitRank(&comms.world, launch.world, id, world_rank));
+  // dp: the replicas of this pipeline rank (collective over the world: every rank calls it).
+  if (d > 1) TDPIPE_NCCL_CHECK(ncclCommSplit(comms.world, /*color=*/rank, /*key=*/replica, &comms.dp, nullptr));
+  ncclComm_t world = comms.world;
+
+  NcclTransport transport(world, comms.dp, ctx, replica, rank, p, &control);
   std::set<int> peers;
   for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)])
     if (ir::is_p2p(op.kind)) peers.insert(op.peer);
   transport.warm_up(peers);
 
   DeviceMemory scratch(2 * sizeof(double), ctx.compute(), true);
-  auto world_sum = [&](double v) {
+  // A world-wide sum (and barrier), on the compute stream from this (main) thread —
+  // never concurrent with the p2p thread's use of the same communicator.
+  auto world_sum = [&](double v, const char* what) {
+    ctx.bind();
     TDPIPE_CUDA_CHECK(cudaMemcpyAsync(scratch.get(), &v, sizeof v, cudaMemcpyHostToDevice, ctx.compute()));
     TDPIPE_NCCL_CHECK(ncclAllReduce(scratch.get(), scratch.get(), 1, ncclFloat64, ncclSum, world, ctx.compute()));
+    wait_nccl(ctx.compute(), world, options.watchdog_seconds, what);
     TDPIPE_CUDA_CHECK(cudaMemcpyAsync(&v, scratch.get(), sizeof v, cudaMemcpyDeviceToHost, ctx.compute()));
     TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
     return v;
   };
-  world_sum(0);  // barrier: every process is up
-  cudaEvent_t origin = nullptr;
-  TDPIPE_CUDA_CHECK(cudaEventCreate(&origin));
-  TDPIPE_CUDA_CHECK(cudaEventRecord(origin, ctx.compute()));
-  TDPIPE_CUDA_CHECK(cudaEventSynchronize(origin));
-  CudaClock clock(ctx, origin);
+  world_sum(0, "the start barrier (every process up)");
+  OriginEvent origin;
+  CudaClock clock(ctx, origin.get());
 
   CudaRunResult out;
   out.world_rank = world_rank;
@@ -376,10 +430,13 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options) {
   const int trace_step = resolve_trace_step(options.trace_step, steps);
   result.trace = run_trace_header("cuda", plan, p * d);
   std::vector<traces::TraceEvent> mine;
-  try {
+  {
     Watchdog watchdog(control, options.watchdog_seconds);
     for (int step = 0; step < steps; ++step) {
-      world_sum(0);  // barrier: steps start together
+      world_sum(0, "the step barrier");  // steps start together
+      // Per-step origin right after the barrier: times stay small (float ms keeps µs)
+      // and the processes' zeros are as close as the barrier makes them.
+      origin.record(ctx.compute());
       const std::int64_t step_start = clock.now_ns(ir::Stream::Compute);
       Backend backend{&compute, &transport, &clock};
       RankStepResult r;
@@ -387,25 +444,14 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options) {
         r = run_rank_step(plan, rank, world_rank, step, backend, control);
       } catch (const Aborted&) {
       }
-      if (control.failed()) {
-        // Peers blocked in NCCL on this rank would hang: abort the communicators.
-        ncclCommAbort(world);
-        world = nullptr;
-        if (dp) ncclCommAbort(dp);
-        dp = nullptr;
-        throw Error("rank " + std::to_string(world_rank) + ": " + control.failure());
-      }
-      const double loss = world_sum(r.loss);
+      if (control.failed()) throw Error("rank " + std::to_string(world_rank) + ": " + control.failure());
+      const double loss = world_sum(r.loss, "the loss sum");
       const std::int64_t step_end = clock.now_ns(ir::Stream::Compute);
       result.loss_per_step.push_back(loss);
       result.iteration_seconds.push_back(static_cast<double>(step_end - step_start) * 1e-9);
       if (step == trace_step) mine = std::move(r.events);
     }
-  } catch (...) {
-    cudaEventDestroy(origin);
-    throw;
   }
-  cudaEventDestroy(origin);
 
   double ss = 0;
   for (int ch = 0; ch < compute.chunks(); ++ch) {
@@ -416,11 +462,11 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options) {
       result.grads.merge(compute.chunk_stage(ch).named_grads());
     }
   }
-  out.weights_l2 = std::sqrt(world_sum(ss));
+  out.weights_l2 = std::sqrt(world_sum(ss, "the weight norm sum"));
 
-  // Times are relative to each process's own origin (recorded after a barrier).
+  // Times are relative to each process's own origin (recorded after the step's barrier).
 #if defined(TDPIPE_HAVE_MPI)
-  if (launch.world > 1 && choose_id_exchange(launch, process_env(), true) == IdExchange::Mpi) {
+  if (launch.world > 1 && exchange == IdExchange::Mpi) {
     std::string text = serialize(mine);
     int len = static_cast<int>(text.size());
     std::vector<int> lens(static_cast<std::size_t>(launch.world)), displs(lens.size());
@@ -442,7 +488,27 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options) {
   for (auto& e : mine) result.trace.events.push_back(std::move(e));
   fill_metadata(result, plan, config, options, trace_step, out.device_name, launch.world);
   result.trace.metadata["world_rank"] = std::to_string(world_rank);
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
+  comms.clean = true;
   return out;
+}
+
+CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options) {
+  const LaunchEnv launch = parse_launch_env(process_env());
+  const IdExchange exchange = choose_id_exchange(launch, process_env(), built_with_mpi());
+#if defined(TDPIPE_HAVE_MPI)
+  // MPI first, before anything that can fail on one process only (memory check,
+  // NCCL init): a failure then ends in MPI_Abort, which stops every process.
+  if (exchange == IdExchange::Mpi) mpi_session();
+  try {
+    return run_nccl_process(plan, options, launch, exchange);
+  } catch (...) {
+    if (exchange == IdExchange::Mpi) mpi_session().failed = true;
+    throw;
+  }
+#else
+  return run_nccl_process(plan, options, launch, exchange);
+#endif
 }
 
 }  // namespace

@@ -72,6 +72,26 @@ PY
       expect "$out" 'ops matched [0-9]+, only predicted 0, only measured 0' "$run: every op pairs up"
     done
     ;;
+  sim-profile-engines)
+    # A profile's op times and link enter both engines through the plan: uniform
+    # F = 1 ms, B = 1.5 ms, W = 0.5 ms, OPT 0.25 ms and a ~0 link give ZB-H1's closed
+    # form, m(F+B+W) + (p−1)(F+B−W) + OPT = 12 + 2 + 0.25 ms, in both.
+    python3 - "$work/prof.json" <<'PY'
+import json, sys
+ops = [{"kind": k, "virtual_stage": -1, "slice": -1, "layers": 2, "seconds": s, "samples": 5}
+       for k, s in (("F", 1e-3), ("B", 1.5e-3), ("W", 0.5e-3), ("OPT", 0.25e-3))]
+json.dump({"tdpipe_profile": 1, "scenario": "tiny-gpt-cpu", "stages": 2, "ops": ops,
+           "p2p": {"latency": 1e-12, "bandwidth": 1e18}, "collective": {"latency": 1e-12, "bandwidth": 1e18},
+           "platform": {"backend": "cpu", "device": "test", "description": "", "cores": 2, "ranks": 2,
+                        "threads_per_rank": 1}, "metadata": {}}, open(sys.argv[1], "w"))
+PY
+    for engine in analytic simgrid; do
+      "$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --engine $engine --schedule zb-h1 --profile "$work/prof.json" \
+          --json > "$work/$engine.json" 2>"$work/$engine.err" || fail "sim --engine $engine --profile exited $?: $(cat "$work/$engine.err")"
+      python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["iteration_time"]; assert abs(t-14.25e-3) < 1e-8, t' \
+          "$work/$engine.json" || fail "$engine: iteration is not 14.25 ms with the profile"
+    done
+    ;;
   *) fail "unknown case $case_name" ;;
 esac
 echo "ok: $case_name"

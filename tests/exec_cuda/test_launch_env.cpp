@@ -30,7 +30,7 @@ TEST_CASE("OpenMPI's mpirun variables", "[launch]") {
   CHECK(e.world == 8);
   CHECK(e.local_rank == 1);
   CHECK(e.local_world == 4);
-  CHECK(e.node == 1);
+  CHECK(e.node == 1);  // (5 − 1) / 4: ranks 4…7 fill the second node
 }
 
 TEST_CASE("Slurm's srun variables, tasks per node expanded", "[launch]") {
@@ -109,6 +109,13 @@ TEST_CASE("device selection and GPU counts give clear messages", "[launch]") {
   CHECK(select_device(e, 8) == 3);
   CHECK(select_device(e, 4) == 3);
   CHECK_THROWS_WITH(select_device(e, 2), Contains("4 processes were started on this node but it has 2 GPUs"));
+  CHECK_THROWS_WITH(select_device(e, 1), Contains("4 processes were started on this node but it has 1 GPU:"));
+  // srun --gpus-per-task=1: each task sees only the GPU Slurm bound to it.
+  LaunchEnv srun = parse_launch_env(map_env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+                                             {"SLURM_NODEID", "1"}, {"SLURM_TASKS_PER_NODE", "4(x2)"}}));
+  CHECK(select_device(srun, 1) == 0);
+  CHECK(select_device(srun, 4) == 1);
+  CHECK_THROWS_WITH(select_device(srun, 2), Contains("4 processes were started on this node but it has 2 GPUs"));
   CHECK_THROWS_WITH(select_device(e, 0), Contains("no CUDA GPU visible"));
 
   LaunchEnv single;

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <thread>
 #include <vector>
 
@@ -62,7 +63,7 @@ TEST_CASE("an order mismatch is an error naming both ranks and tensors", "[loopb
   CHECK_THROWS_WITH(r->wait(100ms), Contains("order mismatch"));
 }
 
-TEST_CASE("an unmatched post times out naming the rank and op; pending lists it", "[loopback]") {
+TEST_CASE("an unmatched post times out naming the rank and op, and pending lists it", "[loopback]") {
   R rv = make();
   auto s = rv.post_send(2, 3, act(7), {1});
   auto lines = rv.pending();
@@ -75,7 +76,7 @@ TEST_CASE("an unmatched post times out naming the rank and op; pending lists it"
 TEST_CASE("abort wakes every waiter and fails later posts", "[loopback]") {
   R rv = make();
   auto s = rv.post_send(0, 1, act(0), {1});
-  std::thread t([&] {
+  std::thread t([&] {  // abort() does not throw; the thread needs no exception relay
     std::this_thread::sleep_for(10ms);
     rv.abort("rank 1 failed: boom");
   });
@@ -89,11 +90,26 @@ TEST_CASE("a 1F1B-like exchange between two threads completes in order", "[loopb
   R rv = make();
   constexpr int kMb = 50;
   std::vector<std::pair<int, int>> got(kMb);
+  // A failure inside the thread (wait() throws on timeout or mismatch) is carried
+  // out and rethrown here, where Catch reports it, instead of terminating the run.
+  std::exception_ptr receiver_error;
   std::thread receiver([&] {
-    for (int mb = 0; mb < kMb; ++mb) got[mb] = rv.post_recv(0, 1, act(mb), {1000 + mb})->wait(2000ms);
+    try {
+      for (int mb = 0; mb < kMb; ++mb) got[mb] = rv.post_recv(0, 1, act(mb), {1000 + mb})->wait(2000ms);
+    } catch (...) {
+      receiver_error = std::current_exception();
+    }
   });
-  for (int mb = 0; mb < kMb; ++mb) rv.post_send(0, 1, act(mb), {mb})->wait(2000ms);
+  std::exception_ptr sender_error;
+  try {
+    for (int mb = 0; mb < kMb; ++mb) rv.post_send(0, 1, act(mb), {mb})->wait(2000ms);
+  } catch (...) {
+    sender_error = std::current_exception();
+    rv.abort("sender failed");  // wakes the receiver at once instead of after its timeout
+  }
   receiver.join();
+  if (sender_error) std::rethrow_exception(sender_error);
+  if (receiver_error) std::rethrow_exception(receiver_error);
   for (int mb = 0; mb < kMb; ++mb) CHECK(got[mb] == std::pair{mb, 1000 + mb});
 }
 

@@ -84,3 +84,23 @@ TEST_CASE("bad intervals are errors naming rank and op", "[timeline]") {
   CHECK_THROWS_WITH(build_trace({{2, op(OpKind::F, 0), 0, 1.0}}, info),
                     Contains("on rank 2 but the trace has 2 ranks"));
 }
+
+TEST_CASE("trace names are the interpreter's event names, chunked collectives and streams included",
+          "[timeline]") {
+  Op a = op(OpKind::ALLREDUCE, -1, 1);
+  a.tag = 0;
+  CHECK(trace_name(a) == "ALLREDUCE(b0.c1)");
+  Op moved = op(OpKind::F, 5);
+  moved.stream = Stream::P2P;  // an op off its default stream carries the suffix
+  CHECK(trace_name(moved).rfind("F5@", 0) == 0);
+  Op send = op(OpKind::SEND, 1, 0, 3);
+  send.payload = OpKind::B;
+  send.peer = 0;
+  for (const Op& o : {a, moved, send, op(OpKind::W, 2, 1, 1), op(OpKind::OPT, -1)}) {
+    INFO(trace_name(o));
+    CHECK(trace_name(o) == tdpipe::traces::event_of(o, 0, 0, 0).name);
+    const tdpipe::traces::Trace t = build_trace({{0, o, 0.0, 0.001}}, TimelineInfo{"x", "y", 1, {}});
+    CHECK(t.events.at(0).name == trace_name(o));
+    CHECK(t.events.at(0).dur_ns == 1000);
+  }
+}

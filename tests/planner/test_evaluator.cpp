@@ -5,16 +5,20 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "tdpipe/ir/lowering.hpp"
 #include "tdpipe/ir/plan_io.hpp"
+#include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/ir/validate.hpp"
+#include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/traces/metrics.hpp"
+#include "tdpipe/traces/profile.hpp"
 
 using namespace tdpipe;
 using ir::Op;
@@ -282,5 +286,50 @@ TEST_CASE("every schedule lowers and validates over a grid of p, m, v, S, d", "[
         }
       }
     }
+  }
+}
+
+TEST_CASE("evaluator: a calibration profile's op times and link drive the prediction", "[evaluator][profile]") {
+  // tiny-gpt-cpu: p = 2, m = 4. Uniform measured times F = 1 ms, B = 1.5 ms, W = 0.5 ms,
+  // OPT 0.25 ms: 1F1B idles (p−1)(F+B+W) per rank without latency; the profile's link
+  // latency λ delays the iteration by one λ per rank-crossing hop on the critical path:
+  // at least the 2(p−1) of the fill and drain, at most 2(m+p−1).
+  const ir::Scenario sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml");
+  traces::Profile prof;
+  prof.scenario = sc.name;
+  prof.stages = 2;
+  prof.ops = {{OpKind::F, -1, -1, 2, 1e-3, 5},
+              {OpKind::B, -1, -1, 2, 1.5e-3, 5},
+              {OpKind::W, -1, -1, 2, 0.5e-3, 5},
+              {OpKind::OPT, -1, -1, 2, 0.25e-3, 5}};
+  for (const double latency : {1e-12, 100e-6}) {
+    CAPTURE(latency);
+    prof.p2p = {latency, 1e18};
+    planner::BuiltPlan built = planner::build_plan(sc, "1f1b", 1);
+    const traces::ProfileApplied applied = traces::apply_profile(prof, built.lowered);
+    CHECK(applied.ops_kept == 0);
+    CHECK(applied.ops_from_profile == 2 * (2 * 4 + 1));  // F, BW per micro-batch + OPT, per rank
+    CHECK(applied.links);
+    const auto trace = planner::evaluate(built.lowered);
+    const std::int64_t lambda = std::llround(latency * 1e9);
+    const traces::Metrics m = traces::compute_metrics(trace);
+    const std::int64_t base = (4 + 1) * 3'000'000 + 250'000;
+    if (lambda == 0) {
+      CHECK(m.iteration_ns == base);
+      CHECK(idle(trace) == std::vector<std::int64_t>(2, 3'000'000));
+    } else {
+      const std::int64_t extra = m.iteration_ns - base;
+      CHECK(extra % lambda == 0);
+      CHECK(extra >= 2 * lambda);
+      CHECK(extra <= 2 * (4 + 1) * lambda);
+    }
+  }
+  SECTION("ops only keeps the scenario's links") {
+    prof.p2p = {1.0, 1.0};  // absurd: would dominate if applied
+    planner::BuiltPlan built = planner::build_plan(sc, "1f1b", 1);
+    const double before = built.lowered.scenario.cluster.nvlink_latency_seconds;
+    CHECK_FALSE(traces::apply_profile(prof, built.lowered, /*ops_only=*/true).links);
+    CHECK(built.lowered.scenario.cluster.nvlink_latency_seconds == before);
+    CHECK(traces::compute_metrics(planner::evaluate(built.lowered)).iteration_ns < 20'000'000);
   }
 }

@@ -11,8 +11,8 @@
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/sim/platform.hpp"
-#include "tdpipe/sim/profile_costs.hpp"
 #include "tdpipe/sim/simulate.hpp"
+#include "tdpipe/traces/profile.hpp"
 
 using namespace tdpipe;
 using namespace tdpipe::sim::testing;
@@ -101,9 +101,10 @@ TEST_CASE("a calibration profile replaces the cost model's op times", "[sim][pro
   traces::Profile prof;
   prof.scenario = "test-a100";
   prof.ops.push_back({ir::OpKind::F, 1, -1, 0, 5e-3, 3});  // stage 1 only
-  sim::SimOptions opt;
-  opt.op_seconds = sim::profile_op_seconds(prof, plan);
-  const auto res = sim::simulate(plan, opt);
+  const traces::ProfileApplied applied = traces::apply_profile(prof, plan, /*ops_only=*/true);
+  CHECK(applied.ops_from_profile == 1);
+  CHECK(applied.ops_kept == 1);
+  const auto res = sim::simulate(plan);
   CHECK(event(res.trace, 0, "F0").dur_ns == 1'000'000);  // not in the profile: est_seconds
   CHECK(event(res.trace, 1, "F0").dur_ns == 5'000'000);
 }
@@ -149,11 +150,11 @@ TEST_CASE("bad inputs are rejected with a message naming the problem", "[sim][er
     auto plan = empty_plan(sc, 2, 1);
     traces::Profile prof;
     prof.scenario = "tiny-gpt-cpu";
-    REQUIRE_THROWS_WITH(sim::profile_op_seconds(prof, plan),
+    REQUIRE_THROWS_WITH(traces::apply_profile(prof, plan),
                         Contains("measured for scenario 'tiny-gpt-cpu'") && Contains("'test-a100'"));
     prof.scenario = "test-a100";
     prof.stages = 4;
-    REQUIRE_THROWS_WITH(sim::profile_op_seconds(prof, plan), Contains("p = 4") && Contains("p = 2"));
+    REQUIRE_THROWS_WITH(traces::apply_profile(prof, plan), Contains("p = 4") && Contains("p = 2"));
   }
   SECTION("an unknown platform preset") {
     REQUIRE_THROWS_WITH(sim::platform_preset("dgx-b300", 1), Contains("dgx-a100-hdr"));

@@ -96,6 +96,42 @@ std::optional<double> profile_seconds(const Profile& profile, ir::OpKind kind, i
   return std::nullopt;
 }
 
+ProfileApplied apply_profile(const Profile& profile, ir::Plan& plan, bool ops_only) {
+  if (!profile.scenario.empty() && profile.scenario != plan.scenario.name)
+    throw Error(fmt::format("profile was measured for scenario '{}', but the plan is for '{}'; "
+                            "calibrate this scenario first (tdpipe calibrate)",
+                            profile.scenario, plan.scenario.name));
+  if (profile.stages > 0 && profile.stages != plan.stages)
+    throw Error(fmt::format("profile was measured with p = {} pipeline stages, the plan has p = {}; "
+                            "its per-chunk op times do not apply",
+                            profile.stages, plan.stages));
+  ProfileApplied applied;
+  for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
+    for (ir::Op& op : plan.ranks[r]) {
+      if (!ir::is_compute(op.kind)) continue;
+      // OPT is measured per rank, under the rank's first chunk's stage (calibrate).
+      const int chunk = op.kind == ir::OpKind::OPT ? 0 : op.chunk;
+      int stage = -1;
+      if (r < plan.stage_of.size() && chunk >= 0 && static_cast<std::size_t>(chunk) < plan.stage_of[r].size())
+        stage = plan.stage_of[r][static_cast<std::size_t>(chunk)];
+      if (const auto s = profile_seconds(profile, op.kind, stage, op.slice)) {
+        op.est_seconds = *s;
+        ++applied.ops_from_profile;
+      } else {
+        ++applied.ops_kept;
+      }
+    }
+  }
+  if (!ops_only && profile.p2p.latency_seconds > 0) {
+    auto& c = plan.scenario.cluster;
+    c.nvlink_latency_seconds = c.ib_latency_seconds = profile.p2p.latency_seconds;
+    if (profile.p2p.bytes_per_second > 0)
+      c.nvlink_bytes_per_second = c.ib_bytes_per_second_per_nic = profile.p2p.bytes_per_second;
+    applied.links = true;
+  }
+  return applied;
+}
+
 nlohmann::json to_json(const Profile& p) {
   json ops = json::array();
   for (const auto& op : p.ops)

@@ -12,6 +12,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "tdpipe/ir/op.hpp"
+#include "tdpipe/ir/plan.hpp"
 
 namespace tdpipe::traces {
 
@@ -62,6 +63,24 @@ struct Profile {
 /// (stage and slice, then stage, then slice, then neither); BW falls back to B + W.
 /// nullopt when the profile has no such op.
 std::optional<double> profile_seconds(const Profile& profile, ir::OpKind kind, int virtual_stage, int slice);
+
+/// What apply_profile changed.
+struct ProfileApplied {
+  int ops_from_profile = 0;  ///< compute ops whose est_seconds now come from the profile
+  int ops_kept = 0;          ///< compute ops the profile has no entry for (cost model kept)
+  bool links = false;        ///< the scenario's link figures were replaced
+};
+
+/// Puts a profile's measurements into `plan`, so that every engine (analytic and
+/// SimGrid) predicts with them through the fields it reads anyway: each compute op's
+/// est_seconds from profile_seconds() at its virtual stage and slice (OPT: the rank's
+/// first chunk's stage, where calibration files it); unless `ops_only`, the profile's
+/// p2p transport (latency, bandwidth) as every link of plan.scenario — NVLink and
+/// InfiniBand alike — because a profile describes the platform the plan will run on
+/// (one machine's threads, one GPU's loopback). `ops_only` is for predicting another
+/// cluster with op times measured here. Throws tdpipe::Error when the profile was
+/// measured for another scenario or pipeline depth.
+ProfileApplied apply_profile(const Profile& profile, ir::Plan& plan, bool ops_only = false);
 
 nlohmann::json to_json(const Profile& profile);
 /// Throws tdpipe::Error naming `source` and the field on bad input.

@@ -28,7 +28,7 @@ struct LaunchEnv {
   int world = 1;        ///< number of processes
   int local_rank = 0;   ///< rank on this node (selects the GPU)
   int local_world = 1;  ///< processes on this node
-  int node = 0;         ///< node index when the launcher says it, else 0
+  int node = 0;         ///< node index (Slurm, torchrun: as set; mpirun: derived from by-slot mapping), else 0
 };
 
 /// Reads the launcher's variables, first match wins: OMPI_COMM_WORLD_* (mpirun),
@@ -55,7 +55,7 @@ IdExchange choose_id_exchange(const LaunchEnv& launch, const EnvLookup& env, boo
 std::string_view to_string(IdExchange exchange);
 
 /// The GPU this rank drives: local_rank, checked against the GPUs visible on the
-/// node. Throws tdpipe::Error when there is no GPU or more ranks on the node than GPUs.
+/// node; 0 when an srun task sees exactly one GPU (Slurm bound one per task). Throws tdpipe::Error when there is no GPU or more ranks on the node than GPUs.
 int select_device(const LaunchEnv& launch, int visible_devices);
 
 /// Checks that a plan fits this launch: `needed_ranks` (stages × data) processes for

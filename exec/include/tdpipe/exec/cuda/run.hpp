@@ -23,7 +23,7 @@ struct CudaRunOptions {
   /// No op started or ended for this long while a rank waits → the run fails naming them.
   double watchdog_seconds = 120;
   int trace_step = -1;  ///< step whose timeline is returned (−1: the last)
-  int device = -1;      ///< loopback: GPU index (−1: the launcher's local rank, else 0)
+  int device = -1;      ///< loopback: GPU index (−1: device 0; NCCL runs use the local rank)
   bool keep_step_traces = false;  ///< also keep every step's timeline (calibration)
 };
 

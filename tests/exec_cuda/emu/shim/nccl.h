@@ -1,0 +1,3 @@
+#pragma once
+typedef int ncclResult_t;
+enum { ncclSuccess = 0, ncclInProgress = 7 };
