@@ -6,12 +6,14 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "tdpipe/exec/interpreter.hpp"
 #include "tdpipe/ir/error.hpp"
+#include "tdpipe/traces/handoff.hpp"
 
 namespace tdpipe::exec::cpu {
 namespace {
@@ -100,7 +102,10 @@ std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vect
     op.slice = std::get<2>(key);
     const auto [a, b] = stage_layers(plan.scenario.model.layers, op.virtual_stage, plan.virtual_stages());
     op.layers = b - a;
-    op.seconds = median(v);
+    // The mean, not the median: an iteration is a sum of op times, whose expectation is
+    // the sum of their means; on a shared machine preemption skews durations right, and
+    // medians predicted every schedule too fast.
+    op.seconds = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
     op.samples = static_cast<int>(v.size());
     ops.push_back(op);
   }
@@ -165,6 +170,9 @@ traces::Profile calibrate(const ir::Plan& plan, const CalibrateOptions& options)
   const TransportMeasurement tm = measure_transport(options.transport_repeats);
   prof.p2p = tm.p2p;
   prof.collective = tm.collective;
+  // The ping-pong spins on two warm threads; inside the schedule a hand-off also wakes
+  // the p2p and compute threads on both sides: fit the latency from the run itself.
+  traces::fit_profile_p2p_latency(prof, plan, measured);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int ranks = plan.num_ranks() * std::max(1, plan.data);
   prof.platform.backend = "cpu";

@@ -259,6 +259,11 @@ TEST_CASE("calibration measures every op kind per virtual stage and the transpor
   CHECK(prof.p2p.latency_seconds > 0);
   CHECK(prof.p2p.bytes_per_second > 0);
   CHECK(prof.collective.latency_seconds > 0);
+  // The p2p latency is the one fitted from the run's own hand-offs (1f1b, p = 2, m = 4:
+  // clean hand-offs in each of the 2 measured steps); the ping-pong's is kept aside.
+  REQUIRE(prof.metadata.count("p2p_latency_samples") == 1);
+  CHECK(std::stoi(prof.metadata.at("p2p_latency_samples")) >= 3);
+  CHECK(std::stod(prof.metadata.at("p2p_latency_microbenchmark_seconds")) > 0);
 }
 
 }  // namespace tdpipe::exec

@@ -17,6 +17,7 @@
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/generators.hpp"
+#include "tdpipe/traces/handoff.hpp"
 #include "tdpipe/traces/metrics.hpp"
 #include "tdpipe/traces/profile.hpp"
 
@@ -331,5 +332,48 @@ TEST_CASE("evaluator: a calibration profile's op times and link drive the predic
     CHECK_FALSE(traces::apply_profile(prof, built.lowered, /*ops_only=*/true).links);
     CHECK(built.lowered.scenario.cluster.nvlink_latency_seconds == before);
     CHECK(traces::compute_metrics(planner::evaluate(built.lowered)).iteration_ns < 20'000'000);
+  }
+}
+
+TEST_CASE("the hand-off latency fitted from a trace is the one that produced it", "[evaluator][profile][handoff]") {
+  // The fit inverts the engines' rule (consumer starts at producer end + λ + bytes/B):
+  // fed the analytic engine's own trace of a plan whose links have latency λ, it
+  // returns λ for every schedule, however many hand-offs are clean.
+  const ir::Scenario sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml");
+  traces::Profile links;
+  links.scenario = sc.name;
+  links.p2p = {37e-6, 2e9};
+  for (const auto& [schedule, slices] : std::vector<std::pair<std::string, int>>{
+           {"gpipe", 1}, {"1f1b", 1}, {"interleaved", 1}, {"zb-h1", 1}, {"zb-v", 1}, {"tdpipe", 2}}) {
+    CAPTURE(schedule, slices);
+    planner::BuiltPlan built = planner::build_plan(sc, schedule, slices);
+    traces::apply_profile(links, built.lowered);
+    const traces::Trace trace = planner::evaluate(built.lowered);
+    const auto fit = traces::fit_handoff_latency(built.lowered, {trace, trace}, 2e9);
+    REQUIRE(fit);
+    CHECK(fit->samples >= 3);
+    CHECK(fit->latency_seconds == Approx(37e-6).margin(2e-9));  // ns rounding of each op
+  }
+  SECTION("calibration replaces the micro-benchmark's latency and keeps it in the metadata") {
+    planner::BuiltPlan built = planner::build_plan(sc, "1f1b", 1);
+    traces::apply_profile(links, built.lowered);
+    const traces::Trace trace = planner::evaluate(built.lowered);
+    traces::Profile prof;
+    prof.p2p = {5e-6, 2e9};
+    traces::fit_profile_p2p_latency(prof, built.lowered, {trace});
+    CHECK(prof.p2p.latency_seconds == Approx(37e-6).margin(2e-9));
+    CHECK(prof.metadata.at("p2p_latency_microbenchmark_seconds") == "5e-06");
+    CHECK(std::stoi(prof.metadata.at("p2p_latency_samples")) >= 3);
+  }
+  SECTION("a single stage has no hand-offs: the profile stays as it is") {
+    ir::Scenario one = sc;
+    one.parallel.pipeline = 1;
+    one.cluster.gpus_per_node = 1;
+    planner::BuiltPlan built = planner::build_plan(one, "1f1b", 1);
+    traces::Profile prof;
+    prof.p2p = {5e-6, 2e9};
+    traces::fit_profile_p2p_latency(prof, built.lowered, {planner::evaluate(built.lowered)});
+    CHECK(prof.p2p.latency_seconds == 5e-6);
+    CHECK(prof.metadata.empty());
   }
 }

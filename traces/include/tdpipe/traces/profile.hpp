@@ -22,7 +22,7 @@ struct ProfileOp {
   int virtual_stage = -1;  ///< -1: any stage
   int slice = -1;          ///< -1: any slice
   int layers = 0;          ///< transformer layers in the measured chunk (0: unknown)
-  double seconds = 0;      ///< per op (median over samples)
+  double seconds = 0;      ///< per op (mean over samples)
   int samples = 0;
   friend bool operator==(const ProfileOp&, const ProfileOp&) = default;
 };

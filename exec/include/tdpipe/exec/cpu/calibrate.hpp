@@ -14,12 +14,12 @@ namespace tdpipe::exec::cpu {
 
 struct CalibrateOptions {
   int warmup_steps = 2;  ///< run before measuring (allocations, caches)
-  int steps = 5;         ///< measured steps; each op's median is over all its samples
+  int steps = 5;         ///< measured steps; each op's mean is over all its samples
   TrainOptions train;    ///< model data and optimizer (steps is overridden)
   int transport_repeats = 200;
 };
 
-/// Medians of each compute op kind per (virtual stage, slice) over `traces`
+/// Means of each compute op kind per (virtual stage, slice) over `traces`
 /// (measured traces of `plan`), as ProfileOps with the stage's layer count.
 std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vector<traces::Trace>& traces);
 
