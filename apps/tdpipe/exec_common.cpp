@@ -56,6 +56,9 @@ double max_rel(const exec::cpu::ParamMap& got, const exec::cpu::ParamMap& want, 
     const auto it = got.find(name);
     if (it == got.end() && skip_missing) continue;
     const auto& g = it == got.end() ? got.at(name) : it->second;  // at() throws the missing name
+    if (g.size() != w.size())
+      throw Error(fmt::format("--check: parameter {} has {} values in this run but {} in the single-device "
+                              "reference: the two models differ", name, g.size(), w.size()));
     double num = 0, den = 0;
     for (std::size_t i = 0; i < w.size(); ++i) {
       num += (g[i] - w[i]) * (g[i] - w[i]);

@@ -5,6 +5,7 @@
 
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/traces/compare.hpp"
+#include "tdpipe/traces/pairing.hpp"
 
 using namespace tdpipe;
 using namespace tdpipe::traces;
@@ -112,4 +113,40 @@ TEST_CASE("quantile interpolates linearly", "[traces][compare]") {
   CHECK(quantile({4, 1, 3, 2}, 0.5) == Approx(2.5));
   CHECK(quantile({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 0.9) == Approx(10));
   CHECK(quantile({0, 10}, 0.9) == Approx(9));
+}
+
+TEST_CASE("pair_ops pairs repeated keys in start order and leaves extras unpaired", "[pairing]") {
+  Trace a, b;
+  auto ev = [](std::string name, std::int64_t start) {
+    TraceEvent e;
+    e.name = std::move(name);
+    e.start_ns = start;
+    e.dur_ns = 10;
+    return e;
+  };
+  // Foreign events: matched by (rank, stream, name) and occurrence.
+  a.events = {ev("gemm", 50), ev("gemm", 0), ev("relu", 20)};
+  b.events = {ev("gemm", 5), ev("relu", 30), ev("gemm", 60), ev("gemm", 90)};
+  const OpPairing p = pair_ops(a, b);
+  CHECK(p.pairs == 3);
+  CHECK(p.pred_to_meas == std::vector<int>{2, 0, 1});  // 2nd gemm ↔ 2nd gemm
+  CHECK(p.meas_to_pred == std::vector<int>{1, 2, 0, -1});
+}
+
+TEST_CASE("pair_ops does not pair ops of different ranks, kinds or slices", "[pairing]") {
+  Trace a, b;
+  TraceEvent e;
+  e.kind = ir::OpKind::F;
+  e.mb = 1;
+  e.dur_ns = 5;
+  a.events = {e};
+  auto other_rank = e; other_rank.rank = 1;
+  auto other_kind = e; other_kind.kind = ir::OpKind::B;
+  auto other_slice = e; other_slice.slice = 1;
+  b.events = {other_rank, other_kind, other_slice};
+  CHECK(pair_ops(a, b).pairs == 0);
+  b.events.push_back(e);
+  const auto p = pair_ops(a, b);
+  CHECK(p.pairs == 1);
+  CHECK(p.pred_to_meas[0] == 3);
 }

@@ -1,8 +1,8 @@
-// model_test.cpp — TimelineModel and pair_ops: lanes, shifts, pairing, hit testing.
+// model_test.cpp — TimelineModel and pairing: lanes, shifts, pairing, hit testing.
 #include <catch2/catch.hpp>
 
 #include "synthetic.hpp"
-#include "tdpipe/viz/pairing.hpp"
+#include "tdpipe/traces/pairing.hpp"
 #include "tdpipe/viz/timeline_model.hpp"
 
 using namespace tdpipe;
@@ -17,7 +17,7 @@ TEST_CASE("pair_ops matches the same op of two 1F1B timelines", "[pairing]") {
   jittered.seed = 7;
   const auto meas = make_1f1b(jittered);
   REQUIRE(pred.events.size() == meas.events.size());
-  const OpPairing p = pair_ops(pred, meas);
+  const traces::OpPairing p = traces::pair_ops(pred, meas);
   CHECK(p.pairs == static_cast<int>(pred.events.size()));
   for (std::size_t i = 0; i < pred.events.size(); ++i) {
     const int j = p.pred_to_meas[i];
@@ -30,42 +30,6 @@ TEST_CASE("pair_ops matches the same op of two 1F1B timelines", "[pairing]") {
     CHECK(a.peer == b.peer);
     CHECK(p.meas_to_pred[static_cast<std::size_t>(j)] == static_cast<int>(i));
   }
-}
-
-TEST_CASE("pair_ops pairs repeated keys in start order and leaves extras unpaired", "[pairing]") {
-  traces::Trace a, b;
-  auto ev = [](std::string name, std::int64_t start) {
-    traces::TraceEvent e;
-    e.name = std::move(name);
-    e.start_ns = start;
-    e.dur_ns = 10;
-    return e;
-  };
-  // Foreign events: matched by (rank, stream, name) and occurrence.
-  a.events = {ev("gemm", 50), ev("gemm", 0), ev("relu", 20)};
-  b.events = {ev("gemm", 5), ev("relu", 30), ev("gemm", 60), ev("gemm", 90)};
-  const OpPairing p = pair_ops(a, b);
-  CHECK(p.pairs == 3);
-  CHECK(p.pred_to_meas == std::vector<int>{2, 0, 1});  // 2nd gemm ↔ 2nd gemm
-  CHECK(p.meas_to_pred == std::vector<int>{1, 2, 0, -1});
-}
-
-TEST_CASE("pair_ops does not pair ops of different ranks, kinds or slices", "[pairing]") {
-  traces::Trace a, b;
-  traces::TraceEvent e;
-  e.kind = ir::OpKind::F;
-  e.mb = 1;
-  e.dur_ns = 5;
-  a.events = {e};
-  auto other_rank = e; other_rank.rank = 1;
-  auto other_kind = e; other_kind.kind = ir::OpKind::B;
-  auto other_slice = e; other_slice.slice = 1;
-  b.events = {other_rank, other_kind, other_slice};
-  CHECK(pair_ops(a, b).pairs == 0);
-  b.events.push_back(e);
-  const auto p = pair_ops(a, b);
-  CHECK(p.pairs == 1);
-  CHECK(p.pred_to_meas[0] == 3);
 }
 
 TEST_CASE("TimelineModel puts each predicted lane directly above its measured lane", "[model]") {

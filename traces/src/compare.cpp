@@ -4,45 +4,21 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
-#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/traces/metrics.hpp"
+#include "tdpipe/traces/pairing.hpp"
 
 namespace tdpipe::traces {
 namespace {
-
-struct Key {
-  int rank;
-  std::string name;
-  int occurrence;  // the n-th event of this (rank, name), in start order
-  friend bool operator<(const Key& a, const Key& b) {
-    return std::tie(a.rank, a.name, a.occurrence) < std::tie(b.rank, b.name, b.occurrence);
-  }
-};
 
 std::int64_t first_start(const Trace& t) {
   std::int64_t first = std::numeric_limits<std::int64_t>::max();
   for (const auto& e : t.events) first = std::min(first, e.start_ns);
   return t.events.empty() ? 0 : first;
-}
-
-std::map<Key, const TraceEvent*> index(const Trace& t) {
-  std::vector<const TraceEvent*> order;
-  for (const auto& e : t.events) order.push_back(&e);
-  std::stable_sort(order.begin(), order.end(),
-                   [](const TraceEvent* a, const TraceEvent* b) { return a->start_ns < b->start_ns; });
-  std::map<std::pair<int, std::string>, int> seen;
-  std::map<Key, const TraceEvent*> out;
-  for (const TraceEvent* e : order) {
-    const int n = seen[{e->rank, e->name}]++;
-    out.emplace(Key{e->rank, e->name, n}, e);
-  }
-  return out;
 }
 
 ErrorDistribution distribution(const std::vector<double>& errors) {
@@ -103,19 +79,16 @@ Comparison compare(const Trace& predicted, const Trace& measured, const CompareO
     c.ranks.push_back(rc);
   }
 
-  const auto pidx = index(predicted), midx = index(measured);
+  const OpPairing pairing = pair_ops(predicted, measured);
   const std::int64_t p0 = first_start(predicted), m0 = first_start(measured);
   std::vector<OpPair> pairs;
   std::vector<double> compute_err, all_err;
-  for (const auto& [key, pe] : pidx) {
-    auto it = midx.find(key);
-    if (it == midx.end()) {
-      ++c.only_predicted;
-      continue;
-    }
-    const TraceEvent* me = it->second;
-    OpPair p{key.rank, key.name, pe->start_ns - p0, me->start_ns - m0, pe->dur_ns, me->dur_ns};
-    pairs.push_back(p);
+  for (std::size_t i = 0; i < predicted.events.size(); ++i) {
+    const int j = pairing.pred_to_meas[i];
+    if (j < 0) continue;
+    const TraceEvent* pe = &predicted.events[i];
+    const TraceEvent* me = &measured.events[static_cast<std::size_t>(j)];
+    pairs.push_back(OpPair{pe->rank, pe->name, pe->start_ns - p0, me->start_ns - m0, pe->dur_ns, me->dur_ns});
     if (me->dur_ns > 0) {
       const double err = std::abs(double(pe->dur_ns - me->dur_ns)) / double(me->dur_ns);
       all_err.push_back(err);
@@ -123,9 +96,10 @@ Comparison compare(const Trace& predicted, const Trace& measured, const CompareO
       if (kind && ir::is_compute(*kind)) compute_err.push_back(err);
     }
   }
-  c.matched = int(pairs.size());
-  c.only_measured = int(midx.size()) - c.matched;
-  if (c.matched == 0 && (!pidx.empty() || !midx.empty()))
+  c.matched = pairing.pairs;
+  c.only_predicted = static_cast<int>(predicted.events.size()) - c.matched;
+  c.only_measured = static_cast<int>(measured.events.size()) - c.matched;
+  if (c.matched == 0 && (!predicted.events.empty() || !measured.events.empty()))
     throw Error(fmt::format("compare: no op of the predicted trace ({} events) has a namesake on the same "
                             "rank in the measured trace ({} events): they are not of the same plan",
                             predicted.events.size(), measured.events.size()));

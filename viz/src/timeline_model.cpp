@@ -42,9 +42,9 @@ void TimelineModel::set_traces(std::optional<traces::Trace> predicted,
     end_[s] = last;
   }
   if (traces_[0] && traces_[1])
-    pairing_ = pair_ops(*traces_[0], *traces_[1]);
+    pairing_ = traces::pair_ops(*traces_[0], *traces_[1]);
   else
-    pairing_ = OpPairing{};
+    pairing_ = traces::OpPairing{};
   build_lanes();
 }
 

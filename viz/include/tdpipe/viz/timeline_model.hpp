@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "tdpipe/traces/trace.hpp"
-#include "tdpipe/viz/pairing.hpp"
+#include "tdpipe/traces/pairing.hpp"
 
 namespace tdpipe::viz {
 
@@ -67,7 +67,7 @@ class TimelineModel {
   /// Number of ranks shown (max over both traces).
   int ranks() const { return ranks_; }
 
-  const OpPairing& pairing() const { return pairing_; }
+  const traces::OpPairing& pairing() const { return pairing_; }
   /// The same op in the other trace, when both are open and it was matched.
   std::optional<OpId> twin(OpId id) const;
   /// Lane index holding this op.
@@ -91,7 +91,7 @@ class TimelineModel {
   std::array<std::int64_t, 2> end_{0, 0};
   std::array<std::vector<int>, 2> lane_of_event_;
   std::vector<Lane> lanes_;
-  OpPairing pairing_;
+  traces::OpPairing pairing_;
   int total_height_ = 0;
   int ranks_ = 0;
 };

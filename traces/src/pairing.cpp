@@ -1,17 +1,17 @@
 // pairing.cpp — match predicted and measured events by op identity and occurrence.
-#include "tdpipe/viz/pairing.hpp"
+#include "tdpipe/traces/pairing.hpp"
 
 #include <algorithm>
 #include <string_view>
 #include <tuple>
 
-namespace tdpipe::viz {
+namespace tdpipe::traces {
 namespace {
 
 // The identity of an op within its trace, and its start to order occurrences. The
 // event name is the op's text form in tdpipe traces ("F3.c1:s0", "SEND(F0>r1)"), so
-// pairing by (rank, name) is what `tdpipe compare` does; nameless events fall back
-// to their fields.
+// pairing by (rank, name) pairs the same op of a prediction and a measurement;
+// nameless events fall back to their fields.
 struct Entry {
   int rank;
   std::string_view name;
@@ -23,7 +23,7 @@ struct Entry {
 };
 
 // Events sorted by key, then start (then index, so ties are stable).
-std::vector<Entry> sorted_entries(const traces::Trace& t) {
+std::vector<Entry> sorted_entries(const Trace& t) {
   std::vector<Entry> out;
   out.reserve(t.events.size());
   for (int i = 0; i < static_cast<int>(t.events.size()); ++i) {
@@ -44,7 +44,7 @@ std::vector<Entry> sorted_entries(const traces::Trace& t) {
 
 }  // namespace
 
-OpPairing pair_ops(const traces::Trace& predicted, const traces::Trace& measured) {
+OpPairing pair_ops(const Trace& predicted, const Trace& measured) {
   OpPairing p;
   p.pred_to_meas.assign(predicted.events.size(), -1);
   p.meas_to_pred.assign(measured.events.size(), -1);
@@ -69,4 +69,4 @@ OpPairing pair_ops(const traces::Trace& predicted, const traces::Trace& measured
   return p;
 }
 
-}  // namespace tdpipe::viz
+}  // namespace tdpipe::traces
