@@ -16,6 +16,11 @@
 #     traces, `tdpipe calibrate --backend cuda`, `tdpipe sim --engine analytic --profile`
 #     (SimGrid is not there) and `tdpipe compare` (median iteration-time error printed; goal ≤ 5 %).
 # Everything lands in OUT_DIR (traces/, profiles/, *.json, *.log, summary.txt).
+#
+# Rehearsal without a GPU: GPU_CHECK_BACKEND=cpu GPU_CHECK_BUILD=build/DIR runs every
+# step's scripting with the CPU backend on a built tree (no preset build, no ctest -L
+# gpu, no PyTorch layer, a small step-4 model) — scripts/gpu-dryrun.sh does this, so a
+# broken step shows here and not in the minutes of a GPU loan.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -26,14 +31,26 @@ step() { echo; echo "== [$(( $(date +%s) - t_start )) s] $*" | tee -a "$out/summ
 say() { echo "$*" | tee -a "$out/summary.txt"; }
 : > "$out/summary.txt"
 
-if ! nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1; then
-  say "gpu-check: no GPU here (nvidia-smi failed) — nothing to check"; exit 77
+backend="${GPU_CHECK_BACKEND:-cuda}"
+if [ "$backend" = cuda ]; then
+  if ! nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1; then
+    say "gpu-check: no GPU here (nvidia-smi failed) — nothing to check"; exit 77
+  fi
+  say "GPU: $(head -1 "$out/gpu.txt")"
+  [ -d .carry/share/cmake ] || { say "gpu-check: .carry/ missing: run scripts/gpu-carry.sh on the dev machine and carry it"; exit 2; }
+  transport=(--transport loopback)
+else
+  say "gpu-check: rehearsal with the $backend backend (no GPU work)"
+  transport=()
 fi
-say "GPU: $(head -1 "$out/gpu.txt")"
-[ -d .carry/share/cmake ] || { say "gpu-check: .carry/ missing: run scripts/gpu-carry.sh on the dev machine and carry it"; exit 2; }
 
 # ---------------------------------------------------------------------- 1. build
 step "1/4 build the gpu preset"
+if [ "$backend" != cuda ]; then
+  build="${GPU_CHECK_BUILD:?GPU_CHECK_BUILD=build dir for a rehearsal}"
+  say "  rehearsal: using $build as built"
+else
+build=build/gpu
 if ! cmake --preset gpu > "$out/configure.log" 2>&1; then tail -30 "$out/configure.log"; exit 1; fi
 if grep -qE "CUDA backend is not built|no CUDA compiler found" "$out/configure.log"; then
   grep -E -A2 "CUDA backend is not built|no CUDA compiler found" "$out/configure.log" | tee -a "$out/summary.txt"; exit 1
@@ -42,14 +59,15 @@ grep -E "exec/cuda: NCCL" "$out/configure.log" | tee -a "$out/summary.txt"
 if ! cmake --build --preset gpu -j "$(nproc)" > "$out/build.log" 2>&1; then
   grep -E "error|Error" "$out/build.log" | head -30; exit 1
 fi
-tdp=build/gpu/apps/tdpipe
 say "built in $(( $(date +%s) - t_start )) s"
+fi
+tdp=$build/apps/tdpipe
 
 # ------------------------------------------------------------- 2. CUDA vs CPU
 step "2/4 CUDA backend vs CPU backend (tiny scenario, 4 stages, loopback)"
 # One process per test case (ctest), so an illegal memory access in one case cannot
 # take the later ones down with it.
-ctest --test-dir build/gpu -L gpu --output-on-failure --timeout 120 2>&1 | tee "$out/gpu_tests.log" | tail -25
+[ "$backend" = cuda ] && ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120 2>&1 | tee "$out/gpu_tests.log" | tail -25
 tiny=tests/exec_cuda/data/tiny-gpt-cpu.json
 python3 - "$tiny" "$out/tiny-p4.json" <<'PY'
 import json, sys
@@ -62,7 +80,7 @@ json.dump(s, open(sys.argv[2], "w"), indent=2)
 PY
 for spec in "1f1b 1" "zb-h1 1" "tdpipe 4"; do
   set -- $spec
-  "$tdp" exec "$out/tiny-p4.json" --backend cuda --transport loopback --schedule "$1" --slices "$2" \
+  "$tdp" exec "$out/tiny-p4.json" --backend "$backend" "${transport[@]}" --schedule "$1" --slices "$2" \
       --steps 3 --lr 1e-3 --check --json > "$out/check-$1-s$2.json" 2> "$out/check-$1-s$2.err" || cat "$out/check-$1-s$2.err"
   python3 - "$out/check-$1-s$2.json" "$1 S=$2" <<'PY' | tee -a "$out/summary.txt"
 import json, sys
@@ -77,7 +95,9 @@ done
 
 # --------------------------------------------------------- 3. one layer vs PyTorch
 step "3/4 one decoder block F/B/W vs PyTorch eager (h=1536, 12 heads, ffn 6144, seq 2048, b=2)"
-if build/gpu/bench/bench_cuda_layer --hidden 1536 --heads 12 --ffn 6144 --seq 2048 --micro-batch 2 \
+if [ "$backend" != cuda ]; then
+  say "  rehearsal: skipped (needs the GPU and PyTorch)"
+elif "$build"/bench/bench_cuda_layer --hidden 1536 --heads 12 --ffn 6144 --seq 2048 --micro-batch 2 \
      --warmup 5 --iters 20 > "$out/layer_tdpipe.json" 2> "$out/layer_tdpipe.err"; then
   timeout 120 python3 scripts/gpu-layer-vs-torch.py --tdpipe "$out/layer_tdpipe.json" \
       --json-out "$out/layer_compare.json" 2>&1 | tee -a "$out/summary.txt"
@@ -88,7 +108,7 @@ fi
 # ------------------------------------- 4. pipelines: measure, calibrate, predict, compare
 step "4/4 4-stage pipelines on loopback: measured vs predicted"
 scen="$out/gpu-pipe.json"
-python3 - "$tiny" "$scen" <<'PY'
+python3 - "$tiny" "$scen" "$backend" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
 # Large enough that ops are GEMM-bound on an H200 (ms, not launch latency), small
@@ -96,6 +116,8 @@ s = json.load(open(sys.argv[1]))
 s["name"] = "gpu-check-gpt"
 s["model"].update({"name": "gpu-check-gpt", "layers": 8, "hidden": 1024, "heads": 8, "ffn": 4096,
                    "seq": 1024, "vocab": 96, "dtype": "bf16"})
+if sys.argv[3] != "cuda":  # rehearsal: the same layout at a size the CPU runs in seconds
+    s["model"].update({"hidden": 32, "heads": 4, "ffn": 64, "seq": 32})
 s["parallel"].update({"pipeline": 4, "data": 1, "micro_batch": 4, "global_batch": 32, "chunks": 2, "slices": 4})
 s["cluster"]["gpus_per_node"] = 4
 json.dump(s, open(sys.argv[2], "w"), indent=2)
@@ -105,10 +127,10 @@ for spec in "gpipe 1" "1f1b 1" "interleaved 1" "zb-h1 1" "zb-h2 1" "zb-v 1" "tdp
   set -- $spec
   name="$1-s$2"
   if (( $(date +%s) - t_start > 450 )); then say "  $name: skipped (time budget)"; continue; fi
-  "$tdp" exec "$scen" --backend cuda --transport loopback --schedule "$1" --slices "$2" --steps 6 \
-      --trace-out "$out/traces/$name.cuda.json" --json > "$out/exec-$name.json" 2> "$out/exec-$name.err" \
+  "$tdp" exec "$scen" --backend "$backend" "${transport[@]}" --schedule "$1" --slices "$2" --steps 6 \
+      --trace-out "$out/traces/$name.$backend.json" --json > "$out/exec-$name.json" 2> "$out/exec-$name.err" \
     || { say "  $name: exec failed: $(tail -2 "$out/exec-$name.err")"; continue; }
-  "$tdp" calibrate "$scen" --backend cuda --schedule "$1" --slices "$2" --steps 4 --warmup 2 \
+  "$tdp" calibrate "$scen" --backend "$backend" --schedule "$1" --slices "$2" --steps 4 --warmup 2 \
       -o "$out/profiles/$name.profile.json" > "$out/calibrate-$name.log" 2>&1 \
     || { say "  $name: calibrate failed: $(tail -2 "$out/calibrate-$name.log")"; continue; }
   # SimGrid is not on the GPU machine: the analytic engine predicts with the profile's
@@ -117,14 +139,14 @@ for spec in "gpipe 1" "1f1b 1" "interleaved 1" "zb-h1 1" "zb-h2 1" "zb-v 1" "tdp
   "$tdp" sim "$scen" --engine analytic --schedule "$1" --slices "$2" --profile "$out/profiles/$name.profile.json" \
       --trace-out "$out/traces/$name.predicted.json" > "$out/predict-$name.log" 2>&1 \
     || { say "  $name: prediction failed: $(tail -2 "$out/predict-$name.log")"; continue; }
-  "$tdp" compare "$out/traces/$name.predicted.json" "$out/traces/$name.cuda.json" --json > "$out/compare-$name.json" 2>&1
+  "$tdp" compare "$out/traces/$name.predicted.json" "$out/traces/$name.$backend.json" --json > "$out/compare-$name.json" 2>&1
   python3 - "$out/compare-$name.json" "$out/exec-$name.json" "$name" "$out/compare.tsv" <<'PY' | tee -a "$out/summary.txt"
 import json, sys
 try:
     c = json.load(open(sys.argv[1])); e = json.load(open(sys.argv[2]))
     err = c["iteration_error"] * 100
     print(f"  {sys.argv[3]:14s} measured {e['iteration_time']*1e3:8.3f} ms/iter (trace step "
-          f"{c['measured_iteration_ns']/1e6:8.3f} ms), predicted {c['predicted_iteration_ns']/1e6:8.3f} ms, "
+          f"{c['measured_iteration_time']*1e3:8.3f} ms), predicted {c['predicted_iteration_time']*1e3:8.3f} ms, "
           f"error {err:+6.2f} %, bubble error {c.get('bubble_error_pp', float('nan')):+5.2f} pp, final loss {e['final_loss']:.4f}")
     open(sys.argv[4], "a").write(f"{sys.argv[3]}\t{err}\n")
 except Exception as ex:

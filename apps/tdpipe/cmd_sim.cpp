@@ -14,6 +14,7 @@
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/planner/schedule_report.hpp"
+#include "tdpipe/planner/shared_device.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
 #include "tdpipe/traces/profile.hpp"
 #ifdef TDPIPE_HAVE_SIMGRID
@@ -67,7 +68,7 @@ std::vector<std::pair<std::string, int>> runs_for(const SimArgs& a, const ir::Sc
 #ifdef TDPIPE_HAVE_SIMGRID
 /// The SimGrid engine (sim::simulate), with a progress bar on stderr once a run has
 /// taken more than a second.
-traces::Trace simulate_simgrid(const planner::BuiltPlan& built) {
+traces::Trace simulate_simgrid(const ir::Plan& plan) {
   sim::SimOptions opt;
   const auto t0 = std::chrono::steady_clock::now();
   bool shown = false;
@@ -75,19 +76,22 @@ traces::Trace simulate_simgrid(const planner::BuiltPlan& built) {
     if (!shown && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1)) return;
     shown = true;
     const int bar = static_cast<int>(f * 40);
-    fmt::print(stderr, "\r  simulating {} [{}{}] {:3.0f}%", built.lowered.schedule, std::string(bar, '#'),
+    fmt::print(stderr, "\r  simulating {} [{}{}] {:3.0f}%", plan.schedule, std::string(bar, '#'),
                std::string(40 - bar, ' '), 100 * f);
   };
-  const sim::SimResult res = sim::simulate(built.lowered, opt);
+  const sim::SimResult res = sim::simulate(plan, opt);
   if (shown) fmt::print(stderr, "\n");
   return res.trace;
 }
 #endif
 
+/// The engine's prediction; ranks sharing one device (a calibration profile of the CPU
+/// backend or one GPU's loopback) share it by processor sharing (planner::predict_shared).
 traces::Trace predict(const planner::BuiltPlan& built, const SimArgs& a) {
-  if (a.engine == "analytic") return planner::evaluate(built.lowered);
+  if (a.engine == "analytic")
+    return planner::predict_shared(built.lowered, [](const ir::Plan& p) { return planner::evaluate(p); });
 #ifdef TDPIPE_HAVE_SIMGRID
-  if (a.engine == "simgrid") return simulate_simgrid(built);
+  if (a.engine == "simgrid") return planner::predict_shared(built.lowered, simulate_simgrid);
 #endif
   throw Error(fmt::format("--engine {}: this build has no such engine (available: analytic{})",
                           a.engine, std::string(kDefaultEngine) == "simgrid" ? ", simgrid" : ""));

@@ -147,7 +147,10 @@ traces::Profile calibrate(const ir::Plan& plan, const CudaCalibrateOptions& opti
   traces::Profile prof;
   prof.scenario = plan.scenario.name;
   prof.stages = plan.stages;
-  prof.ops = cpu::profile_ops(plan, measured);
+  // Every stage runs on this one GPU: its large GEMMs each fill the device, so stages
+  // share it (capacity 1) and op times become work alone on the GPU.
+  prof.platform.shared_capacity = 1;
+  prof.ops = cpu::profile_ops(plan, measured, prof.platform.shared_capacity);
   const int device = options.device >= 0 ? options.device : 0;
   const std::int64_t small = 8, large = 64 << 20;
   const int reps = std::max(10, options.transport_repeats);

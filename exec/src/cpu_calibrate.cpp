@@ -14,6 +14,7 @@
 #include "tdpipe/exec/interpreter.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/traces/handoff.hpp"
+#include "tdpipe/traces/sharing.hpp"
 
 namespace tdpipe::exec::cpu {
 namespace {
@@ -83,17 +84,21 @@ double allreduce_seconds(std::int64_t bytes, int repeats) {
 
 }  // namespace
 
-std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vector<traces::Trace>& measured) {
+std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vector<traces::Trace>& measured,
+                                          double shared_capacity) {
   const int p = plan.num_ranks();
   std::map<std::tuple<int, int, int>, std::vector<double>> samples;  // (kind, stage, slice)
-  for (const auto& t : measured)
-    for (const auto& e : t.events) {
+  for (const auto& t : measured) {
+    const std::vector<double> rate = traces::shared_rates(t, shared_capacity);
+    for (std::size_t i = 0; i < t.events.size(); ++i) {
+      const traces::TraceEvent& e = t.events[i];
       if (!e.kind || !ir::is_compute(*e.kind)) continue;
       const int r = e.rank % p;
       const int stage = *e.kind == ir::OpKind::OPT ? stage_of(plan, r, 0) : stage_of(plan, r, e.chunk);
       samples[{static_cast<int>(*e.kind), stage, *e.kind == ir::OpKind::OPT ? -1 : e.slice}].push_back(
-          static_cast<double>(e.dur_ns) * 1e-9);
+          static_cast<double>(e.dur_ns) * 1e-9 * rate[i]);
     }
+  }
   std::vector<traces::ProfileOp> ops;
   for (const auto& [key, v] : samples) {
     traces::ProfileOp op;
@@ -166,14 +171,16 @@ traces::Profile calibrate(const ir::Plan& plan, const CalibrateOptions& options)
   traces::Profile prof;
   prof.scenario = plan.scenario.name;
   prof.stages = plan.stages;
-  prof.ops = profile_ops(plan, measured);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Rank threads share this machine's cores: op times become work alone on a core.
+  prof.platform.shared_capacity = cores;
+  prof.ops = profile_ops(plan, measured, prof.platform.shared_capacity);
   const TransportMeasurement tm = measure_transport(options.transport_repeats);
   prof.p2p = tm.p2p;
   prof.collective = tm.collective;
   // The ping-pong spins on two warm threads; inside the schedule a hand-off also wakes
   // the p2p and compute threads on both sides: fit the latency from the run itself.
   traces::fit_profile_p2p_latency(prof, plan, measured);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int ranks = plan.num_ranks() * std::max(1, plan.data);
   prof.platform.backend = "cpu";
   prof.platform.device = cpu_model();
@@ -182,7 +189,8 @@ traces::Profile calibrate(const ir::Plan& plan, const CalibrateOptions& options)
   prof.platform.threads_per_rank = 1;
   prof.platform.description = fmt::format(
       "{} rank threads (one compute thread each, plus p2p/dp stream threads that mostly wait) "
-      "sharing {} cores; op times measured inside the running schedule, so they include that sharing",
+      "sharing {} cores; op times are each op's work alone on a core, deduced from the running schedule "
+      "by processor sharing of the cores among the compute ops running at once",
       ranks, cores);
   std::vector<double> iters(r.iteration_seconds.begin() + options.warmup_steps, r.iteration_seconds.end());
   prof.metadata["schedule"] = plan.schedule;

@@ -635,7 +635,8 @@ json to_json(const Scenario& s) {
         {"nics_per_node", s.cluster.nics_per_node},
         {"topology", s.cluster.topology},
         {"nvlink_latency_seconds", s.cluster.nvlink_latency_seconds},
-        {"ib_latency_seconds", s.cluster.ib_latency_seconds}}},
+        {"ib_latency_seconds", s.cluster.ib_latency_seconds},
+        {"shared_capacity", s.cluster.shared_capacity}}},
       {"parallel",
        {{"tensor", s.parallel.tensor}, {"pipeline", s.parallel.pipeline}, {"data", s.parallel.data},
         {"chunks", s.parallel.chunks}, {"micro_batch", s.parallel.micro_batch},
@@ -668,7 +669,7 @@ Scenario scenario_from_json(const json& j) {
 
   JsonReader c(r.at("cluster"), r.path("cluster"),
                {"groups", "gpus_per_node", "nvlink_bytes_per_second", "ib_bytes_per_second_per_nic",
-                "nics_per_node", "topology", "nvlink_latency_seconds", "ib_latency_seconds"});
+                "nics_per_node", "topology", "nvlink_latency_seconds", "ib_latency_seconds", "shared_capacity"});
   const json& groups = c.at("groups");
   if (!groups.is_array()) throw Error(fmt::format("{}: expected an array", c.path("groups")));
   for (std::size_t i = 0; i < groups.size(); ++i) {
@@ -683,6 +684,7 @@ Scenario scenario_from_json(const json& j) {
   s.cluster.topology = c.get_string("topology");
   s.cluster.nvlink_latency_seconds = c.get_double("nvlink_latency_seconds");
   s.cluster.ib_latency_seconds = c.get_double("ib_latency_seconds");
+  if (c.has("shared_capacity")) s.cluster.shared_capacity = c.get_double("shared_capacity");
 
   JsonReader p(r.at("parallel"), r.path("parallel"),
                {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",

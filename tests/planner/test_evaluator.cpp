@@ -16,10 +16,12 @@
 #include "tdpipe/ir/validate.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/evaluator.hpp"
+#include "tdpipe/planner/shared_device.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/traces/handoff.hpp"
 #include "tdpipe/traces/metrics.hpp"
 #include "tdpipe/traces/profile.hpp"
+#include "tdpipe/traces/sharing.hpp"
 
 using namespace tdpipe;
 using ir::Op;
@@ -375,5 +377,55 @@ TEST_CASE("the hand-off latency fitted from a trace is the one that produced it"
     traces::fit_profile_p2p_latency(prof, built.lowered, {planner::evaluate(built.lowered)});
     CHECK(prof.p2p.latency_seconds == 5e-6);
     CHECK(prof.metadata.empty());
+  }
+}
+
+TEST_CASE("ranks sharing one device: processor sharing over the engine", "[evaluator][profile][sharing]") {
+  // tiny-gpt-cpu, p = 2, m = 4, uniform work F = 1 ms, B = 1.5 ms, W = 0.5 ms, OPT 0.25 ms,
+  // links ~0. Capacity 2 ≥ ranks: nothing is shared, the plain prediction. Capacity 1:
+  // the device is never idle (some op is always ready), so the iteration is the sum of
+  // all work, 2 · (4 · (1 + 2) + 0.25) = 24.5 ms; and each op, deduced back from the
+  // trace as its calibration would, gets its work back.
+  const ir::Scenario sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml");
+  traces::Profile prof;
+  prof.scenario = sc.name;
+  prof.stages = 2;
+  prof.ops = {{OpKind::F, -1, -1, 2, 1e-3, 5},
+              {OpKind::B, -1, -1, 2, 1.5e-3, 5},
+              {OpKind::W, -1, -1, 2, 0.5e-3, 5},
+              {OpKind::OPT, -1, -1, 2, 0.25e-3, 5}};
+  prof.p2p = {1e-12, 1e18};
+  const planner::Engine analytic = [](const ir::Plan& p) { return planner::evaluate(p); };
+  for (const char* schedule : {"gpipe", "1f1b", "zb-h1"}) {
+    CAPTURE(schedule);
+    planner::BuiltPlan built = planner::build_plan(sc, schedule, 1);
+    prof.platform.shared_capacity = 0;
+    traces::apply_profile(prof, built.lowered);
+    const std::int64_t plain = traces::compute_metrics(planner::evaluate(built.lowered)).iteration_ns;
+
+    prof.platform.shared_capacity = 2;
+    traces::apply_profile(prof, built.lowered);
+    CHECK(built.lowered.scenario.cluster.shared_capacity == 2);
+    CHECK(traces::compute_metrics(planner::predict_shared(built.lowered, analytic)).iteration_ns == plain);
+
+    prof.platform.shared_capacity = 1;
+    traces::apply_profile(prof, built.lowered);
+    const traces::Trace shared = planner::predict_shared(built.lowered, analytic);
+    CHECK(shared.metadata.at("shared_device_converged") == "true");
+    const double iteration = double(traces::compute_metrics(shared).iteration_ns) * 1e-9;
+    CHECK(iteration == Approx(24.5e-3).epsilon(0.003));
+    CHECK(iteration > double(plain) * 1e-9);
+    const auto rate = traces::shared_rates(shared, 1.0);
+    const auto index = traces::plan_event_index(built.lowered, shared);
+    for (std::size_t r = 0; r < built.lowered.ranks.size(); ++r)
+      for (std::size_t i = 0; i < built.lowered.ranks[r].size(); ++i) {
+        const Op& op = built.lowered.ranks[r][i];
+        if (!ir::is_compute(op.kind)) continue;
+        REQUIRE(index[r][i] >= 0);
+        const auto& e = shared.events[static_cast<std::size_t>(index[r][i])];
+        CAPTURE(r, e.name);
+        CHECK(double(e.dur_ns) * 1e-9 * rate[static_cast<std::size_t>(index[r][i])] ==
+              Approx(op.est_seconds).epsilon(0.003));
+      }
   }
 }

@@ -2,6 +2,10 @@
 #include <catch2/catch.hpp>
 
 #include "tdpipe/traces/metrics.hpp"
+#include "tdpipe/traces/sharing.hpp"
+
+#include <string>
+#include <vector>
 
 using namespace tdpipe;
 using namespace tdpipe::traces;
@@ -97,4 +101,33 @@ TEST_CASE("An empty trace has zero metrics", "[traces][metrics]") {
   CHECK(m.iteration_ns == 0);
   CHECK(m.ranks.size() == 3);
   CHECK(m.bubble_fraction == 0);
+}
+
+TEST_CASE("processor sharing: each compute op's average rate on a shared device", "[traces][sharing]") {
+  auto ev = [](int rank, ir::OpKind kind, std::int64_t start, std::int64_t dur) {
+    TraceEvent e;
+    e.rank = rank;
+    e.kind = kind;
+    e.name = std::string(ir::to_string(kind)) + "0";
+    e.mb = 0;
+    e.start_ns = start;
+    e.dur_ns = dur;
+    return e;
+  };
+  Trace t;
+  // A [0,100) and B [50,150) overlap for 50 ns; C [60,90) overlaps both; a SEND too.
+  t.events = {ev(0, ir::OpKind::F, 0, 100), ev(1, ir::OpKind::F, 50, 100), ev(2, ir::OpKind::B, 60, 30),
+              ev(0, ir::OpKind::SEND, 0, 500)};
+  // Capacity 1: A runs alone 0–50 (1), with B 50–60 (½), with B and C 60–90 (⅓), with B 90–100 (½).
+  const auto one = shared_rates(t, 1.0);
+  CHECK(one[0] == Approx((50 + 10 / 2.0 + 30 / 3.0 + 10 / 2.0) / 100));
+  CHECK(one[1] == Approx((10 / 2.0 + 30 / 3.0 + 10 / 2.0 + 50) / 100));
+  CHECK(one[2] == Approx(1 / 3.0));
+  CHECK(one[3] == 1.0);  // not a compute op
+  // Capacity 2: only the three-way stretch is shared (⅔ each).
+  const auto two = shared_rates(t, 2.0);
+  CHECK(two[0] == Approx((70 + 30 * 2 / 3.0) / 100));
+  CHECK(two[2] == Approx(2 / 3.0));
+  // No sharing.
+  CHECK(shared_rates(t, 0) == std::vector<double>(4, 1.0));
 }

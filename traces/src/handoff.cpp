@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "tdpipe/ir/plan_io.hpp"
+#include "tdpipe/traces/sharing.hpp"
 
 namespace tdpipe::traces {
 namespace {
@@ -21,28 +21,15 @@ struct StepTimes {
   std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> at;  ///< [rank][op]
 };
 
-StepTimes match(const ir::Plan& plan, const std::vector<std::string>& names_flat,
-                const std::vector<std::size_t>& offset, const Trace& trace) {
-  // (rank, name) → that op's events in start order; plan ops take them in plan order.
-  std::map<std::pair<int, std::string>, std::vector<const TraceEvent*>> by_name;
-  for (const TraceEvent& e : trace.events) by_name[{e.rank, e.name}].push_back(&e);
-  for (auto& [key, list] : by_name)
-    std::sort(list.begin(), list.end(), [](const TraceEvent* a, const TraceEvent* b) { return a->start_ns < b->start_ns; });
-  std::map<std::pair<int, std::string>, std::size_t> used;
+StepTimes match(const ir::Plan& plan, const Trace& trace) {
+  const auto index = plan_event_index(plan, trace);
   StepTimes t;
   t.at.resize(plan.ranks.size());
   for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
     t.at[r].assign(plan.ranks[r].size(), {kNone, kNone});
-    for (std::size_t i = 0; i < plan.ranks[r].size(); ++i) {
-      const std::pair<int, std::string> key{static_cast<int>(r), names_flat[offset[r] + i]};
-      const auto it = by_name.find(key);
-      if (it == by_name.end()) continue;
-      std::size_t& k = used[key];
-      if (k < it->second.size()) {
-        const TraceEvent* e = it->second[k++];
-        t.at[r][i] = {e->start_ns, e->end_ns()};
-      }
-    }
+    for (std::size_t i = 0; i < plan.ranks[r].size(); ++i)
+      if (const int e = index[r][i]; e >= 0)
+        t.at[r][i] = {trace.events[static_cast<std::size_t>(e)].start_ns, trace.events[static_cast<std::size_t>(e)].end_ns()};
   }
   return t;
 }
@@ -52,12 +39,6 @@ StepTimes match(const ir::Plan& plan, const std::vector<std::string>& names_flat
 std::optional<HandoffFit> fit_handoff_latency(const ir::Plan& plan, const std::vector<Trace>& steps,
                                               double bytes_per_second, int min_samples) {
   const std::size_t ranks = plan.ranks.size();
-  std::vector<std::size_t> offset(ranks + 1, 0);
-  for (std::size_t r = 0; r < ranks; ++r) offset[r + 1] = offset[r] + plan.ranks[r].size();
-  std::vector<std::string> names(offset[ranks]);
-  for (std::size_t r = 0; r < ranks; ++r)
-    for (std::size_t i = 0; i < plan.ranks[r].size(); ++i) names[offset[r] + i] = ir::op_to_text(plan.ranks[r][i]);
-
   // SEND/RECV pairs by NCCL's rule: per (sender, receiver), k-th SEND ↔ k-th RECV.
   std::map<std::pair<int, int>, std::vector<int>> sends, recvs;  // (from, to) → op indices
   for (std::size_t r = 0; r < ranks; ++r)
@@ -87,7 +68,7 @@ std::optional<HandoffFit> fit_handoff_latency(const ir::Plan& plan, const std::v
 
   std::vector<double> samples;
   for (const Trace& step : steps) {
-    const StepTimes t = match(plan, names, offset, step);
+    const StepTimes t = match(plan, step);
     auto start = [&](int r, int i) { return t.at[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)].first; };
     auto end = [&](int r, int i) { return t.at[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)].second; };
     for (std::size_t r = 0; r < ranks; ++r) {

@@ -129,6 +129,7 @@ ProfileApplied apply_profile(const Profile& profile, ir::Plan& plan, bool ops_on
       c.nvlink_bytes_per_second = c.ib_bytes_per_second_per_nic = profile.p2p.bytes_per_second;
     applied.links = true;
   }
+  if (!ops_only) plan.scenario.cluster.shared_capacity = profile.platform.shared_capacity;
   return applied;
 }
 
@@ -150,7 +151,8 @@ nlohmann::json to_json(const Profile& p) {
             {"description", p.platform.description},
             {"cores", p.platform.cores},
             {"ranks", p.platform.ranks},
-            {"threads_per_rank", p.platform.threads_per_rank}}},
+            {"threads_per_rank", p.platform.threads_per_rank},
+            {"shared_capacity", p.platform.shared_capacity}}},
           {"ops", std::move(ops)},
           {"p2p", transport_json(p.p2p)},
           {"collective", transport_json(p.collective)},
@@ -174,6 +176,7 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& source) {
     f.integer("cores", p.platform.cores);
     f.integer("ranks", p.platform.ranks);
     f.integer("threads_per_rank", p.platform.threads_per_rank);
+    f.number("shared_capacity", p.platform.shared_capacity);
   }
   if (const json* ops = top.find("ops")) {
     if (!ops->is_array()) top.fail("ops", "expected an array");

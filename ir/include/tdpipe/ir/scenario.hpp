@@ -45,6 +45,11 @@ struct ClusterConfig {
   std::string topology = "fat-tree";  ///< fat-tree | rail-optimized
   double nvlink_latency_seconds = 0;
   double ib_latency_seconds = 0;
+  /// > 0: every rank runs on one shared device that runs this many compute ops at full
+  /// speed at once and shares itself evenly beyond that (the CPU backend's cores; one
+  /// GPU's loopback: 1). Set from a calibration profile (traces::apply_profile), not
+  /// from scenario files; 0: each rank its own GPU.
+  double shared_capacity = 0;
   friend bool operator==(const ClusterConfig&, const ClusterConfig&) = default;
 
   int nodes() const;

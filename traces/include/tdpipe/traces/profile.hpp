@@ -45,6 +45,10 @@ struct Platform {
   int cores = 0;            ///< cores the run could use
   int ranks = 0;            ///< ranks (threads or processes) sharing those cores / devices
   int threads_per_rank = 1; ///< compute threads each rank runs
+  /// > 0: all ranks ran on one device that runs this many compute ops at full speed at
+  /// once (CPU: cores; one GPU's loopback: 1) — op times are then each op's work alone
+  /// on the device (traces/sharing.hpp), and predictions share the device the same way.
+  double shared_capacity = 0;
   friend bool operator==(const Platform&, const Platform&) = default;
 };
 
@@ -76,8 +80,8 @@ struct ProfileApplied {
 /// est_seconds from profile_seconds() at its virtual stage and slice (OPT: the rank's
 /// first chunk's stage, where calibration files it); unless `ops_only`, the profile's
 /// p2p transport (latency, bandwidth) as every link of plan.scenario — NVLink and
-/// InfiniBand alike — because a profile describes the platform the plan will run on
-/// (one machine's threads, one GPU's loopback). `ops_only` is for predicting another
+/// InfiniBand alike — and its shared_capacity as the cluster's, because a profile
+/// describes the platform the plan will run on (one machine's threads, one GPU's loopback). `ops_only` is for predicting another
 /// cluster with op times measured here. Throws tdpipe::Error when the profile was
 /// measured for another scenario or pipeline depth.
 ProfileApplied apply_profile(const Profile& profile, ir::Plan& plan, bool ops_only = false);

@@ -20,8 +20,12 @@ struct CalibrateOptions {
 };
 
 /// Means of each compute op kind per (virtual stage, slice) over `traces`
-/// (measured traces of `plan`), as ProfileOps with the stage's layer count.
-std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vector<traces::Trace>& traces);
+/// (measured traces of `plan`), as ProfileOps with the stage's layer count. With
+/// shared_capacity > 0 (all ranks on one device: traces/sharing.hpp) each sample is
+/// the op's work — its duration times the share of the device it had — not its
+/// duration.
+std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vector<traces::Trace>& traces,
+                                          double shared_capacity = 0);
 
 /// Latency (a 8-byte message) and bandwidth (1 MiB) of a SEND/RECV pair between two
 /// rank threads over CpuFabric, and of a 2-member ring all-reduce (bus bandwidth).
