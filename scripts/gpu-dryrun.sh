@@ -4,8 +4,9 @@
 # fmt, nlohmann, CLI11, Eigen, Catch2, SimGrid, Qt, OpenMPI, their CMake and pkg-config
 # files) and moves NCCL out of the CUDA toolkit into a PyTorch-wheel layout
 # (site-packages/nvidia/nccl with only libnccl.so.2), so only CUDA + .carry/ remain.
-# Then runs the CPU-side tests of that build and scripts/gpu-check.sh, which must stop
-# with "no GPU here" (exit 77). Catches a missing carried header or CMake file without
+# Then runs the CPU-side tests of that build, scripts/gpu-check.sh, which must stop
+# with "no GPU here" (exit 77), and gpu-check.sh's rehearsal with the CPU backend,
+# whose every step must print its figures. Catches a missing carried header or CMake file without
 # spending device time. Needs root (unshare -m); writes build/gpu-dryrun.
 #
 #   scripts/gpu-dryrun.sh            (after scripts/gpu-carry.sh)
@@ -29,7 +30,8 @@ done
 # NCCL: out of the toolkit, into a wheel-like folder found through Python.
 # Hard-linked copies (same file system, no symlink loops) of the toolkit's include/ and
 # lib64/ without NCCL are mounted over the originals.
-fake=$(mktemp -d -p "$root/build")
+fake="$root/build/gpu-dryrun-fake"  # a fixed path keeps compile commands (and ccache hits) stable
+rm -rf "$fake"; mkdir -p "$fake"
 inc=$(readlink -f /usr/local/cuda/include); lib=$(readlink -f /usr/local/cuda/lib64)
 mkdir -p "$fake/site/nvidia/nccl/include" "$fake/site/nvidia/nccl/lib"
 cp -al "$inc" "$fake/inc"; cp -al "$lib" "$fake/lib"
@@ -53,4 +55,11 @@ echo "gpu-dryrun: build and CPU tests OK; gpu-check.sh without a GPU:"
 set +e
 scripts/gpu-check.sh /tmp/gpu-dryrun-out; rc=$?
 echo "gpu-check.sh exit $rc (77 = no GPU, as expected here)"
-[ "$rc" = 77 ]
+[ "$rc" = 77 ] || exit 1
+echo "gpu-dryrun: gpu-check.sh rehearsed with the CPU backend on this build:"
+GPU_CHECK_BACKEND=cpu GPU_CHECK_BUILD="$build" scripts/gpu-check.sh /tmp/gpu-dryrun-rehearsal
+summary=/tmp/gpu-dryrun-rehearsal/summary.txt
+if grep -qE "no result|no comparison|failed" "$summary" || ! grep -q "median |iteration-time error|" "$summary"; then
+  echo "gpu-dryrun: the rehearsal left a step without its figures (see $summary)"; exit 1
+fi
+echo "gpu-dryrun: OK"
