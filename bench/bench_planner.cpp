@@ -1,11 +1,13 @@
 // bench_planner.cpp — prints how long planning takes and how much memory it needs
-// (the full planner::build_plan path, then its parts make_schedule + lower +
-// validate, for p=64, m=1024, v=4 interleaved), and the analytic evaluator's
+// (the full planner::build_plan path, then its phases make_schedule, apply_costs,
+// lower, validate, for p=64, m=1024, v=4 interleaved), and the analytic evaluator's
 // throughput in ops/s on large plans. Figures, no pass/fail.
 //
 //   build/<dir>/bench/bench_planner            (docs/BENCHMARKS.md records a run)
-//   build/<dir>/bench/bench_planner --build-plan-only   (first section only, e.g. under perf)
+//   build/<dir>/bench/bench_planner --build-plan-only   (first section only, e.g. under a profiler)
+//   build/<dir>/bench/bench_planner --phases-only       (build_plan's phases one by one)
 #include <malloc.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/ir/validate.hpp"
 #include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/planner/cost_model.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/generators.hpp"
 
@@ -63,6 +66,34 @@ double rusage_cpu() {
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
          static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+/// Minor page faults and system CPU seconds so far (getrusage): fresh memory costs a
+/// fault per 4 KiB page, a visible part of planning's time.
+long minor_faults() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
+}
+double sys_cpu() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_stime.tv_sec) + static_cast<double>(ru.ru_stime.tv_usec) * 1e-6;
+}
+
+/// CPU ms to touch 100 MiB of fresh memory once (a page fault per 4 KiB page): the
+/// floor under any step that builds a plan or a trace of this size. Virtual machines
+/// are much slower at it than bare metal.
+double fresh_memory_ms_per_100mib() {
+  const std::size_t n = std::size_t{128} << 20;
+  void* mem = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return -1;
+  char* p = static_cast<char*>(mem);
+  const double t0 = Clock::now();
+  for (std::size_t i = 0; i < n; i += 4096) p[i] = 1;
+  const double t = Clock::now() - t0;
+  munmap(mem, n);
+  return t * 1e3 * 100.0 / 128.0;
 }
 
 double wall_now() {
@@ -168,24 +199,31 @@ schedule: interleaved
 void full_path(const char* label, const ir::Scenario& scenario) {
   reset_peak_rss();
   const double rss0 = rss_mib("VmRSS:");
-  double w0 = wall_now(), c0 = rusage_cpu();
+  double w0 = wall_now(), c0 = rusage_cpu(), s0 = sys_cpu();
+  long f0 = minor_faults();
   planner::BuiltPlan built = planner::build_plan(scenario, "interleaved");
-  const double wall = wall_now() - w0, cpu = rusage_cpu() - c0;
+  const double wall = wall_now() - w0, cpu = rusage_cpu() - c0, sys = sys_cpu() - s0;
+  const long faults = minor_faults() - f0;
   const double peak = rss_mib("VmHWM:");
-  std::printf("  %-30s build_plan  wall %7.1f ms  cpu %7.1f ms  peak RSS %6.1f MiB (%.1f before)  %zu → %zu ops\n",
-              label, wall * 1e3, cpu * 1e3, peak, rss0, count_ops(built.compute_only), count_ops(built.lowered));
+  std::printf("  %-30s build_plan  wall %7.1f ms  cpu %7.1f ms (%5.1f system, %ld page faults)  peak RSS %6.1f MiB "
+              "(%.1f before)  %zu → %zu ops\n",
+              label, wall * 1e3, cpu * 1e3, sys * 1e3, faults, peak, rss0, count_ops(built.compute_only),
+              count_ops(built.lowered));
   reset_peak_rss();
   const double rss1 = rss_mib("VmRSS:");
   w0 = wall_now();
   c0 = rusage_cpu();
+  s0 = sys_cpu();
+  f0 = minor_faults();
   const traces::Trace trace = planner::evaluate(built.lowered);
-  const double ewall = wall_now() - w0, ecpu = rusage_cpu() - c0;
+  const double ewall = wall_now() - w0, ecpu = rusage_cpu() - c0, esys = sys_cpu() - s0;
+  const long efaults = minor_faults() - f0;
   const double ops = static_cast<double>(count_ops(built.lowered));
   std::int64_t makespan = 0;
   for (const auto& e : trace.events) makespan = std::max(makespan, e.start_ns + e.dur_ns);
-  std::printf("  %-30s evaluate    wall %7.1f ms  cpu %7.1f ms  = %5.1f M ops/s (cpu)  +%.1f MiB peak  "
-              "iteration %.3f s\n",
-              "", ewall * 1e3, ecpu * 1e3, ops / ecpu / 1e6, rss_mib("VmHWM:") - rss1,
+  std::printf("  %-30s evaluate    wall %7.1f ms  cpu %7.1f ms (%5.1f system, %ld page faults)  = %5.1f M ops/s (cpu)"
+              "  +%.1f MiB peak  iteration %.3f s\n",
+              "", ewall * 1e3, ecpu * 1e3, esys * 1e3, efaults, ops / ecpu / 1e6, rss_mib("VmHWM:") - rss1,
               static_cast<double>(makespan) * 1e-9);
 }
 
@@ -193,52 +231,85 @@ void full_path(const char* label, const ir::Scenario& scenario) {
 
 int main(int argc, char** argv) {
   std::printf("bench_planner — planner and analytic evaluator\n\n");
-  std::printf("Full planning path, interleaved p=64 m=1024 v=4 (planner::build_plan, then planner::evaluate;\n"
-              "cpu = getrusage user+sys, peak RSS = VmHWM reset before each step):\n");
-  {
+  std::printf("Fresh memory on this machine: %.1f ms CPU per 100 MiB first touched (page faults).\n\n",
+              fresh_memory_ms_per_100mib());
+  const bool phases_only = argc > 1 && std::strcmp(argv[1], "--phases-only") == 0;
+  const bool build_plan_only = argc > 1 && std::strcmp(argv[1], "--build-plan-only") == 0;
+  if (!phases_only) {
+    std::printf("Full planning path, interleaved p=64 m=1024 v=4 (planner::build_plan, then planner::evaluate;\n"
+                "cpu = getrusage user+sys, peak RSS = VmHWM reset before each step):\n");
     const ir::Scenario syn = synthetic_scenario();
     const ir::Scenario model = model_scenario();
     full_path("synthetic (bench-synthetic)", syn);
     full_path("model (gpt3-like, 512 GPUs)", model);
+    if (build_plan_only) return 0;
   }
-  if (argc > 1 && std::strcmp(argv[1], "--build-plan-only") == 0) return 0;
-  reset_peak_rss();
 
-  std::printf("\nIts parts, on the same plan (times are process CPU time):\n");
-  const double rss0 = rss_mib("VmRSS:");
-  auto t0 = Clock::now();
-  ir::Plan compute = make("interleaved", 64, 1024, 4);
-  const double t_make = since(t0);
-  const double hwm_make = rss_mib("VmHWM:");
-  t0 = Clock::now();
-  const ir::ValidationReport rep0 = ir::validate(compute);
-  const double t_validate0 = since(t0);
-  const double hwm_validate0 = rss_mib("VmHWM:");
-  t0 = Clock::now();
-  ir::Plan lowered = ir::lower(compute, options());
-  const double t_lower = since(t0);
-  const double hwm_lower = rss_mib("VmHWM:");
-  t0 = Clock::now();
-  const ir::ValidationReport rep = ir::validate(lowered);
-  const double t_validate = since(t0);
-  const double peak = rss_mib("VmHWM:");
-  std::printf("  make_schedule      %8.1f ms   %zu compute ops               peak RSS %6.1f MiB\n", t_make * 1e3,
-              count_ops(compute), hwm_make);
-  std::printf("  validate (compute) %8.1f ms   peak in-flight rank 0: %d     peak RSS %6.1f MiB\n",
-              t_validate0 * 1e3, rep0.ranks[0].peak_inflight, hwm_validate0);
-  std::printf("  lower              %8.1f ms   %zu ops after lowering      peak RSS %6.1f MiB\n", t_lower * 1e3,
-              count_ops(lowered), hwm_lower);
-  std::printf("  validate (lowered) %8.1f ms   peak in-flight rank 0: %d     peak RSS %6.1f MiB\n",
-              t_validate * 1e3, rep.ranks[0].peak_inflight, peak);
-  std::printf("  make + lower + validate(lowered): %.1f ms; with validate(compute) too: %.1f ms\n",
-              (t_make + t_lower + t_validate) * 1e3, (t_make + t_validate0 + t_lower + t_validate) * 1e3);
-  std::printf("  (%.1f MiB before planning; an ir::Op is %zu bytes, plus a heap block for deps beyond the first)\n", rss0,
-              sizeof(ir::Op));
-  compute = ir::Plan{};
+  std::printf("\nIts phases, as build_plan runs them, on the model scenario (process CPU time; peak RSS\n"
+              "since the first phase, so it includes the plans held from the phases before):\n");
+  ir::Plan lowered;
+  {
+    const ir::Scenario sc = model_scenario();
+    reset_peak_rss();
+    planner::ScheduleParams params;
+    params.stages = sc.stages();
+    params.microbatches = sc.microbatches();
+    params.chunks = planner::chunks_for("interleaved", sc);
+    auto t0 = Clock::now();
+    ir::Plan compute = planner::make_schedule("interleaved", params);
+    compute.data = sc.parallel.data;
+    compute.scenario = sc;
+    const double t_make = since(t0);
+    const double hwm_make = rss_mib("VmHWM:");
+    t0 = Clock::now();
+    planner::apply_costs(compute, sc);
+    const double t_costs = since(t0);
+    t0 = Clock::now();
+    const long f0 = minor_faults();
+    const double s0 = sys_cpu();
+    lowered = ir::lower(compute, planner::lowering_options(compute, sc));
+    const double t_lower = since(t0);
+    const long f_lower = minor_faults() - f0;
+    const double s_lower = sys_cpu() - s0;
+    const double hwm_lower = rss_mib("VmHWM:");
+    ir::ValidateOptions no_replay;
+    no_replay.check_deadlock = false;
+    t0 = Clock::now();
+    const ir::ValidationReport rep = ir::validate(lowered, no_replay);
+    const double t_validate = since(t0);
+    const double hwm_validate = rss_mib("VmHWM:");
+    t0 = Clock::now();
+    const ir::ValidationReport rep_full = ir::validate(lowered);
+    const double t_validate_full = since(t0);
+    const double hwm_validate_full = rss_mib("VmHWM:");
+    t0 = Clock::now();
+    const ir::ValidationReport rep0 = ir::validate(compute);
+    const double t_validate0 = since(t0);
+    std::printf("  make_schedule         %8.1f ms   %zu compute ops           peak RSS %6.1f MiB\n", t_make * 1e3,
+                count_ops(compute), hwm_make);
+    std::printf("  apply_costs           %8.1f ms\n", t_costs * 1e3);
+    std::printf("  lower                 %8.1f ms   %zu ops after lowering  peak RSS %6.1f MiB  (%ld page faults, "
+                "%.1f ms system)\n",
+                t_lower * 1e3, count_ops(lowered), hwm_lower, f_lower, s_lower * 1e3);
+    std::printf("  validate (lowered)    %8.1f ms   peak in-flight rank 0: %d  peak RSS %6.1f MiB\n"
+                "                        (as build_plan runs it: lower's order is deadlock-free, no replay)\n",
+                t_validate * 1e3, rep.ranks[0].peak_inflight, hwm_validate);
+    std::printf("  sum of the phases     %8.1f ms\n", (t_make + t_costs + t_lower + t_validate) * 1e3);
+    std::printf("  not in build_plan: validate with the deadlock replay (any plan from elsewhere) %.1f ms, peak RSS "
+                "%.1f MiB;\n  validate of the compute-only plan %.1f ms (peak in-flight rank 0: %d/%d)\n",
+                t_validate_full * 1e3, hwm_validate_full, t_validate0 * 1e3, rep_full.ranks[0].peak_inflight,
+                rep0.ranks[0].peak_inflight);
+    std::printf("  (an ir::Op is %zu bytes, plus a heap block for deps beyond the first)\n", sizeof(ir::Op));
+  }
 
+  if (phases_only) return 0;
   std::printf("\nEvaluator throughput (best of 3; replay = ir::replay with analytic durations):\n");
-  throughput("interleaved p=64 m=1024 v=4, lowered", lowered, 3);
+  throughput("interleaved p=64 m=1024 v=4 (model), lowered", lowered, 3);
   lowered = ir::Plan{};
+  {
+    const ir::Plan plan = ir::lower(make("interleaved", 64, 1024, 4), options());
+    throughput("interleaved p=64 m=1024 v=4, lowered", plan, 3);
+  }
   {
     const ir::Plan plan = make("interleaved", 64, 1024, 4);
     throughput("interleaved p=64 m=1024 v=4, compute-only", plan, 3);

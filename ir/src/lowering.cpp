@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <tuple>
 #include <utility>
 
@@ -74,7 +75,13 @@ class Lowerer {
     out.scenario = plan_.scenario;
     out.ranks.resize(plan_.ranks.size());
     new_index_.resize(plan_.ranks.size());
-    for (int r = 0; r < ranks; ++r) lower_rank(r, out.ranks[static_cast<std::size_t>(r)]);
+    for (int r = 0; r < ranks; ++r) {
+      lower_rank(r, out.ranks[static_cast<std::size_t>(r)]);
+      // Only rank r reads these (its sends were copied into its receivers' lists):
+      // the peak is at the last rank, with the whole output built.
+      std::vector<int>().swap(sends_[static_cast<std::size_t>(r)]);
+      std::vector<Incoming>().swap(incoming_[static_cast<std::size_t>(r)]);
+    }
     // Deps the compute-only plan carried referred to its own indices.
     for (const auto& [r, i, count] : remap_)
       for (int d = 0; d < count; ++d) {
@@ -88,13 +95,19 @@ class Lowerer {
   }
 
  private:
-  /// One cross-rank dependency: producer (rank from, old index) → consumer on rank to.
-  struct Transfer {
-    std::int64_t ready = 0;  ///< producer's end in the reference timeline
-    int from = 0, producer = 0;
-    int to = 0, consumer = -1;  ///< consumer's old index on `to`, −1 if the plan lacks it
-    Edge edge;                  ///< as seen by the sender (peer = to)
-    std::int64_t bytes = 0;     ///< options.p2p_bytes(producer)
+  static constexpr int kSendItem = -2;
+  /// One comm op of a rank, 12 bytes (a lowered plan has millions): bounds and ready
+  /// times are read from position_ and ends_ when needed.
+  struct CommItem {
+    int peer;      ///< SEND: the receiving rank; RECV: the sending rank
+    int producer;  ///< the producer's old index on the sending rank
+    int consumer;  ///< RECV: the consumer's old index on this rank, −1 none; SEND: kSendItem
+    bool is_send() const { return consumer == kSendItem; }
+  };
+
+  /// A transfer by its producer: position `pos` among rank `from`'s compute ops.
+  struct Incoming {
+    int from, pos;
   };
 
   /// The cross-rank output of a compute op on `rank`, if any.
@@ -156,16 +169,28 @@ class Lowerer {
   }
 
   /// Stamps every cross-rank dependency with its producer's end in a replay of the
-  /// compute-only plan and sorts them into the one global order all ranks follow.
+  /// compute-only plan (ends_) and lists each rank's outgoing transfers (sends_) and,
+  /// per receiving rank, the same transfers seen from there (incoming_). The one
+  /// global order all ranks follow is transfers sorted by (ready, sending rank,
+  /// producer index); build_sequence() gives it, one rank at a time.
+  ///
+  /// Why no global sort: a rank's compute ops run one after another, so along its
+  /// compute order the ends (ready times) never decrease while the producer index
+  /// grows; each rank's transfers are already in the global order, and a rank's
+  /// part of it is a merge of a few sorted runs (its own sends, one run per rank
+  /// sending to it). No array of all transfers exists (it was 56 MB at p = 64,
+  /// m = 1024, v = 4, and its sort a quarter of lower's time). A plan whose ends
+  /// do decrease somewhere (compute ops put on several streams by hand) sorts each
+  /// rank's transfers instead (sorted_ false).
   void plan_transfers() {
-    ReplayResult timeline;
+    std::vector<OpTiming> timeline;  // by global index
     try {
       // A synthetic scenario states its p2p latency: the reference then is the
       // zero-bubble paper's event timeline itself.
       const std::int64_t latency =
           plan_.scenario.synthetic ? std::llround(std::max(0.0, plan_.scenario.synthetic->p2p_latency_seconds) * 1e9)
                                    : 0;
-      timeline = detail::replay_indexed(plan_, ix_, [latency](const Op& op, int) -> std::int64_t {
+      timeline = detail::replay_flat(plan_, ix_, [latency](const Op& op, int) -> std::int64_t {
         if (op.kind == OpKind::SEND) return latency;
         if (!is_compute(op.kind)) return 0;
         // ≥ 1 ns: a consumer then always ends strictly after its producer.
@@ -174,84 +199,182 @@ class Lowerer {
     } catch (const Error& e) {
       throw Error(fmt::format("lower: the compute-only order cannot run to the end: {}", e.what()));
     }
+    const int ranks = plan_.num_ranks();
     ends_.resize(plan_.ranks.size());
-    // At most one transfer per compute op: reserving avoids the doubling copies.
-    std::size_t compute_ops = 0;
-    for (const auto& c : compute_) compute_ops += c.size();
-    transfers_.reserve(compute_ops);
-    for (int r = 0; r < plan_.num_ranks(); ++r) {
+    // Per rank, the positions of compute ops that feed another rank (its transfers in
+    // producer order), and per receiving rank the same transfers seen from there.
+    sends_.resize(plan_.ranks.size());
+    incoming_.resize(plan_.ranks.size());
+    std::vector<std::size_t> recv_count(plan_.ranks.size(), 0);
+    for (int r = 0; r < ranks; ++r) {
       const auto& in = plan_.ranks[static_cast<std::size_t>(r)];
+      const auto& compute = compute_[static_cast<std::size_t>(r)];
+      const OpTiming* timing = timeline.data() + ix_.offset[static_cast<std::size_t>(r)];
       auto& ends = ends_[static_cast<std::size_t>(r)];
-      ends.reserve(compute_[static_cast<std::size_t>(r)].size());
-      for (int i : compute_[static_cast<std::size_t>(r)])
-        ends.push_back(timeline.timing[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)].end_ns);
-      for (int i : compute_[static_cast<std::size_t>(r)]) {
-        const Op& op = in[static_cast<std::size_t>(i)];
-        Transfer t;
-        if (!output_edge(op, r, t.edge)) continue;
-        t.ready = timeline.timing[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)].end_ns;
-        t.bytes = bytes_of(op);
-        t.from = r;
-        t.producer = i;
-        t.to = t.edge.peer;
-        const int consumer_vs = t.edge.payload == OpKind::F ? t.edge.producer_vs + 1 : t.edge.producer_vs - 1;
-        const int g = ix_.find(t.edge.payload == OpKind::F ? detail::kSlotF : detail::kSlotBwd, op.mb,
-                               consumer_vs, op.slice);
-        if (g >= 0) {
-          const auto [cr, ci] = ix_.locate(g);
-          if (cr == t.to) t.consumer = ci;
+      ends.reserve(compute.size());
+      for (int i : compute) ends.push_back(timing[i].end_ns);
+      auto& out = sends_[static_cast<std::size_t>(r)];
+      for (int pos = 0; pos < static_cast<int>(compute.size()); ++pos) {
+        Edge e;
+        if (!output_edge(in[static_cast<std::size_t>(compute[static_cast<std::size_t>(pos)])], r, e)) continue;
+        if (!out.empty() && ends[static_cast<std::size_t>(pos)] < ends[static_cast<std::size_t>(out.back())])
+          sorted_ = false;
+        out.push_back(pos);
+        ++recv_count[static_cast<std::size_t>(e.peer)];
+      }
+    }
+    std::vector<OpTiming>().swap(timeline);
+    for (int r = 0; r < ranks; ++r)
+      incoming_[static_cast<std::size_t>(r)].reserve(recv_count[static_cast<std::size_t>(r)]);
+    // Senders in rank order: each receiver's list is one run per sender, each run in
+    // that sender's order.
+    for (int r = 0; r < ranks; ++r) {
+      const auto& in = plan_.ranks[static_cast<std::size_t>(r)];
+      const auto& compute = compute_[static_cast<std::size_t>(r)];
+      for (int pos : sends_[static_cast<std::size_t>(r)]) {
+        Edge e;
+        output_edge(in[static_cast<std::size_t>(compute[static_cast<std::size_t>(pos)])], r, e);
+        incoming_[static_cast<std::size_t>(e.peer)].push_back({r, pos});
+      }
+    }
+  }
+
+  /// Rank r's comm ops in the global order (into seq_, and input_of_: consumer's old
+  /// index → its RECV's index in seq_). The global order restricted to one rank is
+  /// the merge of the rank's own transfers with those it receives, run by sender:
+  /// each is sorted already (see plan_transfers), so a small k-way merge gives it;
+  /// where a rank's ends are not sorted, a sort of the rank's transfers does.
+  void build_sequence(int r) {
+    struct Run {
+      int from;
+      const Incoming* begin;
+      const Incoming* end;
+    };
+    const auto& own = sends_[static_cast<std::size_t>(r)];
+    const auto& inc = incoming_[static_cast<std::size_t>(r)];
+    own_buf_.clear();
+    own_buf_.reserve(own.size());
+    for (int pos : own) own_buf_.push_back({r, pos});
+    std::vector<Run> runs;
+    if (!own_buf_.empty()) runs.push_back({r, own_buf_.data(), own_buf_.data() + own_buf_.size()});
+    for (std::size_t i = 0; i < inc.size();) {
+      std::size_t j = i;
+      while (j < inc.size() && inc[j].from == inc[i].from) ++j;
+      runs.push_back({inc[i].from, inc.data() + i, inc.data() + j});
+      i = j;
+    }
+    auto ready = [&](const Incoming& t) {
+      return ends_[static_cast<std::size_t>(t.from)][static_cast<std::size_t>(t.pos)];
+    };
+    seq_.clear();
+    seq_.reserve(own.size() + inc.size());
+    input_of_.assign(plan_.ranks[static_cast<std::size_t>(r)].size(), -1);
+    if (sorted_) {
+      // A rank hears from at most two ranks per chunk (the owners of the stages
+      // before and after), so the smallest head is found by a scan; ties go to the
+      // lower sending rank.
+      head_.resize(runs.size());
+      for (std::size_t k = 0; k < runs.size(); ++k) head_[k] = ready(*runs[k].begin);
+      std::size_t live = runs.size();
+      while (live > 0) {
+        std::size_t best = runs.size();
+        for (std::size_t k = 0; k < runs.size(); ++k) {
+          if (runs[k].begin == runs[k].end) continue;
+          if (best == runs.size() || head_[k] < head_[best] ||
+              (head_[k] == head_[best] && runs[k].from < runs[best].from))
+            best = k;
         }
-        transfers_.push_back(t);
+        Run& run = runs[best];
+        append_item(r, *run.begin++);
+        if (run.begin != run.end) head_[best] = ready(*run.begin);
+        else --live;
       }
+    } else {
+      std::vector<Incoming> all(own_buf_.begin(), own_buf_.end());
+      all.insert(all.end(), inc.begin(), inc.end());
+      std::sort(all.begin(), all.end(), [&](const Incoming& a, const Incoming& b) {
+        const std::int64_t ra = ready(a), rb = ready(b);
+        if (ra != rb) return ra < rb;
+        if (a.from != b.from) return a.from < b.from;
+        return a.pos < b.pos;  // same rank: position order is producer order
+      });
+      for (const Incoming& t : all) append_item(r, t);
     }
-    std::sort(transfers_.begin(), transfers_.end(), [](const Transfer& a, const Transfer& b) {
-      if (a.ready != b.ready) return a.ready < b.ready;
-      if (a.from != b.from) return a.from < b.from;
-      return a.producer < b.producer;
-    });
-    // Per rank, its comm ops in the global order with what placing them needs, so
-    // the per-rank passes below read one small sequential array.
-    sequence_.resize(plan_.ranks.size());
-    input_of_.resize(plan_.ranks.size());
-    for (int k = 0; k < static_cast<int>(transfers_.size()); ++k) {
-      const Transfer& t = transfers_[static_cast<std::size_t>(k)];
-      const int send_bound = position_[static_cast<std::size_t>(t.from)][static_cast<std::size_t>(t.producer)];
-      sequence_[static_cast<std::size_t>(t.from)].push_back({2 * k, send_bound, t.ready});
-      auto& recv_seq = sequence_[static_cast<std::size_t>(t.to)];
-      const int recv_bound =
-          t.consumer >= 0 ? position_[static_cast<std::size_t>(t.to)][static_cast<std::size_t>(t.consumer)] : -1;
-      if (t.consumer >= 0) {
-        auto& inputs = input_of_[static_cast<std::size_t>(t.to)];
-        if (inputs.empty()) inputs.assign(plan_.ranks[static_cast<std::size_t>(t.to)].size(), -1);
-        inputs[static_cast<std::size_t>(t.consumer)] = static_cast<int>(recv_seq.size());
-      }
-      recv_seq.push_back({2 * k + 1, recv_bound, t.ready});
+  }
+
+  /// Appends transfer t (producer at position t.pos on rank t.from) to rank r's
+  /// sequence: its SEND if r sends it, else its RECV.
+  void append_item(int r, const Incoming& t) {
+    const int producer = compute_[static_cast<std::size_t>(t.from)][static_cast<std::size_t>(t.pos)];
+    const Op& op = plan_.ranks[static_cast<std::size_t>(t.from)][static_cast<std::size_t>(producer)];
+    Edge e;
+    output_edge(op, t.from, e);
+    if (t.from == r) {
+      seq_.push_back({e.peer, producer, kSendItem});
+      return;
     }
+    int consumer = -1;
+    const int consumer_vs = e.payload == OpKind::F ? e.producer_vs + 1 : e.producer_vs - 1;
+    const int g = ix_.find(e.payload == OpKind::F ? detail::kSlotF : detail::kSlotBwd, op.mb, consumer_vs, op.slice);
+    if (g >= ix_.offset[static_cast<std::size_t>(r)] && g < ix_.offset[static_cast<std::size_t>(r) + 1])
+      consumer = g - ix_.offset[static_cast<std::size_t>(r)];
+    if (consumer >= 0) input_of_[static_cast<std::size_t>(consumer)] = static_cast<int>(seq_.size());
+    seq_.push_back({t.from, producer, consumer});
+  }
+
+  /// Where comm item `c` of rank r may go: a SEND after its producer (position),
+  /// a RECV before its consumer (position, −1 none); and when its data is ready.
+  int bound_of(int r, const CommItem& c) const {
+    if (c.is_send()) return position_[static_cast<std::size_t>(r)][static_cast<std::size_t>(c.producer)];
+    return c.consumer >= 0 ? position_[static_cast<std::size_t>(r)][static_cast<std::size_t>(c.consumer)] : -1;
+  }
+  std::int64_t ready_of(int r, const CommItem& c) const {
+    const int from = c.is_send() ? r : c.peer;
+    const int pos = position_[static_cast<std::size_t>(from)][static_cast<std::size_t>(c.producer)];
+    return ends_[static_cast<std::size_t>(from)][static_cast<std::size_t>(pos)];
   }
 
   /// Slot of each comm op of rank r (comm ops in slot s go right before compute op s):
   /// SENDs as early as possible, RECVs as late as possible, order kept.
   std::vector<int> slots(int r) const {
-    const auto& seq = sequence_[static_cast<std::size_t>(r)];
+    const auto& seq = seq_;
     const int count = static_cast<int>(compute_[static_cast<std::size_t>(r)].size());
     std::vector<int> earliest(seq.size()), slot(seq.size());
+    const auto& ends = ends_[static_cast<std::size_t>(r)];
+    // A RECV's "by time" bound is the number of this rank's compute ops that end by
+    // its transfer's ready time (upper_bound over ends). Ends grow along the rank's
+    // order and ready times along the global order, so one forward pointer finds
+    // them all; where either does not hold, the binary search.
+    const bool ends_sorted = std::is_sorted(ends.begin(), ends.end());
     int floor = 0;
+    int pointer = 0;
+    std::int64_t last_ready = std::numeric_limits<std::int64_t>::min();
     for (std::size_t i = 0; i < seq.size(); ++i) {
-      if (seq[i].id % 2 == 0) floor = std::max(floor, seq[i].bound + 1);
+      if (seq[i].is_send()) {
+        floor = std::max(floor, bound_of(r, seq[i]) + 1);
+      } else {
+        const std::int64_t ready = ready_of(r, seq[i]);
+        if (ends_sorted && ready >= last_ready) {
+          while (pointer < count && ends[static_cast<std::size_t>(pointer)] <= ready) ++pointer;
+          slot[i] = pointer;
+          last_ready = ready;
+        } else {
+          slot[i] = static_cast<int>(std::upper_bound(ends.begin(), ends.end(), ready) - ends.begin());
+        }
+      }
       earliest[i] = floor;
     }
-    const auto& ends = ends_[static_cast<std::size_t>(r)];
     int ceiling = count;
     for (std::size_t i = seq.size(); i-- > 0;) {
-      if (seq[i].id % 2 == 0) {
+      if (seq[i].is_send()) {
         slot[i] = earliest[i];
       } else {
         // Before the consumer, and posted no later than the transfer is ready in the
         // reference timeline (after the last compute op that ends by then), so that
         // the sender never waits on a late RECV.
-        int latest = seq[i].bound >= 0 ? seq[i].bound : count;
-        const int by_time =
-            static_cast<int>(std::upper_bound(ends.begin(), ends.end(), seq[i].ready) - ends.begin());
+        const int bound = bound_of(r, seq[i]);
+        int latest = bound >= 0 ? bound : count;
+        const int by_time = slot[i];
         latest = std::min(latest, by_time);
         slot[i] = std::max(earliest[i], std::min(latest, ceiling));
       }
@@ -304,8 +427,9 @@ class Lowerer {
   void lower_rank(int r, std::vector<Op>& out) {
     const auto& in = plan_.ranks[static_cast<std::size_t>(r)];
     const auto& compute = compute_[static_cast<std::size_t>(r)];
-    const auto& seq = sequence_[static_cast<std::size_t>(r)];
-    const auto& inputs = input_of_[static_cast<std::size_t>(r)];
+    build_sequence(r);
+    const auto& seq = seq_;
+    const auto& inputs = input_of_;
     auto& new_index = new_index_[static_cast<std::size_t>(r)];
     new_index.assign(in.size(), -1);
 
@@ -328,15 +452,21 @@ class Lowerer {
       // Within a batch the order is free (posted together): SENDs first, as Megatron lists them.
       for (int pass = 0; pass < 2; ++pass)
         for (std::size_t i = next; i < end; ++i) {
-          const bool send = seq[i].id % 2 == 0;
+          const CommItem& c = seq[i];
+          const bool send = c.is_send();
           if (send != (pass == 0)) continue;
-          const Transfer& t = transfers_[static_cast<std::size_t>(seq[i].id / 2)];
           if (!send) recv_new[i] = static_cast<int>(out.size());
+          // The edge and bytes come from the producer (on this rank for a SEND, on the
+          // peer for a RECV): nothing per transfer is kept besides the comm items.
+          const int from = send ? r : c.peer;
+          const Op& producer = plan_.ranks[static_cast<std::size_t>(from)][static_cast<std::size_t>(c.producer)];
+          Edge e;
+          output_edge(producer, from, e);
           // Built in place: a lowered plan has millions of ops, each copy counts.
           Op& op = out.emplace_back();
-          fill_comm_op(op, send ? OpKind::SEND : OpKind::RECV, t.edge, send ? t.to : t.from, t.bytes);
+          fill_comm_op(op, send ? OpKind::SEND : OpKind::RECV, e, c.peer, bytes_of(producer));
           op.batch = batch;
-          if (send) op.deps.push_back({r, new_index[static_cast<std::size_t>(t.producer)]});
+          if (send) op.deps.push_back({r, new_index[static_cast<std::size_t>(c.producer)]});
         }
       next = end;
       if (s > 0) {
@@ -386,15 +516,16 @@ class Lowerer {
   std::vector<std::vector<int>> compute_;   ///< [rank] old indices of compute ops (OPT aside)
   std::vector<std::vector<int>> position_;  ///< [rank][old index] → position in compute_, −1
   std::vector<int> given_opt_;              ///< [rank] old index of an OPT in the input, −1
-  std::vector<Transfer> transfers_;         ///< in the global order
   std::vector<std::vector<std::int64_t>> ends_;  ///< [rank][position] end of compute op in the reference timeline
-  struct CommItem {
-    int id;              ///< 2k: SEND of transfer k, 2k+1: its RECV
-    int bound;           ///< SEND: producer's position; RECV: consumer's position (−1 none)
-    std::int64_t ready;  ///< the transfer's ready time
-  };
-  std::vector<std::vector<CommItem>> sequence_;  ///< [rank] comm ops in the global order
-  std::vector<std::vector<int>> input_of_;  ///< [rank][old index] → index in sequence_ of its RECV, −1
+
+  std::vector<std::vector<int>> sends_;          ///< [rank] positions of compute ops that feed another rank
+  std::vector<std::vector<Incoming>> incoming_;  ///< [rank] transfers it receives, run by sender
+  bool sorted_ = true;                           ///< every rank's ends grow along its sends_
+  // The rank being lowered (buffers reused from rank to rank).
+  std::vector<Incoming> own_buf_;
+  std::vector<std::int64_t> head_;  ///< ready time of each run's next transfer
+  std::vector<CommItem> seq_;   ///< its comm ops in the global order
+  std::vector<int> input_of_;   ///< [old index] → index in seq_ of the RECV feeding it, −1
   std::vector<std::vector<int>> new_index_;  ///< [rank][old index] → new index
   /// Copied ops (rank, new index, how many leading deps) whose deps need new indices.
   std::vector<std::tuple<int, int, int>> remap_;

@@ -41,29 +41,6 @@ std::pair<int, int> PlanIndex::locate(int global) const {
   return {rank, global - offset[static_cast<std::size_t>(rank)]};
 }
 
-std::pair<Slot, int> slot_and_key(const PlanIndex& ix, const Op& op, int rank) {
-  Slot slot = kSlots;
-  int sender = rank;
-  switch (op.kind) {
-    case OpKind::F: slot = kSlotF; break;
-    case OpKind::B:
-    case OpKind::BW: slot = kSlotBwd; break;
-    case OpKind::W: slot = kSlotW; break;
-    case OpKind::SEND:
-      if (op.payload == OpKind::F) slot = kSlotSendF;
-      else if (op.payload == OpKind::B) slot = kSlotSendB;
-      break;
-    case OpKind::RECV:
-      sender = op.peer;
-      if (op.payload == OpKind::F) slot = kSlotRecvF;
-      else if (op.payload == OpKind::B) slot = kSlotRecvB;
-      break;
-    default: break;
-  }
-  if (slot == kSlots) return {kSlots, -1};
-  return {slot, ix.key(op.mb, ix.stages.stage_of(sender, op.chunk), op.slice)};
-}
-
 PlanIndex build_index(const Plan& plan) {
   PlanIndex ix;
   ix.stages = make_stage_map(plan);

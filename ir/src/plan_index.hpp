@@ -76,8 +76,38 @@ struct PlanIndex {
   std::pair<int, int> locate(int global) const;
 };
 
-/// The slot an op is filed under and its key; {kSlots, −1} if none.
-std::pair<Slot, int> slot_and_key(const PlanIndex& index, const Op& op, int rank);
+/// ir::is_p2p / is_compute / is_collective inlined for the per-op loops over
+/// millions of ops (those are out of line in op.cpp, a call each).
+inline bool p2p_kind(OpKind kind) { return kind == OpKind::SEND || kind == OpKind::RECV; }
+inline bool compute_kind(OpKind kind) { return kind <= OpKind::OPT; }
+inline bool collective_kind(OpKind kind) {
+  return kind == OpKind::ALLREDUCE || kind == OpKind::REDUCE_SCATTER || kind == OpKind::ALL_GATHER;
+}
+
+/// The slot an op is filed under and its key; {kSlots, −1} if none. Inline: every
+/// index build and the validator's pairing pass call it once per op.
+inline std::pair<Slot, int> slot_and_key(const PlanIndex& ix, const Op& op, int rank) {
+  Slot slot = kSlots;
+  int sender = rank;
+  switch (op.kind) {
+    case OpKind::F: slot = kSlotF; break;
+    case OpKind::B:
+    case OpKind::BW: slot = kSlotBwd; break;
+    case OpKind::W: slot = kSlotW; break;
+    case OpKind::SEND:
+      if (op.payload == OpKind::F) slot = kSlotSendF;
+      else if (op.payload == OpKind::B) slot = kSlotSendB;
+      break;
+    case OpKind::RECV:
+      sender = op.peer;
+      if (op.payload == OpKind::F) slot = kSlotRecvF;
+      else if (op.payload == OpKind::B) slot = kSlotRecvB;
+      break;
+    default: break;
+  }
+  if (slot == kSlots) return {kSlots, -1};
+  return {slot, ix.key(op.mb, ix.stages.stage_of(sender, op.chunk), op.slice)};
+}
 
 PlanIndex build_index(const Plan& plan);
 
@@ -85,6 +115,10 @@ PlanIndex build_index(const Plan& plan);
 /// without want_timing only makespan_ns is filled (the validator's question).
 ReplayResult replay_indexed(const Plan& plan, const PlanIndex& index, const DurationFn& duration,
                             bool want_timing = true);
+
+/// The same replay, its timing by global index (offset[rank] + index) without the
+/// per-rank copy ReplayResult makes.
+std::vector<OpTiming> replay_flat(const Plan& plan, const PlanIndex& index, const DurationFn& duration);
 
 /// Calls visit(producer_global, producer_slot, producer_key, cross_rank) for each data dependency of compute op
 /// `op` on `rank` (F: previous stage, previous slice; B/BW: next stage, own F, next

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <limits>
 
 #include <fmt/format.h>
@@ -45,27 +46,49 @@ std::vector<std::vector<int>> default_stage_of(int stages, int chunks) {
 
 // ---------------------------------------------------------------- text: printing
 
+/// A char buffer of at least kOpTextMax chars with the three std::string appends the
+/// printers use, so that op_to_chars formats one op without a heap string and
+/// without a bounds check per char (one op's text always fits, see kOpTextMax).
+struct CharSink {
+  char* p;
+  void append(const char* first, const char* last) {
+    std::memcpy(p, first, static_cast<std::size_t>(last - first));
+    p += last - first;
+  }
+  CharSink& operator+=(char ch) {
+    *p++ = ch;
+    return *this;
+  }
+  CharSink& operator+=(std::string_view sv) {
+    append(sv.data(), sv.data() + sv.size());
+    return *this;
+  }
+};
+
 /// Appends an int in decimal; std::to_chars rather than fmt keeps op_to_text cheap
 /// enough for the evaluator, which names every op of a plan.
-void append_int(std::string& out, int value) {
+template <typename Out>
+void append_int(Out& out, int value) {
   char buf[16];
   const auto res = std::to_chars(buf, buf + sizeof buf, value);
   out.append(buf, res.ptr);
 }
 
-void append_ids(std::string& out, int mb, int chunk, int slice) {
+template <typename Out>
+void append_ids(Out& out, int mb, int chunk, int slice) {
   if (mb != -1) append_int(out, mb);
   if (chunk != 0) {
-    out += ".c";
+    out += std::string_view(".c");
     append_int(out, chunk);
   }
   if (slice != 0) {
-    out += ":s";
+    out += std::string_view(":s");
     append_int(out, slice);
   }
 }
 
-void append_op(std::string& out, const Op& op) {
+template <typename Out>
+void append_op(Out& out, const Op& op) {
   out += to_string(op.kind);
   if (is_p2p(op.kind)) {
     out += '(';
@@ -76,7 +99,7 @@ void append_op(std::string& out, const Op& op) {
     append_int(out, op.peer);
     out += ')';
   } else if (is_collective(op.kind)) {
-    out += "(b";
+    out += std::string_view("(b");
     append_int(out, op.tag);
     append_ids(out, -1, op.chunk, op.slice);
     out += ')';
@@ -461,6 +484,21 @@ std::string op_to_text(const Op& op) {
   std::string out;
   append_op(out, op);
   return out;
+}
+
+std::size_t op_to_chars(const Op& op, char* out, std::size_t capacity) {
+  if (capacity >= kOpTextMax) {
+    CharSink sink{out};
+    append_op(sink, op);
+    return static_cast<std::size_t>(sink.p - out);
+  }
+  // A short buffer gets the prefix that fits.
+  char full[kOpTextMax];
+  CharSink sink{full};
+  append_op(sink, op);
+  const std::size_t n = std::min(capacity, static_cast<std::size_t>(sink.p - full));
+  std::memcpy(out, full, n);
+  return n;
 }
 
 std::string to_text(const Plan& plan) {

@@ -25,7 +25,7 @@ constexpr int kStreams = 3;  // Stream::Compute, P2P, DP
 constexpr std::int64_t kNotDone = -1;
 constexpr std::uint32_t kLagBit = 1u << 31;
 
-bool is_comm(OpKind kind) { return is_p2p(kind) || is_collective(kind); }
+bool is_comm(OpKind kind) { return detail::p2p_kind(kind) || detail::collective_kind(kind); }
 
 class Engine {
   using Slot = detail::Slot;
@@ -42,7 +42,8 @@ class Engine {
     build_streams();
   }
 
-  ReplayResult run(bool want_timing = true) {
+  /// Runs every stream as far as it goes; throws on a deadlock.
+  void simulate() {
     for (int s = 0; s < static_cast<int>(pos_.size()); ++s)
       if (stream_begin_[s] < stream_begin_[s + 1]) push(s);
     while (!work_.empty()) {
@@ -54,7 +55,13 @@ class Engine {
     for (int s = 0; s < static_cast<int>(pos_.size()); ++s)
       if (stream_begin_[s] + pos_[static_cast<std::size_t>(s)] < stream_begin_[s + 1])
         throw Error(deadlock_message());
+  }
 
+  /// Timing by global index (moved out: the engine is spent).
+  std::vector<OpTiming> take_timing() { return std::move(timing_); }
+
+  ReplayResult run(bool want_timing = true) {
+    simulate();
     ReplayResult result;
     for (const OpTiming& t : timing_) result.makespan_ns = std::max(result.makespan_ns, t.end_ns);
     if (!want_timing) return result;
@@ -123,7 +130,7 @@ class Engine {
         // A RECV's transfer time is its SEND's: the function is asked once per pair.
         if (op.kind != OpKind::RECV)
           dur_[static_cast<std::size_t>(g)] = std::max<std::int64_t>(0, duration_(op, r));
-        if (is_p2p(op.kind)) {
+        if (detail::p2p_kind(op.kind)) {
           const auto [slot, key] = detail::slot_and_key(ix_, op, r);
           if (key < 0) continue;
           Slot other = kSlots;
@@ -140,23 +147,23 @@ class Engine {
   }
   /// p2p latency of a cross-rank dependency with no SEND/RECV in the plan: the
   /// duration of a synthetic SEND of the producer's payload (zero-bubble's T_comm).
-  std::int64_t cross_lag(int producer, int consumer_rank) {
+  /// Computed once per producer while collecting deps (a producer has one consumer
+  /// rank: the rank of the next virtual stage for F, of the previous one for B), so
+  /// the run loop reads an array and never looks an op up.
+  void note_cross_lag(int producer, int producer_rank, int consumer_rank) {
     if (lag_.empty()) lag_.assign(static_cast<std::size_t>(n_), kNotDone);
     auto& cell = lag_[static_cast<std::size_t>(producer)];
-    if (cell == kNotDone) {
-      const auto [r, i] = ix_.locate(producer);
-      const Op& prod = op_at(r, i);
-      Op send;
-      send.kind = OpKind::SEND;
-      send.payload = prod.kind == OpKind::F ? OpKind::F : OpKind::B;
-      send.mb = prod.mb;
-      send.chunk = prod.chunk;
-      send.slice = prod.slice;
-      send.peer = consumer_rank;
-      send.stream = Stream::P2P;
-      cell = std::max<std::int64_t>(0, duration_(send, r));
-    }
-    return cell;
+    if (cell != kNotDone) return;
+    const Op& prod = op_at(producer_rank, producer - ix_.offset[static_cast<std::size_t>(producer_rank)]);
+    Op send;
+    send.kind = OpKind::SEND;
+    send.payload = prod.kind == OpKind::F ? OpKind::F : OpKind::B;
+    send.mb = prod.mb;
+    send.chunk = prod.chunk;
+    send.slice = prod.slice;
+    send.peer = consumer_rank;
+    send.stream = Stream::P2P;
+    cell = std::max<std::int64_t>(0, duration_(send, producer_rank));
   }
 
   bool valid_global(const OpRef& ref, int& g) const {
@@ -187,7 +194,12 @@ class Engine {
         // A compute-only plan has no RECVs: the dependency then carries the lag itself.
         int recv = ix_.cell(prod_slot == detail::kSlotF ? detail::kSlotRecvF : detail::kSlotRecvB, key);
         if (recv < lo || recv >= hi) recv = -1;
-        deps_.push_back(recv >= 0 ? static_cast<std::uint32_t>(recv) : (static_cast<std::uint32_t>(prod) | kLagBit));
+        if (recv >= 0) {
+          deps_.push_back(static_cast<std::uint32_t>(recv));
+          return;
+        }
+        note_cross_lag(prod, ix_.stages.rank_of[static_cast<std::size_t>(ix_.stage_of_key(key))], rank);
+        deps_.push_back(static_cast<std::uint32_t>(prod) | kLagBit);
       });
     } else if (op.kind == OpKind::SEND) {
       // A SEND carries its producer's output: it cannot be posted before that op ends.
@@ -203,7 +215,7 @@ class Engine {
 
   /// Earliest start allowed by op g's dependencies (on top of `ready`); false and
   /// `blocker` set if one of them has not completed yet.
-  bool gather(int g, int rank, std::int64_t& ready, int& blocker) {
+  bool gather(int g, std::int64_t& ready, int& blocker) {
     const std::uint32_t* d = deps_.data() + dep_begin_[static_cast<std::size_t>(g)];
     const std::uint32_t* e = deps_.data() + dep_begin_[static_cast<std::size_t>(g) + 1];
     for (; d != e; ++d) {
@@ -213,7 +225,7 @@ class Engine {
         blocker = dep;
         return false;
       }
-      if (*d & kLagBit) end += cross_lag(dep, rank);
+      if (*d & kLagBit) end += lag_[static_cast<std::size_t>(dep)];
       ready = std::max(ready, end);
     }
     return true;
@@ -244,7 +256,7 @@ class Engine {
   void try_complete(int g) {
     auto& t = timing_[static_cast<std::size_t>(g)];
     const OpKind kind = kind_[static_cast<std::size_t>(g)];
-    if (!is_p2p(kind)) {
+    if (!detail::p2p_kind(kind)) {
       t.end_ns = t.start_ns + dur_[static_cast<std::size_t>(g)];
       wake(g);
       return;
@@ -273,7 +285,6 @@ class Engine {
   }
 
   void advance(int s) {
-    const int rank = s / kStreams;
     const int begin = stream_begin_[static_cast<std::size_t>(s)];
     const int end = stream_begin_[static_cast<std::size_t>(s) + 1];
     int& pos = pos_[static_cast<std::size_t>(s)];
@@ -289,7 +300,7 @@ class Engine {
           int blocker = -1;
           for (int k = 0; k < count; ++k) {
             const int m = stream_ops_[static_cast<std::size_t>(first + k)];
-            if (!gather(m, rank, ready, blocker)) {
+            if (!gather(m, ready, blocker)) {
               park(s, blocker);
               return;
             }
@@ -318,7 +329,7 @@ class Engine {
       }
       std::int64_t ready = now;
       int blocker = -1;
-      if (!gather(g, rank, ready, blocker)) {
+      if (!gather(g, ready, blocker)) {
         park(s, blocker);
         return;
       }
@@ -357,7 +368,7 @@ class Engine {
     }
     std::int64_t ready = 0;
     int blocker = -1;
-    gather(g, rank, ready, blocker);
+    gather(g, ready, blocker);
     if (blocker < 0) return fmt::format("rank {} blocked on {}", rank, head);
     const auto [br, bi] = ix_.locate(blocker);
     const Op& bop = op_at(br, bi);
@@ -421,11 +432,23 @@ ReplayResult replay(const Plan& plan, const DurationFn& duration) {
   return engine.run();
 }
 
+std::vector<OpTiming> replay_flat(const Plan& plan, const DurationFn& duration) {
+  Engine engine(plan, duration, nullptr);
+  engine.simulate();
+  return engine.take_timing();
+}
+
 namespace detail {
 ReplayResult replay_indexed(const Plan& plan, const PlanIndex& index, const DurationFn& duration,
                             bool want_timing) {
   Engine engine(plan, duration, &index);
   return engine.run(want_timing);
+}
+
+std::vector<OpTiming> replay_flat(const Plan& plan, const PlanIndex& index, const DurationFn& duration) {
+  Engine engine(plan, duration, &index);
+  engine.simulate();
+  return engine.take_timing();
 }
 }  // namespace detail
 

@@ -25,7 +25,7 @@ constexpr std::size_t kListed = 12;
 
 class Checker {
  public:
-  explicit Checker(const Plan& plan) : plan_(plan) {}
+  Checker(const Plan& plan, const ValidateOptions& options) : plan_(plan), options_(options) {}
 
   ValidationReport run() {
     check_shape();
@@ -42,7 +42,8 @@ class Checker {
       flush("SEND/RECV");
     }
     // Unit durations: the question is only whether every op can complete.
-    detail::replay_indexed(plan_, ix_, [](const Op&, int) -> std::int64_t { return 1; }, false);
+    if (options_.check_deadlock)
+      detail::replay_indexed(plan_, ix_, [](const Op&, int) -> std::int64_t { return 1; }, false);
     return memory();
   }
 
@@ -112,16 +113,43 @@ class Checker {
         problem(fmt::format("virtual stage {} is run by no rank's chunk (stage_of)", vs));
   }
 
+  /// SEND/RECV fields the pairing check compares, per (key, payload), gathered here in
+  /// op order: check_p2p then reads small arrays in key order instead of ops spread
+  /// over the whole plan (a lowered plan is 125 MB at p = 64, m = 1024, v = 4).
+  void note_transfer(const Op& o, int rank, int g) {
+    const auto [slot, key] = detail::slot_and_key(ix_, o, rank);
+    if (key < 0 || ix_.cell(slot, key) != g) return;  // duplicates are reported on their own
+    const std::size_t at = static_cast<std::size_t>(key) * 2 +
+                           (slot == detail::kSlotSendB || slot == detail::kSlotRecvB ? 1 : 0);
+    if (send_peer_.empty()) {
+      const std::size_t n = static_cast<std::size_t>(ix_.keys()) * 2;
+      send_peer_.assign(n, -1);
+      send_bytes_.assign(n, 0);
+      recv_bytes_.assign(n, 0);
+    }
+    if (slot == detail::kSlotSendF || slot == detail::kSlotSendB) {
+      send_peer_[at] = o.peer;
+      send_bytes_[at] = o.bytes;
+    } else {
+      recv_bytes_[at] = o.bytes;
+    }
+  }
+
   void check_fields() {
     const int p = plan_.num_ranks();
+    report_.ranks.assign(plan_.ranks.size(), RankMemory{});
     for (int r = 0; r < p; ++r) {
       const auto& ops = plan_.ranks[static_cast<std::size_t>(r)];
       const int base = ix_.offset[static_cast<std::size_t>(r)];
+      RankMemory& mem = report_.ranks[static_cast<std::size_t>(r)];
+      int inflight = 0;
+      double bytes = 0;
       for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
         const Op& o = ops[static_cast<std::size_t>(i)];
         const int g = base + i;
+        note_memory(o, mem, inflight, bytes);
         const bool ids = o.kind == OpKind::F || o.kind == OpKind::B || o.kind == OpKind::W ||
-                         o.kind == OpKind::BW || is_p2p(o.kind);
+                         o.kind == OpKind::BW || detail::p2p_kind(o.kind);
         if (ids) {
           if (o.mb < 0 || o.mb >= plan_.microbatches)
             problem(fmt::format("{}: micro-batch {} outside 0..{} (plan.microbatches = {})", where(g), o.mb,
@@ -133,7 +161,8 @@ class Checker {
             problem(fmt::format("{}: slice {} outside 0..{} (plan.slices = {})", where(g), o.slice,
                                 plan_.slices - 1, plan_.slices));
         }
-        if (is_p2p(o.kind)) {
+        if (detail::p2p_kind(o.kind)) {
+          note_transfer(o, r, g);
           if (o.payload != OpKind::F && o.payload != OpKind::B)
             problem(fmt::format("{}: payload {}; expected F (activation) or B (gradient)", where(g),
                                 to_string(o.payload)));
@@ -204,7 +233,9 @@ class Checker {
 
   /// `later` must come after `earlier` on one rank; both global indices.
   void need_before(int earlier, int later, const char* why) {
-    if (earlier < 0 || later < 0 || rank_of(earlier) != rank_of(later) || earlier < later) return;
+    // Global indices grow with the rank, so `earlier < later` settles the common case
+    // without finding either op's rank.
+    if (earlier < 0 || later < 0 || earlier < later || rank_of(earlier) != rank_of(later)) return;
     const auto [r, i] = ix_.locate(later);
     const auto [r2, i2] = ix_.locate(earlier);
     problem(fmt::format("rank {}: {} (op #{}) comes before {} (op #{}); {}", r, op_to_text(op(later)), i,
@@ -256,19 +287,11 @@ class Checker {
     const int V = st.virtual_stages();
     const int keys = ix_.keys();
     // Every cross-rank data dependency needs its SEND on the producer's rank and its RECV on the consumer's.
-    // The SEND/RECV ops of a key are far apart in memory: fetch those of a key a few
-    // steps ahead so that reading their peer and bytes below does not stall.
-    constexpr int kAhead = 8;
-    auto prefetch = [&](int k) {
-      if (k >= keys) return;
-      for (detail::Slot slot : {detail::kSlotSendF, detail::kSlotRecvF, detail::kSlotSendB, detail::kSlotRecvB}) {
-        const int g = ix_.cell(slot, k);
-        if (g >= 0) __builtin_prefetch(&op(g));
-      }
-    };
-    for (int k = 0; k < kAhead; ++k) prefetch(k);
+    // An op filed under key k in a compute or SEND slot is on the rank that runs k's
+    // virtual stage (build_index files it by its own rank's stage), so only a RECV
+    // (filed by its peer's stage) needs locate().
+    auto key_rank = [&](int k) { return st.rank_of[static_cast<std::size_t>(ix_.stage_of_key(k))]; };
     for (int k = 0; k < keys; ++k) {
-      prefetch(k + kAhead);
       const int vs = ix_.stage_of_key(k);
       for (int which = 0; which < 2; ++which) {
         const bool fwd = which == 0;
@@ -276,10 +299,10 @@ class Checker {
         const int send = ix_.cell(fwd ? detail::kSlotSendF : detail::kSlotSendB, k);
         const int recv = ix_.cell(fwd ? detail::kSlotRecvF : detail::kSlotRecvB, k);
         const int to = fwd ? vs + 1 : vs - 1;
-        const bool cross = prod >= 0 && to >= 0 && to < V &&
-                           st.rank_of[static_cast<std::size_t>(to)] != rank_of(prod);
+        const int here = key_rank(k);
+        const bool cross = prod >= 0 && to >= 0 && to < V && st.rank_of[static_cast<std::size_t>(to)] != here;
         if (cross) {
-          const int from_rank = rank_of(prod);
+          const int from_rank = here;
           const int to_rank = st.rank_of[static_cast<std::size_t>(to)];
           const OpKind payload = fwd ? OpKind::F : OpKind::B;
           // Texts only when there is something to report.
@@ -294,20 +317,25 @@ class Checker {
           else if (recv < 0)
             problem(fmt::format("{} has no matching {} on rank {}", where(send), r_text(), to_rank));
           else {
-            const Op& so = op(send);
-            const Op& ro = op(recv);
-            if (rank_of(send) != from_rank)
-              problem(fmt::format("{}: {} is produced on rank {}, so the SEND belongs there", where(send),
-                                  op_to_text(op(prod)), from_rank));
-            else if (so.peer != to_rank)
+            // Gathered by note_transfer (send and recv are the ops filed here).
+            const std::size_t at = static_cast<std::size_t>(k) * 2 + (fwd ? 0 : 1);
+            const int send_peer = send_peer_[at];
+            // The RECV is almost always where it belongs: a range test, not locate().
+            const int recv_rank = recv >= ix_.offset[static_cast<std::size_t>(to_rank)] &&
+                                          recv < ix_.offset[static_cast<std::size_t>(to_rank) + 1]
+                                      ? to_rank
+                                      : rank_of(recv);
+            // A SEND filed under this key is on the producer's rank by construction
+            // (key_rank), so only its peer can be wrong.
+            if (send_peer != to_rank)
               problem(fmt::format("{} goes to rank {} but the consumer (virtual stage {}) runs on rank {}",
-                                  where(send), so.peer, to, to_rank));
-            if (rank_of(recv) != to_rank)
+                                  where(send), send_peer, to, to_rank));
+            if (recv_rank != to_rank)
               problem(fmt::format("{}: the consumer (virtual stage {}) runs on rank {}, so the RECV belongs there",
                                   where(recv), to, to_rank));
-            if (so.bytes != ro.bytes)
-              problem(fmt::format("{} carries {} bytes but {} expects {}", where(send), so.bytes, where(recv),
-                                  ro.bytes));
+            if (send_bytes_[at] != recv_bytes_[at])
+              problem(fmt::format("{} carries {} bytes but {} expects {}", where(send), send_bytes_[at], where(recv),
+                                  recv_bytes_[at]));
           }
           continue;
         }
@@ -327,33 +355,33 @@ class Checker {
     }
   }
 
-  ValidationReport memory() const {
-    ValidationReport report;
-    report.ranks.resize(plan_.ranks.size());
-    for (std::size_t r = 0; r < plan_.ranks.size(); ++r) {
-      int inflight = 0;
-      double bytes = 0;
-      RankMemory& mem = report.ranks[r];
-      for (const Op& o : plan_.ranks[r]) {
-        if (!is_compute(o.kind)) continue;
-        if (o.kind == OpKind::F) ++inflight;
-        if (o.kind == OpKind::B || o.kind == OpKind::BW) --inflight;
-        bytes += o.mem_bytes;
-        mem.peak_inflight = std::max(mem.peak_inflight, inflight);
-        mem.peak_activation_bytes = std::max(mem.peak_activation_bytes, bytes);
-      }
-    }
-    return report;
+  /// The memory report, walked in check_fields' pass over the ops (one pass over a
+  /// plan of millions of ops instead of two); returned only once every check passed.
+  void note_memory(const Op& o, RankMemory& mem, int& inflight, double& bytes) const {
+    if (!detail::compute_kind(o.kind)) return;
+    if (o.kind == OpKind::F) ++inflight;
+    if (o.kind == OpKind::B || o.kind == OpKind::BW) --inflight;
+    bytes += o.mem_bytes;
+    mem.peak_inflight = std::max(mem.peak_inflight, inflight);
+    mem.peak_activation_bytes = std::max(mem.peak_activation_bytes, bytes);
   }
+  ValidationReport memory() { return std::move(report_); }
 
   const Plan& plan_;
+  const ValidateOptions& options_;
   detail::PlanIndex ix_;
   std::vector<std::string> problems_;
+  ValidationReport report_;  ///< filled by check_fields
+  std::vector<int> send_peer_;                ///< [key·2 + (payload B)] peer of the SEND filed there
+  std::vector<std::int64_t> send_bytes_;      ///< … its bytes
+  std::vector<std::int64_t> recv_bytes_;      ///< … bytes of the RECV filed there
   std::size_t count_ = 0;
 };
 
 }  // namespace
 
-ValidationReport validate(const Plan& plan) { return Checker(plan).run(); }
+ValidationReport validate(const Plan& plan) { return Checker(plan, ValidateOptions{}).run(); }
+
+ValidationReport validate(const Plan& plan, const ValidateOptions& options) { return Checker(plan, options).run(); }
 
 }  // namespace tdpipe::ir

@@ -7,9 +7,15 @@ namespace tdpipe::traces {
 
 TraceEvent event_of(const ir::Op& op, int rank, std::int64_t start_ns, std::int64_t end_ns) {
   TraceEvent e;
+  fill_event(e, op, rank, start_ns, end_ns);
+  return e;
+}
+
+void fill_event(TraceEvent& e, const ir::Op& op, int rank, std::int64_t start_ns, std::int64_t end_ns) {
   e.rank = rank;
   e.stream = static_cast<int>(op.stream);
-  e.name = ir::op_to_text(op);
+  char name[ir::kOpTextMax];
+  e.name.assign(name, ir::op_to_chars(op, name, sizeof name));
   e.kind = op.kind;
   e.mb = op.mb;
   e.chunk = op.chunk;
@@ -18,7 +24,6 @@ TraceEvent event_of(const ir::Op& op, int rank, std::int64_t start_ns, std::int6
   e.bytes = op.bytes;
   e.start_ns = start_ns;
   e.dur_ns = end_ns - start_ns;
-  return e;
 }
 
 }  // namespace tdpipe::traces

@@ -6,6 +6,7 @@
 // a stream other than the kind's default is suffixed `@p2p` / `@dp` / `@compute`.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -17,6 +18,11 @@ namespace tdpipe::ir {
 
 /// One op in the text form, e.g. "F0.c1:s2".
 std::string op_to_text(const Op& op);
+/// The longest text form of one op (kind, payload, four ints, stream suffix) fits.
+inline constexpr std::size_t kOpTextMax = 96;
+/// op_to_text into `out` without allocating (callers naming millions of ops); writes
+/// at most `capacity` chars, no terminator, and returns how many it wrote.
+std::size_t op_to_chars(const Op& op, char* out, std::size_t capacity);
 /// Whole plan, one line per rank.
 std::string to_text(const Plan& plan);
 /// Parses the text form; throws tdpipe::Error naming line and token on bad input.

@@ -39,4 +39,9 @@ using DurationFn = std::function<std::int64_t(const Op& op, int rank)>;
 /// order deadlocks.
 ReplayResult replay(const Plan& plan, const DurationFn& duration);
 
+/// replay() with the timing in one array, rank after rank: op i of rank r at
+/// (ops of ranks 0 … r−1) + i. Saves ReplayResult's per-rank copy (16 bytes an op)
+/// where millions of ops are replayed (the analytic evaluator).
+std::vector<OpTiming> replay_flat(const Plan& plan, const DurationFn& duration);
+
 }  // namespace tdpipe::ir

@@ -22,4 +22,17 @@ struct ValidationReport {
 /// Throws tdpipe::Error naming the ranks and ops involved.
 ValidationReport validate(const Plan& plan);
 
+struct ValidateOptions {
+  /// Replay the plan to prove that blocking send/recv cannot deadlock. Every check
+  /// runs by default; ir::lower's output is deadlock-free by construction (its
+  /// replay of the compute-only plan succeeded and it posts transfers in that
+  /// replay's one global order, see lowering.cpp), so planner::build_plan skips
+  /// the replay for the plan lower() just returned. A plan from anywhere else
+  /// (a file, a hand edit) must be validated with the replay.
+  bool check_deadlock = true;
+};
+
+/// validate(plan) with options; the other checks always run.
+ValidationReport validate(const Plan& plan, const ValidateOptions& options);
+
 }  // namespace tdpipe::ir

@@ -32,6 +32,10 @@ struct TraceEvent {
 /// The event of plan op `op` on `rank` from `start_ns` to `end_ns`, named by its text
 /// form (ir::op_to_text) so predicted and measured traces pair op for op.
 TraceEvent event_of(const ir::Op& op, int rank, std::int64_t start_ns, std::int64_t end_ns);
+/// event_of into an existing event (e.g. one emplaced at the end of Trace::events):
+/// no temporary, and the name formatted without a heap string (one allocation only
+/// for a name longer than std::string's inline buffer).
+void fill_event(TraceEvent& event, const ir::Op& op, int rank, std::int64_t start_ns, std::int64_t end_ns);
 
 struct Trace {
   std::string origin;    ///< "analytic", "simgrid", "cpu", "cuda", or "chrome" for foreign traces
