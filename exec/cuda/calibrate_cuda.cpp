@@ -174,8 +174,8 @@ traces::Profile calibrate(const ir::Plan& plan, const CudaCalibrateOptions& opti
   prof.platform.threads_per_rank = 1;
   std::ostringstream desc;
   desc << ranks << " pipeline ranks sharing one " << r.device_name
-       << " over the loopback transport (each rank its own streams); op times measured with CUDA events "
-          "inside the running schedule, so they include the sharing of the GPU";
+       << " over the loopback transport (each rank its own streams); op times are each op's work alone on "
+          "the GPU, deduced from CUDA-event times inside the running schedule by processor sharing of the GPU";
   prof.platform.description = desc.str();
   std::vector<double> iters(r.run.iteration_seconds.begin() + options.warmup_steps, r.run.iteration_seconds.end());
   std::ostringstream it;
@@ -187,6 +187,10 @@ traces::Profile calibrate(const ir::Plan& plan, const CudaCalibrateOptions& opti
   prof.metadata["data"] = std::to_string(plan.data);
   prof.metadata["measured_steps"] = std::to_string(options.steps);
   prof.metadata["median_iteration_seconds"] = it.str();
+  std::ostringstream span;
+  span.precision(9);
+  span << cpu::median_trace_iteration_seconds(measured);
+  prof.metadata["median_trace_iteration_seconds"] = span.str();
   prof.metadata["dtype"] = "bf16 GEMMs, fp32 accumulation";
   prof.metadata["transport"] = "loopback";
   return prof;

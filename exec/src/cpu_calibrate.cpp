@@ -14,6 +14,7 @@
 #include "tdpipe/exec/interpreter.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/traces/handoff.hpp"
+#include "tdpipe/traces/metrics.hpp"
 #include "tdpipe/traces/sharing.hpp"
 
 namespace tdpipe::exec::cpu {
@@ -117,6 +118,12 @@ std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vect
   return ops;
 }
 
+double median_trace_iteration_seconds(const std::vector<traces::Trace>& traces) {
+  std::vector<double> spans;
+  for (const auto& t : traces) spans.push_back(static_cast<double>(traces::compute_metrics(t).iteration_ns) * 1e-9);
+  return median(std::move(spans));
+}
+
 // The fastest of a few rounds: on a shared machine preemption only ever adds time,
 // and a single slow small-message round must not hide the bandwidth term.
 template <class Measure>
@@ -199,6 +206,7 @@ traces::Profile calibrate(const ir::Plan& plan, const CalibrateOptions& options)
   prof.metadata["data"] = std::to_string(plan.data);
   prof.metadata["measured_steps"] = std::to_string(options.steps);
   prof.metadata["median_iteration_seconds"] = fmt::format("{:.9g}", median(iters));
+  prof.metadata["median_trace_iteration_seconds"] = fmt::format("{:.9g}", median_trace_iteration_seconds(measured));
   prof.metadata["dtype"] = "f64";
   return prof;
 }

@@ -264,6 +264,11 @@ TEST_CASE("calibration measures every op kind per virtual stage and the transpor
   REQUIRE(prof.metadata.count("p2p_latency_samples") == 1);
   CHECK(std::stoi(prof.metadata.at("p2p_latency_samples")) >= 3);
   CHECK(std::stod(prof.metadata.at("p2p_latency_microbenchmark_seconds")) > 0);
+  // Every step's trace lies inside its wall-clock step, so the medians keep that order.
+  const double span = std::stod(prof.metadata.at("median_trace_iteration_seconds"));
+  CHECK(span > 0);
+  CHECK(span <= std::stod(prof.metadata.at("median_iteration_seconds")));
+  CHECK(prof.platform.shared_capacity == prof.platform.cores);
 }
 
 }  // namespace tdpipe::exec

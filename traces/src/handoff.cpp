@@ -119,10 +119,9 @@ std::optional<HandoffFit> fit_handoff_latency(const ir::Plan& plan, const std::v
     }
   }
   if (static_cast<int>(samples.size()) < min_samples || samples.empty()) return std::nullopt;
-  std::sort(samples.begin(), samples.end());
-  const std::size_t n = samples.size();
-  const double med = n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
-  return HandoffFit{std::max(0.0, med), static_cast<int>(n)};
+  double sum = 0;
+  for (double x : samples) sum += x;
+  return HandoffFit{std::max(0.0, sum / static_cast<double>(samples.size())), static_cast<int>(samples.size())};
 }
 
 void fit_profile_p2p_latency(Profile& profile, const ir::Plan& plan, const std::vector<Trace>& steps) {

@@ -27,6 +27,11 @@ struct CalibrateOptions {
 std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vector<traces::Trace>& traces,
                                           double shared_capacity = 0);
 
+/// Median over `traces` of each step trace's span (first event start to last event
+/// end): the iteration a prediction from the profile should reproduce, without the
+/// per-step set-up outside the trace that the wall-clock step time also holds.
+double median_trace_iteration_seconds(const std::vector<traces::Trace>& traces);
+
 /// Latency (a 8-byte message) and bandwidth (1 MiB) of a SEND/RECV pair between two
 /// rank threads over CpuFabric, and of a 2-member ring all-reduce (bus bandwidth).
 struct TransportMeasurement {
