@@ -185,12 +185,13 @@ void add_sim_command(CLI::App& app) {
   cmd->add_option("--schedule", args->schedule, "Schedule, or `all` (default: the scenario's)")
       ->check(CLI::IsMember(names));
   cmd->add_option("--slices", args->slices, "Temporal slices S (tdpipe)")->check(CLI::PositiveNumber);
-  cmd->add_option("--profile", args->profile,
+  CLI::Option* profile = cmd->add_option("--profile", args->profile,
                   "Calibration profile (from `tdpipe calibrate`): its op times and, unless --profile-ops-only, "
                   "its transport replace the cost model's (either engine)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--profile-ops-only", args->profile_ops_only,
-                "Take only op times from --profile and keep the scenario's links (predicting another cluster)");
+                "Take only op times from --profile and keep the scenario's links (predicting another cluster)")
+      ->needs(profile);
   cmd->add_flag("--json", args->json, "Print JSON instead of a table");
   cmd->add_option("--trace-out", args->trace_out,
                   "Write the predicted trace (Chrome/Perfetto JSON); with `all`, one file per schedule");

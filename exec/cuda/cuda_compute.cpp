@@ -100,7 +100,7 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
   named.mb = op.mb;
   named.chunk = op.chunk;
   named.slice = op.slice;
-  NvtxRange range("r" + std::to_string(rank_) + " " + trace_name(named));
+  NvtxRange range(std::string("r") + std::to_string(rank_) + " " + trace_name(named));
   cudaStream_t stream = ctx_->compute();
   if (op.kind == ir::OpKind::OPT) {
     for (auto& s : stages_) s.adam(options_.adam, step_ + 1);

@@ -99,7 +99,7 @@ void LoopbackFabric::all_reduce(int rank, int replica, int data, long call, cons
 void LoopbackTransport::post(std::span<P2POp> batch) {
   ctx_->bind();
   const int self = replica_ * stages_ + rank_;
-  NvtxRange range("r" + std::to_string(self) + " p2p batch of " + std::to_string(batch.size()));
+  NvtxRange range(std::string("r") + std::to_string(self) + " p2p batch of " + std::to_string(batch.size()));
   // Checked before anything is posted: a batch is posted whole or not at all.
   std::string labels;
   for (const P2POp& op : batch) {
@@ -184,7 +184,7 @@ void LoopbackTransport::drain(const std::vector<std::shared_ptr<RendezvousTicket
 
 void LoopbackTransport::all_reduce(const Buffer& buffer, int tag) {
   ctx_->bind();
-  NvtxRange range("r" + std::to_string(replica_ * stages_ + rank_) + " ALLREDUCE(b" + std::to_string(tag) + ")");
+  NvtxRange range(std::string("r") + std::to_string(replica_ * stages_ + rank_) + " ALLREDUCE(b" + std::to_string(tag) + ")");
   fabric_->all_reduce(rank_, replica_, data_, calls_++, buffer, *ctx_);
 }
 

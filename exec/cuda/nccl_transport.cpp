@@ -31,7 +31,7 @@ void NcclTransport::wait(cudaStream_t stream, ncclComm_t comm) {
 
 void NcclTransport::post(std::span<P2POp> batch) {
   ctx_->bind();
-  NvtxRange range("r" + std::to_string(replica_ * stages_ + rank_) + " nccl batch of " + std::to_string(batch.size()));
+  NvtxRange range(std::string("r") + std::to_string(replica_ * stages_ + rank_) + " nccl batch of " + std::to_string(batch.size()));
   // Everything is checked before the group opens: a throw between ncclGroupStart
   // and ncclGroupEnd would leave the group open for every later NCCL call.
   for (const P2POp& op : batch) {
@@ -66,7 +66,7 @@ void NcclTransport::post(std::span<P2POp> batch) {
 
 void NcclTransport::all_reduce(const Buffer& buffer, int tag) {
   ctx_->bind();
-  NvtxRange range("r" + std::to_string(replica_ * stages_ + rank_) + " ALLREDUCE(b" + std::to_string(tag) + ")");
+  NvtxRange range(std::string("r") + std::to_string(replica_ * stages_ + rank_) + " ALLREDUCE(b" + std::to_string(tag) + ")");
   if (dp_ == nullptr) return;
   if (buffer.dtype != DType::F32) throw Error("NCCL all-reduce: expected fp32 gradients");
   TDPIPE_NCCL_CHECK(ncclAllReduce(buffer.data.get(), buffer.data.get(), static_cast<std::size_t>(buffer.elements),
