@@ -4,7 +4,7 @@
 # the GPU machine, after `scripts/gpu-carry.sh` ran on the dev machine and .carry/
 # travelled with the tree (device tool: carry: [".carry"]):
 #
-#   scripts/gpu-check.sh [OUT_DIR]        (default: $OUT/gpu-check or /tmp/gpu-check)
+#   scripts/gpu-check.sh [OUT_DIR]        (default: /tmp/gpu-check)
 #
 #  1. builds the `gpu` preset (CUDA toolkit + carried header-only libraries, no yaml-cpp);
 #  2. CUDA vs CPU backend on the tiny scenario — 1f1b, zb-h1, tdpipe S=4, 4 stages,
@@ -15,7 +15,10 @@
 #  4. a 4-stage pipeline of each main schedule on the loopback transport: measured
 #     traces, `tdpipe calibrate --backend cuda`, `tdpipe sim --engine analytic --profile`
 #     (SimGrid is not there) and `tdpipe compare` (median iteration-time error printed; goal ≤ 5 %).
-# Everything lands in OUT_DIR (traces/, profiles/, *.json, *.log, summary.txt).
+# Everything lands in OUT_DIR (traces/, profiles/, *.json, *.log, summary.txt). Where
+# $OUT is set (the device tool, which returns at most 8 files from it), the script
+# also leaves there summary.txt and gpu-check.tar.gz of OUT_DIR — on every exit, a
+# failed build's logs included. Unpack it into traces/samples/h200/DATE/ to commit.
 #
 # Rehearsal without a GPU: GPU_CHECK_BACKEND=cpu GPU_CHECK_BUILD=build/DIR runs every
 # step's scripting with the CPU backend on a built tree (no preset build, no ctest -L
@@ -24,8 +27,15 @@
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-out="${1:-${OUT:-/tmp}/gpu-check}"
+out="${1:-/tmp/gpu-check}"
 mkdir -p "$out/traces" "$out/profiles"
+pack() {
+  if [ -n "${OUT:-}" ] && [ -d "$OUT" ] && [ "$(cd "$OUT" && pwd)" != "$(cd "$out" && pwd)" ]; then
+    cp "$out/summary.txt" "$OUT/summary.txt" 2>/dev/null
+    tar czf "$OUT/gpu-check.tar.gz" -C "$out" . 2>/dev/null
+  fi
+}
+trap pack EXIT
 t_start=$(date +%s)
 step() { echo; echo "== [$(( $(date +%s) - t_start )) s] $*" | tee -a "$out/summary.txt"; }
 say() { echo "$*" | tee -a "$out/summary.txt"; }
@@ -161,4 +171,5 @@ if errs:
 PY
 
 step "done in $(( $(date +%s) - t_start )) s — results in $out (summary.txt)"
-echo "To keep: copy $out/traces/*.cuda.json and $out/profiles/*.json to traces/samples/h200/$(date +%Y-%m-%d)/"
+echo "To keep: traces/*.$backend.json, traces/*.predicted.json and profiles/*.json of $out (or of"
+echo "\$OUT/gpu-check.tar.gz) go to traces/samples/h200/$(date +%Y-%m-%d)/, the figures to docs/BENCHMARKS.md"
