@@ -35,6 +35,7 @@
 #include <fmt/format.h>
 
 #include "plan_index.hpp"
+#include "prefault.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/plan_io.hpp"
 #include "tdpipe/ir/replay.hpp"
@@ -75,8 +76,13 @@ class Lowerer {
     out.scenario = plan_.scenario;
     out.ranks.resize(plan_.ranks.size());
     new_index_.resize(plan_.ranks.size());
+    // The output's key range is the input's only where the plan states m and S; a
+    // compute-only plan with duplicate ops is left to the validator's own index.
+    reindex_ = reindex_ && ix_.duplicates.empty() && plan_.microbatches > 0 && plan_.slices > 0;
+    if (reindex_) new_offset_.assign(static_cast<std::size_t>(ranks) + 1, 0);
     for (int r = 0; r < ranks; ++r) {
       lower_rank(r, out.ranks[static_cast<std::size_t>(r)]);
+      if (reindex_) reindex(r, out.ranks[static_cast<std::size_t>(r)]);
       // Only rank r reads these (its sends were copied into its receivers' lists):
       // the peak is at the last rank, with the whole output built.
       std::vector<int>().swap(sends_[static_cast<std::size_t>(r)]);
@@ -91,17 +97,28 @@ class Lowerer {
             ref.index < static_cast<int>(plan_.ranks[static_cast<std::size_t>(ref.rank)].size()))
           ref.index = new_index_[static_cast<std::size_t>(ref.rank)][static_cast<std::size_t>(ref.index)];
       }
+    if (reindex_) ix_.offset = std::move(new_offset_);
     return out;
   }
 
+  /// Makes run() leave the output's index (as detail::build_index builds it) in
+  /// place of the input's, for the validator; index_kept() says whether it did.
+  void keep_index() { reindex_ = true; }
+  bool index_kept() const { return reindex_; }
+  detail::PlanIndex take_index() { return std::move(ix_); }
+
  private:
   static constexpr int kSendItem = -2;
-  /// One comm op of a rank, 12 bytes (a lowered plan has millions): bounds and ready
-  /// times are read from position_ and ends_ when needed.
+  /// One comm op of the rank being lowered (one rank's at a time, the buffer reused):
+  /// bounds and ready times are read from position_ and ends_ when needed; the
+  /// producer's ids and bytes are noted when the item is made (the producer op is
+  /// in cache then, and long out of it when the comm op is written).
   struct CommItem {
     int peer;      ///< SEND: the receiving rank; RECV: the sending rank
     int producer;  ///< the producer's old index on the sending rank
     int consumer;  ///< RECV: the consumer's old index on this rank, −1 none; SEND: kSendItem
+    Edge edge;     ///< the producer's ids (output_edge)
+    std::int64_t bytes;  ///< bytes_of(producer)
     bool is_send() const { return consumer == kSendItem; }
   };
 
@@ -168,6 +185,12 @@ class Lowerer {
     }
   }
 
+  /// The reference timeline's cost of a compute op: ≥ 1 ns, so that a consumer
+  /// always ends strictly after its producer.
+  static std::int64_t reference_ns(const Op& op) {
+    return std::max<std::int64_t>(1, std::llround(std::max(0.0, op.est_seconds) * 1e9));
+  }
+
   /// Stamps every cross-rank dependency with its producer's end in a replay of the
   /// compute-only plan (ends_) and lists each rank's outgoing transfers (sends_) and,
   /// per receiving rank, the same transfers seen from there (incoming_). The one
@@ -183,21 +206,25 @@ class Lowerer {
   /// do decrease somewhere (compute ops put on several streams by hand) sorts each
   /// rank's transfers instead (sorted_ false).
   void plan_transfers() {
-    std::vector<OpTiming> timeline;  // by global index
-    try {
-      // A synthetic scenario states its p2p latency: the reference then is the
-      // zero-bubble paper's event timeline itself.
-      const std::int64_t latency =
-          plan_.scenario.synthetic ? std::llround(std::max(0.0, plan_.scenario.synthetic->p2p_latency_seconds) * 1e9)
-                                   : 0;
-      timeline = detail::replay_flat(plan_, ix_, [latency](const Op& op, int) -> std::int64_t {
-        if (op.kind == OpKind::SEND) return latency;
-        if (!is_compute(op.kind)) return 0;
-        // ≥ 1 ns: a consumer then always ends strictly after its producer.
-        return std::max<std::int64_t>(1, std::llround(std::max(0.0, op.est_seconds) * 1e9));
-      });
-    } catch (const Error& e) {
-      throw Error(fmt::format("lower: the compute-only order cannot run to the end: {}", e.what()));
+    std::vector<std::int64_t> timeline;  // end by global index
+    // A synthetic scenario states its p2p latency: the reference then is the
+    // zero-bubble paper's event timeline itself.
+    const std::int64_t latency =
+        plan_.scenario.synthetic ? std::llround(std::max(0.0, plan_.scenario.synthetic->p2p_latency_seconds) * 1e9)
+                                 : 0;
+    {
+      std::vector<OpTiming> timing;
+      try {
+        timing = detail::replay_flat(plan_, ix_, [latency](const Op& op, int) -> std::int64_t {
+          if (op.kind == OpKind::SEND) return latency;
+          if (!is_compute(op.kind)) return 0;
+          return reference_ns(op);
+        });
+      } catch (const Error& e) {
+        throw Error(fmt::format("lower: the compute-only order cannot run to the end: {}", e.what()));
+      }
+      timeline.resize(timing.size());
+      for (std::size_t g = 0; g < timing.size(); ++g) timeline[g] = timing[g].end_ns;
     }
     const int ranks = plan_.num_ranks();
     ends_.resize(plan_.ranks.size());
@@ -209,10 +236,10 @@ class Lowerer {
     for (int r = 0; r < ranks; ++r) {
       const auto& in = plan_.ranks[static_cast<std::size_t>(r)];
       const auto& compute = compute_[static_cast<std::size_t>(r)];
-      const OpTiming* timing = timeline.data() + ix_.offset[static_cast<std::size_t>(r)];
+      const std::int64_t* timing = timeline.data() + ix_.offset[static_cast<std::size_t>(r)];
       auto& ends = ends_[static_cast<std::size_t>(r)];
       ends.reserve(compute.size());
-      for (int i : compute) ends.push_back(timing[i].end_ns);
+      for (int i : compute) ends.push_back(timing[i]);
       auto& out = sends_[static_cast<std::size_t>(r)];
       for (int pos = 0; pos < static_cast<int>(compute.size()); ++pos) {
         Edge e;
@@ -223,7 +250,9 @@ class Lowerer {
         ++recv_count[static_cast<std::size_t>(e.peer)];
       }
     }
-    std::vector<OpTiming>().swap(timeline);
+    std::vector<std::int64_t>().swap(timeline);
+    // Each receiver's list sized once (grown by doubling, the freed blocks would stay
+    // resident at the peak).
     for (int r = 0; r < ranks; ++r)
       incoming_[static_cast<std::size_t>(r)].reserve(recv_count[static_cast<std::size_t>(r)]);
     // Senders in rank order: each receiver's list is one run per sender, each run in
@@ -310,7 +339,7 @@ class Lowerer {
     Edge e;
     output_edge(op, t.from, e);
     if (t.from == r) {
-      seq_.push_back({e.peer, producer, kSendItem});
+      seq_.push_back({e.peer, producer, kSendItem, e, bytes_of(op)});
       return;
     }
     int consumer = -1;
@@ -319,7 +348,7 @@ class Lowerer {
     if (g >= ix_.offset[static_cast<std::size_t>(r)] && g < ix_.offset[static_cast<std::size_t>(r) + 1])
       consumer = g - ix_.offset[static_cast<std::size_t>(r)];
     if (consumer >= 0) input_of_[static_cast<std::size_t>(consumer)] = static_cast<int>(seq_.size());
-    seq_.push_back({t.from, producer, consumer});
+    seq_.push_back({t.from, producer, consumer, e, bytes_of(op)});
   }
 
   /// Where comm item `c` of rank r may go: a SEND after its producer (position),
@@ -383,15 +412,17 @@ class Lowerer {
     return slot;
   }
 
-  /// DP buckets: the ALLREDUCEs to list after compute op k (position), per k.
+  /// DP buckets: the ALLREDUCEs to list after compute op k (position), per k; empty
+  /// (no list at all) without DP reduction.
   std::vector<std::vector<Op>> buckets(int r, int& last_backward) const {
     const auto& in = plan_.ranks[static_cast<std::size_t>(r)];
     const auto& compute = compute_[static_cast<std::size_t>(r)];
-    std::vector<std::vector<Op>> after(compute.size());
+    std::vector<std::vector<Op>> after;
     last_backward = -1;
     for (int k = 0; k < static_cast<int>(compute.size()); ++k)
       if (is_backward(in[static_cast<std::size_t>(compute[static_cast<std::size_t>(k)])].kind)) last_backward = k;
     if (plan_.data <= 1 || !options_.grad_bytes || last_backward < 0) return after;
+    after.resize(compute.size());
     const int chunks = ix_.stages.chunks;
     std::vector<int> last_of_chunk(static_cast<std::size_t>(chunks), -1);
     for (int k = 0; k < static_cast<int>(compute.size()); ++k) {
@@ -424,6 +455,24 @@ class Lowerer {
     return after;
   }
 
+  /// Rank r is lowered: its entries of ix_ become the output's. Nothing reads rank r's
+  /// compute cells after this (append_item looks up consumers on the rank being
+  /// lowered only, and they are filed under that rank's stages), so they are cleared
+  /// and the rank's output ops filed as build_index files them, with the output's
+  /// global indices. The SEND/RECV cells were empty (the input has compute ops only).
+  void reindex(int r, const std::vector<Op>& out) {
+    const int per_stage = ix_.microbatches * ix_.slices;
+    for (int c = 0; c < ix_.stages.chunks; ++c) {
+      const int vs = ix_.stages.stage_of(r, c);
+      if (vs < 0) continue;
+      for (int k = vs * per_stage; k < (vs + 1) * per_stage; ++k)
+        for (int slot : {detail::kSlotF, detail::kSlotBwd, detail::kSlotW}) ix_.cell(slot, k) = -1;
+    }
+    const int base = new_offset_[static_cast<std::size_t>(r)];
+    new_offset_[static_cast<std::size_t>(r) + 1] = base + static_cast<int>(out.size());
+    detail::file_ops(ix_, out, r, base);
+  }
+
   void lower_rank(int r, std::vector<Op>& out) {
     const auto& in = plan_.ranks[static_cast<std::size_t>(r)];
     const auto& compute = compute_[static_cast<std::size_t>(r)];
@@ -437,7 +486,7 @@ class Lowerer {
     std::vector<std::vector<Op>> after = buckets(r, last_backward);
     std::size_t dp_count = 0;
     for (const auto& a : after) dp_count += a.size();
-    out.reserve(compute.size() + seq.size() + dp_count + 1);
+    detail::reserve_prefaulted(out, compute.size() + seq.size() + dp_count + 1);
 
     const std::vector<int> slot = slots(r);
     std::vector<int> recv_new(seq.size(), -1);  // [seq index] the RECV's new index
@@ -456,20 +505,14 @@ class Lowerer {
           const bool send = c.is_send();
           if (send != (pass == 0)) continue;
           if (!send) recv_new[i] = static_cast<int>(out.size());
-          // The edge and bytes come from the producer (on this rank for a SEND, on the
-          // peer for a RECV): nothing per transfer is kept besides the comm items.
-          const int from = send ? r : c.peer;
-          const Op& producer = plan_.ranks[static_cast<std::size_t>(from)][static_cast<std::size_t>(c.producer)];
-          Edge e;
-          output_edge(producer, from, e);
           // Built in place: a lowered plan has millions of ops, each copy counts.
           Op& op = out.emplace_back();
-          fill_comm_op(op, send ? OpKind::SEND : OpKind::RECV, e, c.peer, bytes_of(producer));
+          fill_comm_op(op, send ? OpKind::SEND : OpKind::RECV, c.edge, c.peer, c.bytes);
           op.batch = batch;
           if (send) op.deps.push_back({r, new_index[static_cast<std::size_t>(c.producer)]});
         }
       next = end;
-      if (s > 0) {
+      if (s > 0 && !after.empty()) {
         for (Op& ar : after[static_cast<std::size_t>(s - 1)]) {
           ar.deps.push_back({r, new_index[static_cast<std::size_t>(compute[static_cast<std::size_t>(s - 1)])]});
           allreduces.push_back({r, static_cast<int>(out.size())});
@@ -529,6 +572,8 @@ class Lowerer {
   std::vector<std::vector<int>> new_index_;  ///< [rank][old index] → new index
   /// Copied ops (rank, new index, how many leading deps) whose deps need new indices.
   std::vector<std::tuple<int, int, int>> remap_;
+  bool reindex_ = false;          ///< turn ix_ into the output's index (keep_index)
+  std::vector<int> new_offset_;   ///< the output's PlanIndex::offset, while reindexing
 };
 
 }  // namespace
@@ -537,6 +582,24 @@ Plan lower(const Plan& compute_only, const LoweringOptions& options) {
   if (compute_only.lowered)
     throw Error("lower: the plan is already lowered (plan.lowered is true); lower the compute-only plan");
   return Lowerer(compute_only, options).run();
+}
+
+LoweredPlan lower_validated(const Plan& compute_only, const LoweringOptions& options,
+                            const ValidateOptions& checks) {
+  if (compute_only.lowered)
+    throw Error("lower: the plan is already lowered (plan.lowered is true); lower the compute-only plan");
+  LoweredPlan out;
+  detail::PlanIndex index;
+  bool kept = false;
+  {  // the lowerer's tables go before the validator's are built
+    Lowerer lowerer(compute_only, options);
+    lowerer.keep_index();
+    out.plan = lowerer.run();
+    kept = lowerer.index_kept();
+    if (kept) index = lowerer.take_index();
+  }
+  out.report = kept ? detail::validate_indexed(out.plan, std::move(index), checks) : validate(out.plan, checks);
+  return out;
 }
 
 }  // namespace tdpipe::ir

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "prefault.hpp"
+
 namespace tdpipe::ir::detail {
 
 StageMap make_stage_map(const Plan& plan) {
@@ -41,39 +43,46 @@ std::pair<int, int> PlanIndex::locate(int global) const {
   return {rank, global - offset[static_cast<std::size_t>(rank)]};
 }
 
-PlanIndex build_index(const Plan& plan) {
+PlanIndex start_index(const Plan& plan) {
   PlanIndex ix;
   ix.stages = make_stage_map(plan);
   ix.microbatches = std::max(plan.microbatches, 0);
   ix.slices = std::max(plan.slices, 1);
   ix.offset.assign(static_cast<std::size_t>(plan.num_ranks()) + 1, 0);
-  for (int r = 0; r < plan.num_ranks(); ++r) {
-    const auto& ops = plan.ranks[static_cast<std::size_t>(r)];
-    ix.offset[static_cast<std::size_t>(r) + 1] =
-        ix.offset[static_cast<std::size_t>(r)] + static_cast<int>(ops.size());
-    // Without m and S in the plan, the key range comes from the ops themselves (an
-    // op outside a stated range is not filed; the validator reports it).
-    if (plan.microbatches <= 0 || plan.slices <= 0)
+  // Without m and S in the plan, the key range comes from the ops themselves (an
+  // op outside a stated range is not filed; the validator reports it).
+  if (plan.microbatches <= 0 || plan.slices <= 0)
+    for (const auto& ops : plan.ranks)
       for (const Op& op : ops) {
         if (op.mb >= ix.microbatches && op.mb < (1 << 24)) ix.microbatches = op.mb + 1;
         if (op.slice >= ix.slices && op.slice < (1 << 16)) ix.slices = op.slice + 1;
       }
-  }
   const std::size_t keys = static_cast<std::size_t>(ix.microbatches) *
                            static_cast<std::size_t>(ix.stages.virtual_stages()) *
                            static_cast<std::size_t>(ix.slices);
-  ix.cells.assign(keys * kSlots, -1);
-  for (int r = 0; r < plan.num_ranks(); ++r) {
-    const auto& ops = plan.ranks[static_cast<std::size_t>(r)];
-    const int base = ix.offset[static_cast<std::size_t>(r)];
-    for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
-      const auto [slot, key] = slot_and_key(ix, ops[static_cast<std::size_t>(i)], r);
-      if (key < 0) continue;
-      auto& cell = ix.cell(slot, key);
-      if (cell < 0) cell = base + i;
-      else ix.duplicates.push_back({slot, cell, base + i});
-    }
+  assign_prefaulted(ix.cells, keys * kSlots, std::int32_t{-1});
+  return ix;
+}
+
+void file_rank(PlanIndex& ix, const std::vector<Op>& ops, int rank) {
+  const int base = ix.offset[static_cast<std::size_t>(rank)];
+  ix.offset[static_cast<std::size_t>(rank) + 1] = base + static_cast<int>(ops.size());
+  file_ops(ix, ops, rank, base);
+}
+
+void file_ops(PlanIndex& ix, const std::vector<Op>& ops, int rank, int base) {
+  for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+    const auto [slot, key] = slot_and_key(ix, ops[static_cast<std::size_t>(i)], rank);
+    if (key < 0) continue;
+    auto& cell = ix.cell(slot, key);
+    if (cell < 0) cell = base + i;
+    else ix.duplicates.push_back({slot, cell, base + i});
   }
+}
+
+PlanIndex build_index(const Plan& plan) {
+  PlanIndex ix = start_index(plan);
+  for (int r = 0; r < plan.num_ranks(); ++r) file_rank(ix, plan.ranks[static_cast<std::size_t>(r)], r);
   return ix;
 }
 

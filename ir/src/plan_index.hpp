@@ -11,6 +11,7 @@
 
 #include "tdpipe/ir/plan.hpp"
 #include "tdpipe/ir/replay.hpp"
+#include "tdpipe/ir/validate.hpp"
 
 namespace tdpipe::ir::detail {
 
@@ -110,6 +111,20 @@ inline std::pair<Slot, int> slot_and_key(const PlanIndex& ix, const Op& op, int 
 }
 
 PlanIndex build_index(const Plan& plan);
+
+/// build_index in two steps, for a plan built rank by rank (ir::lower's output):
+/// start_index sizes the tables (stage map, key range, empty cells; the key range
+/// scans the ops only where plan.microbatches or plan.slices is unset), then
+/// file_rank files rank `rank`'s ops once ranks 0..rank−1 are filed, exactly as
+/// build_index does.
+PlanIndex start_index(const Plan& plan);
+void file_rank(PlanIndex& ix, const std::vector<Op>& ops, int rank);
+/// file_rank's filing alone: `rank`'s ops get global indices base, base + 1, …
+/// (ix.offset untouched).
+void file_ops(PlanIndex& ix, const std::vector<Op>& ops, int rank, int base);
+
+/// ir::validate over an index already built for `plan` (as build_index builds it).
+ValidationReport validate_indexed(const Plan& plan, PlanIndex index, const ValidateOptions& options);
 
 /// ir::replay over an index already built for `plan` (saves building it twice);
 /// without want_timing only makespan_ns is filled (the validator's question).

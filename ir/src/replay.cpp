@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "plan_index.hpp"
+#include "prefault.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/plan_io.hpp"
 
@@ -87,7 +88,7 @@ class Engine {
       for (int g = ix_.offset[static_cast<std::size_t>(r)]; g < ix_.offset[static_cast<std::size_t>(r) + 1]; ++g)
         ++stream_begin_[static_cast<std::size_t>(r) * kStreams + stream_of_[static_cast<std::size_t>(g)] + 1];
     for (std::size_t s = 1; s < stream_begin_.size(); ++s) stream_begin_[s] += stream_begin_[s - 1];
-    stream_ops_.resize(static_cast<std::size_t>(n_));
+    detail::resize_prefaulted(stream_ops_, static_cast<std::size_t>(n_));
     std::vector<int> fill(stream_begin_.begin(), stream_begin_.end() - 1);
     for (int r = 0; r < ranks; ++r)
       for (int g = ix_.offset[static_cast<std::size_t>(r)]; g < ix_.offset[static_cast<std::size_t>(r) + 1]; ++g)
@@ -107,15 +108,14 @@ class Engine {
   }
 
   void precompute() {
-    timing_.assign(static_cast<std::size_t>(n_), OpTiming{kNotDone, kNotDone});
-    dur_.assign(static_cast<std::size_t>(n_), 0);
-    wait_head_.assign(static_cast<std::size_t>(n_), -1);
-    partner_.assign(static_cast<std::size_t>(n_), -1);
-    kind_.resize(static_cast<std::size_t>(n_));
-    stream_of_.resize(static_cast<std::size_t>(n_));
-    batch_.resize(static_cast<std::size_t>(n_));
-    dep_begin_.resize(static_cast<std::size_t>(n_) + 1);
-    deps_.reserve(static_cast<std::size_t>(n_) * 2);
+    const std::size_t n = static_cast<std::size_t>(n_);
+    detail::assign_prefaulted(timing_, n, OpTiming{kNotDone, kNotDone});
+    detail::assign_prefaulted(dur_, n, std::int64_t{0});
+    detail::assign_prefaulted(wait_head_, n, std::int32_t{-1});
+    detail::resize_prefaulted(kind_, n);
+    detail::resize_prefaulted(stream_of_, n);
+    detail::resize_prefaulted(dep_begin_, n + 1);
+    deps_.reserve(n * 2);  // an estimate: not prefaulted, pages it never uses stay unmapped
     for (int r = 0; r < plan_.num_ranks(); ++r) {
       const auto& ops = plan_.ranks[static_cast<std::size_t>(r)];
       const int base = ix_.offset[static_cast<std::size_t>(r)];
@@ -124,7 +124,14 @@ class Engine {
         const int g = base + i;
         kind_[static_cast<std::size_t>(g)] = op.kind;
         stream_of_[static_cast<std::size_t>(g)] = static_cast<std::uint8_t>(stream_index(op));
-        batch_[static_cast<std::size_t>(g)] = op.batch;
+        if (is_comm(op.kind)) {
+          // Only comm ops have a partner or a batch (a compute-only plan has neither array).
+          if (batch_.empty()) {
+            detail::assign_prefaulted(batch_, n, std::int32_t{-1});
+            detail::assign_prefaulted(partner_, n, std::int32_t{-1});
+          }
+          batch_[static_cast<std::size_t>(g)] = op.batch;
+        }
         dep_begin_[static_cast<std::size_t>(g)] = static_cast<std::uint32_t>(deps_.size());
         collect_deps(op, r);
         // A RECV's transfer time is its SEND's: the function is asked once per pair.
@@ -151,7 +158,7 @@ class Engine {
   /// rank: the rank of the next virtual stage for F, of the previous one for B), so
   /// the run loop reads an array and never looks an op up.
   void note_cross_lag(int producer, int producer_rank, int consumer_rank) {
-    if (lag_.empty()) lag_.assign(static_cast<std::size_t>(n_), kNotDone);
+    if (lag_.empty()) detail::assign_prefaulted(lag_, static_cast<std::size_t>(n_), std::int64_t{kNotDone});
     auto& cell = lag_[static_cast<std::size_t>(producer)];
     if (cell != kNotDone) return;
     const Op& prod = op_at(producer_rank, producer - ix_.offset[static_cast<std::size_t>(producer_rank)]);
@@ -416,11 +423,11 @@ class Engine {
   std::vector<OpTiming> timing_;
   std::vector<std::int64_t> dur_;
   std::vector<std::int64_t> lag_;
-  std::vector<std::int32_t> partner_;
+  std::vector<std::int32_t> partner_;  ///< [global] SEND ↔ RECV; empty without comm ops
   std::vector<std::int32_t> wait_head_;
   std::vector<std::uint8_t> stream_of_;  ///< [global] stream index, until build_streams()
   std::vector<OpKind> kind_;            ///< [global] the op's kind (hot loop reads no Op)
-  std::vector<std::int32_t> batch_;     ///< [global] the op's batch id
+  std::vector<std::int32_t> batch_;     ///< [global] a comm op's batch id; empty without comm ops
   std::vector<std::uint32_t> dep_begin_;  ///< [global] CSR into deps_
   std::vector<std::uint32_t> deps_;     ///< global indices; kLagBit: add the synthetic SEND's lag
 };

@@ -10,10 +10,12 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "plan_index.hpp"
+#include "prefault.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/plan_io.hpp"
 #include "tdpipe/ir/replay.hpp"
@@ -26,11 +28,14 @@ constexpr std::size_t kListed = 12;
 class Checker {
  public:
   Checker(const Plan& plan, const ValidateOptions& options) : plan_(plan), options_(options) {}
+  /// With the plan's index already built (ir::lower builds its output's as it goes).
+  Checker(const Plan& plan, const ValidateOptions& options, detail::PlanIndex index)
+      : plan_(plan), options_(options), ix_(std::move(index)), have_index_(true) {}
 
   ValidationReport run() {
     check_shape();
     flush("plan shape");
-    ix_ = detail::build_index(plan_);
+    if (!have_index_) ix_ = detail::build_index(plan_);
     check_fields();
     flush("op fields");
     check_coverage();
@@ -123,9 +128,9 @@ class Checker {
                            (slot == detail::kSlotSendB || slot == detail::kSlotRecvB ? 1 : 0);
     if (send_peer_.empty()) {
       const std::size_t n = static_cast<std::size_t>(ix_.keys()) * 2;
-      send_peer_.assign(n, -1);
-      send_bytes_.assign(n, 0);
-      recv_bytes_.assign(n, 0);
+      detail::assign_prefaulted(send_peer_, n, -1);
+      detail::assign_prefaulted(send_bytes_, n, std::int64_t{0});
+      detail::assign_prefaulted(recv_bytes_, n, std::int64_t{0});
     }
     if (slot == detail::kSlotSendF || slot == detail::kSlotSendB) {
       send_peer_[at] = o.peer;
@@ -370,6 +375,7 @@ class Checker {
   const Plan& plan_;
   const ValidateOptions& options_;
   detail::PlanIndex ix_;
+  bool have_index_ = false;
   std::vector<std::string> problems_;
   ValidationReport report_;  ///< filled by check_fields
   std::vector<int> send_peer_;                ///< [key·2 + (payload B)] peer of the SEND filed there
@@ -383,5 +389,11 @@ class Checker {
 ValidationReport validate(const Plan& plan) { return Checker(plan, ValidateOptions{}).run(); }
 
 ValidationReport validate(const Plan& plan, const ValidateOptions& options) { return Checker(plan, options).run(); }
+
+namespace detail {
+ValidationReport validate_indexed(const Plan& plan, PlanIndex index, const ValidateOptions& options) {
+  return Checker(plan, options, std::move(index)).run();
+}
+}  // namespace detail
 
 }  // namespace tdpipe::ir

@@ -1,6 +1,8 @@
 // build_plan.cpp — generate → cost → lower → validate.
 #include "tdpipe/planner/build_plan.hpp"
 
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "tdpipe/ir/error.hpp"
@@ -39,11 +41,13 @@ BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, in
   out.compute_only.data = scenario.synthetic ? 1 : scenario.parallel.data;
   out.compute_only.scenario = scenario;
   apply_costs(out.compute_only, scenario);
-  out.lowered = ir::lower(out.compute_only, lowering_options(out.compute_only, scenario));
-  // lower() proved its order deadlock-free (see ValidateOptions); every other check runs.
+  // lower() proves its order deadlock-free (see ValidateOptions); every other check runs.
   ir::ValidateOptions checks;
   checks.check_deadlock = false;
-  out.report = ir::validate(out.lowered, checks);
+  ir::LoweredPlan lowered =
+      ir::lower_validated(out.compute_only, lowering_options(out.compute_only, scenario), checks);
+  out.lowered = std::move(lowered.plan);
+  out.report = std::move(lowered.report);
   return out;
 }
 

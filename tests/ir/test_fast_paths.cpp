@@ -124,3 +124,34 @@ TEST_CASE("lower: compute ops that end out of order on a rank keep the global or
   CHECK(sends == std::vector<std::string>{"SEND(F1>r1)", "SEND(F0>r1)"});
   CHECK(recvs == std::vector<std::string>{"RECV(F1<r0)", "RECV(F0<r0)"});
 }
+
+TEST_CASE("lower_validated: validate(lower()) in one call, same plan, report and errors", "[lowering][fast]") {
+  const Plan one_f_one_b = plan_from_text(
+      "rank0: F0 F1 BW0 F2 BW1 F3 BW2 BW3\nrank1: F0 BW0 F1 BW1 F2 BW2 F3 BW3\n");
+  for (const ValidateOptions& checks : {ValidateOptions{}, without_replay()}) {
+    const LoweredPlan both = lower_validated(one_f_one_b, LoweringOptions{}, checks);
+    const Plan lowered = lower(one_f_one_b, LoweringOptions{});
+    CHECK(both.plan == lowered);
+    const ValidationReport report = validate(lowered, checks);
+    REQUIRE(both.report.ranks.size() == report.ranks.size());
+    for (std::size_t r = 0; r < report.ranks.size(); ++r) {
+      CHECK(both.report.ranks[r].peak_inflight == report.ranks[r].peak_inflight);
+      CHECK(both.report.ranks[r].peak_activation_bytes == report.ranks[r].peak_activation_bytes);
+    }
+  }
+  // An input lower() accepts but the validator rejects: the same error either way.
+  const Plan twice = plan_from_text("rank0: F0 F0 BW0\n");
+  std::string direct, fused;
+  try {
+    (void)validate(lower(twice, LoweringOptions{}));
+  } catch (const tdpipe::Error& e) {
+    direct = e.what();
+  }
+  try {
+    (void)lower_validated(twice, LoweringOptions{}, ValidateOptions{});
+  } catch (const tdpipe::Error& e) {
+    fused = e.what();
+  }
+  CHECK_FALSE(direct.empty());
+  CHECK(fused == direct);
+}

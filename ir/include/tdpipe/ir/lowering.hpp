@@ -17,6 +17,7 @@
 #include <functional>
 
 #include "tdpipe/ir/plan.hpp"
+#include "tdpipe/ir/validate.hpp"
 
 namespace tdpipe::ir {
 
@@ -35,5 +36,16 @@ struct LoweringOptions {
 /// Inserts SEND/RECV for every cross-rank dependency and, when plan.data > 1, one
 /// ALLREDUCE per gradient bucket (on Stream::DP), plus OPT after them.
 Plan lower(const Plan& compute_only, const LoweringOptions& options);
+
+struct LoweredPlan {
+  Plan plan;                    ///< lower()'s result
+  ValidationReport report;      ///< validate()'s report of it
+};
+
+/// validate(lower(compute_only, options), checks) in one call: the same plan, report
+/// and errors, faster (lower() leaves its output's op index to the validator, which
+/// otherwise builds it again over millions of ops).
+LoweredPlan lower_validated(const Plan& compute_only, const LoweringOptions& options,
+                            const ValidateOptions& checks);
 
 }  // namespace tdpipe::ir
