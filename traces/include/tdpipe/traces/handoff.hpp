@@ -27,7 +27,7 @@ struct HandoffFit {
 /// λ: waking the sending thread or stream, the rendezvous, the copy's fixed cost and
 /// waking the consumer, all in one figure. The fit is their mean, not their median:
 /// an iteration is a sum of hand-offs, and on a busy CPU the rare wake-up that waits
-/// milliseconds for a core weighs in that sum (measured: median ~40 µs, mean 0.4–1.8
+/// milliseconds for a core weighs in that sum (measured: median ~40 µs, mean 0.25–2
 /// ms with six threads on two cores). nullopt with fewer than `min_samples`.
 std::optional<HandoffFit> fit_handoff_latency(const ir::Plan& plan, const std::vector<Trace>& steps,
                                               double bytes_per_second, int min_samples = 3);
