@@ -103,11 +103,7 @@ void LoopbackTransport::post(std::span<P2POp> batch) {
   // Checked before anything is posted: a batch is posted whole or not at all.
   std::string labels;
   for (const P2POp& op : batch) {
-    if (op.kind != ir::OpKind::SEND && op.kind != ir::OpKind::RECV)
-      throw Error("transport: " + std::string(ir::to_string(op.kind)) + " is not SEND or RECV");
-    if (op.peer < 0 || op.peer >= stages_)
-      throw Error(op.label + ": peer " + std::to_string(op.peer) + " is not a pipeline rank (p = " +
-                  std::to_string(stages_) + ")");
+    check_p2p_op(op, stages_);
     if (!op.buffer.data || op.buffer.bytes() <= 0) throw Error(op.label + ": empty buffer");
     labels += (labels.empty() ? "" : "+") + op.label;
   }

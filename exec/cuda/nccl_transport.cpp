@@ -35,11 +35,7 @@ void NcclTransport::post(std::span<P2POp> batch) {
   // Everything is checked before the group opens: a throw between ncclGroupStart
   // and ncclGroupEnd would leave the group open for every later NCCL call.
   for (const P2POp& op : batch) {
-    if (op.kind != ir::OpKind::SEND && op.kind != ir::OpKind::RECV)
-      throw Error("transport: " + std::string(ir::to_string(op.kind)) + " is not SEND or RECV");
-    if (op.peer < 0 || op.peer >= stages_)
-      throw Error(op.label + ": peer " + std::to_string(op.peer) + " is not a pipeline rank (p = " +
-                  std::to_string(stages_) + ")");
+    check_p2p_op(op, stages_);
     if (op.buffer.dtype != DType::F32)
       throw Error(op.label + ": the CUDA backend moves fp32 tensors");
     if (op.buffer.elements < 1 || !op.buffer.data)

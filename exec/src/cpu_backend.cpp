@@ -225,11 +225,8 @@ void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
 
 void CpuTransport::post(std::span<P2POp> batch) {
   std::vector<P2POp> world(batch.begin(), batch.end());
-  for (auto& op : world) {
-    if (op.peer < 0 || op.peer >= stages_)
-      throw Error(fmt::format("{}: peer {} is not a pipeline rank (p = {})", op.label, op.peer, stages_));
-    op.peer = replica_ * stages_ + op.peer;
-  }
+  for (const auto& op : world) check_p2p_op(op, stages_);  // all checked before any is posted
+  for (auto& op : world) op.peer = replica_ * stages_ + op.peer;
   fabric_->post(CpuFabric::kP2P, replica_ * stages_ + rank_, world);
 }
 

@@ -71,6 +71,10 @@ struct P2POp {
   std::string label;  ///< op text for diagnostics, e.g. "SEND(F0.c1:s2>r1)"
 };
 
+/// Throws tdpipe::Error unless `op` is a SEND or RECV whose peer is a pipeline rank
+/// (0 … stages − 1): what every Transport::post checks of each op before posting any.
+void check_p2p_op(const P2POp& op, int stages);
+
 /// Moves tensors between ranks, with NCCL semantics: the k-th SEND from rank a to
 /// rank b matches the k-th RECV on b from a (per ordered pair, in posting order);
 /// a SEND completes only when its RECV is posted and the data transferred
