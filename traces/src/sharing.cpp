@@ -3,11 +3,9 @@
 #include "tdpipe/traces/sharing.hpp"
 
 #include <algorithm>
-#include <map>
-#include <string>
 #include <utility>
 
-#include "tdpipe/ir/plan_io.hpp"
+#include "tdpipe/traces/pairing.hpp"
 
 namespace tdpipe::traces {
 
@@ -45,25 +43,19 @@ std::vector<double> shared_rates(const Trace& trace, double capacity) {
 }
 
 std::vector<std::vector<int>> plan_event_index(const ir::Plan& plan, const Trace& trace) {
-  std::map<std::pair<int, std::string>, std::vector<int>> by_name;
-  for (int i = 0; i < static_cast<int>(trace.events.size()); ++i)
-    by_name[{trace.events[static_cast<std::size_t>(i)].rank, trace.events[static_cast<std::size_t>(i)].name}].push_back(i);
-  for (auto& [key, list] : by_name)
-    std::stable_sort(list.begin(), list.end(), [&](int a, int b) {
-      return trace.events[static_cast<std::size_t>(a)].start_ns < trace.events[static_cast<std::size_t>(b)].start_ns;
-    });
-  std::map<std::pair<int, std::string>, std::size_t> used;
-  std::vector<std::vector<int>> out(plan.ranks.size());
-  for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
-    out[r].assign(plan.ranks[r].size(), -1);
+  // The plan's ops as a trace, starting in their rank's order, paired with `trace` by
+  // the rule `tdpipe compare` and the viewer use (pair_ops).
+  Trace ops;
+  for (std::size_t r = 0; r < plan.ranks.size(); ++r)
     for (std::size_t i = 0; i < plan.ranks[r].size(); ++i) {
-      const std::pair<int, std::string> key{static_cast<int>(r), ir::op_to_text(plan.ranks[r][i])};
-      const auto it = by_name.find(key);
-      if (it == by_name.end()) continue;
-      std::size_t& k = used[key];
-      if (k < it->second.size()) out[r][i] = it->second[k++];
+      const auto at = static_cast<std::int64_t>(i);
+      ops.events.push_back(event_of(plan.ranks[r][i], static_cast<int>(r), at, at));
     }
-  }
+  const OpPairing pairing = pair_ops(ops, trace);
+  std::vector<std::vector<int>> out(plan.ranks.size());
+  std::size_t k = 0;
+  for (std::size_t r = 0; r < plan.ranks.size(); ++r)
+    for (std::size_t i = 0; i < plan.ranks[r].size(); ++i) out[r].push_back(pairing.pred_to_meas[k++]);
   return out;
 }
 

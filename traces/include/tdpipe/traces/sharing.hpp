@@ -18,9 +18,9 @@ namespace tdpipe::traces {
 /// for zero-length ones. capacity ≤ 0: every event 1.
 std::vector<double> shared_rates(const Trace& trace, double capacity);
 
-/// [rank][op]: the index in trace.events of plan op (rank, op), or −1. Events are
-/// matched by (rank, ir::op_to_text name), the n-th op of a name to its n-th event in
-/// start order — how the executors and engines name events.
+/// [rank][op]: the index in trace.events of plan op (rank, op), or −1. Matched as
+/// pair_ops pairs two traces: by (rank, ir::op_to_text name), the n-th op of a name
+/// to its n-th event in start order — how the executors and engines name events.
 std::vector<std::vector<int>> plan_event_index(const ir::Plan& plan, const Trace& trace);
 
 }  // namespace tdpipe::traces
