@@ -80,6 +80,23 @@ std::map<std::string, std::int64_t> compute_ends(const traces::Trace& trace) {
   return out;
 }
 
+ir::Scenario tiny_scenario() {
+  return ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml");
+}
+
+/// A profile of tiny-gpt-cpu (p = 2) with uniform measured times for every stage:
+/// F = 1 ms, B = 1.5 ms, W = 0.5 ms, OPT 0.25 ms; no link figures.
+traces::Profile uniform_tiny_profile(const ir::Scenario& sc) {
+  traces::Profile prof;
+  prof.scenario = sc.name;
+  prof.stages = 2;
+  prof.ops = {{OpKind::F, -1, -1, 2, 1e-3, 5},
+              {OpKind::B, -1, -1, 2, 1.5e-3, 5},
+              {OpKind::W, -1, -1, 2, 0.5e-3, 5},
+              {OpKind::OPT, -1, -1, 2, 0.25e-3, 5}};
+  return prof;
+}
+
 }  // namespace
 
 TEST_CASE("evaluator: GPipe and 1F1B idle (p−1)(F+B+W) per rank, exactly", "[evaluator]") {
@@ -297,14 +314,8 @@ TEST_CASE("evaluator: a calibration profile's op times and link drive the predic
   // OPT 0.25 ms: 1F1B idles (p−1)(F+B+W) per rank without latency; the profile's link
   // latency λ delays the iteration by one λ per rank-crossing hop on the critical path:
   // at least the 2(p−1) of the fill and drain, at most 2(m+p−1).
-  const ir::Scenario sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml");
-  traces::Profile prof;
-  prof.scenario = sc.name;
-  prof.stages = 2;
-  prof.ops = {{OpKind::F, -1, -1, 2, 1e-3, 5},
-              {OpKind::B, -1, -1, 2, 1.5e-3, 5},
-              {OpKind::W, -1, -1, 2, 0.5e-3, 5},
-              {OpKind::OPT, -1, -1, 2, 0.25e-3, 5}};
+  const ir::Scenario sc = tiny_scenario();
+  traces::Profile prof = uniform_tiny_profile(sc);
   for (const double latency : {1e-12, 100e-6}) {
     CAPTURE(latency);
     prof.p2p = {latency, 1e18};
@@ -341,7 +352,7 @@ TEST_CASE("the hand-off latency fitted from a trace is the one that produced it"
   // The fit inverts the engines' rule (consumer starts at producer end + λ + bytes/B):
   // fed the analytic engine's own trace of a plan whose links have latency λ, it
   // returns λ for every schedule, however many hand-offs are clean.
-  const ir::Scenario sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml");
+  const ir::Scenario sc = tiny_scenario();
   traces::Profile links;
   links.scenario = sc.name;
   links.p2p = {37e-6, 2e9};
@@ -386,14 +397,8 @@ TEST_CASE("ranks sharing one device: processor sharing over the engine", "[evalu
   // the device is never idle (some op is always ready), so the iteration is the sum of
   // all work, 2 · (4 · (1 + 2) + 0.25) = 24.5 ms; and each op, deduced back from the
   // trace as its calibration would, gets its work back.
-  const ir::Scenario sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml");
-  traces::Profile prof;
-  prof.scenario = sc.name;
-  prof.stages = 2;
-  prof.ops = {{OpKind::F, -1, -1, 2, 1e-3, 5},
-              {OpKind::B, -1, -1, 2, 1.5e-3, 5},
-              {OpKind::W, -1, -1, 2, 0.5e-3, 5},
-              {OpKind::OPT, -1, -1, 2, 0.25e-3, 5}};
+  const ir::Scenario sc = tiny_scenario();
+  traces::Profile prof = uniform_tiny_profile(sc);
   prof.p2p = {1e-12, 1e18};
   const planner::Engine analytic = [](const ir::Plan& p) { return planner::evaluate(p); };
   for (const char* schedule : {"gpipe", "1f1b", "zb-h1"}) {
