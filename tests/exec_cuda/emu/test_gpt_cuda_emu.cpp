@@ -1,14 +1,14 @@
 // test_gpt_cuda_emu.cpp — the CUDA GPT's host code (exec/cuda/gpt_cuda.cpp, gemm.cpp:
 // every GEMM's sizes, strides, transposes and beta, every buffer's size and lifetime,
-// B/W split, slices' KV cache) run on the CPU over shim CUDA headers and host
-// emulations of cuBLAS and of each kernel's contract (emu_kernels.cpp), against the
-// CPU model (exec/src/cpu_gpt.cpp) op for op. Unwritten and freed memory is NaN, so a
-// read before write or after free fails. It does not run kernels.cu itself: the GPU
-// tests (label gpu) do that where a GPU exists.
-// Built twice: EMU_EXACT keeps bf16 as fp32 (call-site correctness: fp32 vs fp64
-// round-off only); without it bf16 is rounded like the GPU's, which checks that the
-// GPU equivalence tests' tolerances (loss 1e-2, gradients 3e-2) hold, also at the
-// tiny scenario's shape they run.
+// B/W split, slices' KV cache) run on the CPU over shim CUDA headers and a host
+// emulation of cuBLAS (emu_runtime.cpp), against the CPU model (exec/src/cpu_gpt.cpp)
+// op for op. Unwritten and freed memory is NaN, so a read before write or after free
+// fails. The kernels are either emulated by their contracts (emu_kernels.cpp) or, with
+// EMU_SIMT, kernels.cu itself run thread by thread on the SIMT emulation (simt/).
+// Built three times: EMU_EXACT keeps bf16 as fp32 (call-site correctness: fp32 vs
+// fp64 round-off only), with the contract kernels and with kernels.cu; without it bf16
+// is rounded like the GPU's, which checks that the GPU equivalence tests' tolerances
+// (loss 1e-2, gradients 3e-2) hold, also at the tiny scenario's shape they run.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -19,6 +19,9 @@
 
 #include "gpt_cuda.hpp"
 #include "tdpipe/exec/cpu/gpt.hpp"
+#ifdef EMU_SIMT
+#include "simt.hpp"
+#endif
 
 using namespace tdpipe::exec;
 using cpu::Mat;
@@ -138,6 +141,7 @@ void run_steps(const cpu::GptConfig& c, int P, int S, int m, int split_mode, int
 
 }  // namespace
 
+#ifndef EMU_SIMT
 TEST_CASE("CUDA GPT host code over emulated cuBLAS/kernels equals the CPU model", "[exec_cuda][emu]") {
   cpu::GptConfig c;
   c.layers = 3;
@@ -154,8 +158,50 @@ TEST_CASE("CUDA GPT host code over emulated cuBLAS/kernels equals the CPU model"
         run_steps(c, P, S, 2, mode, 2);
       }
 }
+#else
+TEST_CASE("kernels.cu on the SIMT emulation: the CUDA GPT equals the CPU model", "[exec_cuda][simt]") {
+  cpu::GptConfig c;  // as the contract test: 2 warps' worth of columns, 8-row slices
+  c.layers = 3;
+  c.hidden = 32;
+  c.heads = 4;
+  c.ffn = 64;
+  c.seq = 16;
+  c.vocab = 24;
+  c.micro_batch = 2;
+  const std::int64_t before = simt::launches();
+  for (int P : {1, 4})
+    for (int S : {1, 4}) {
+      CAPTURE(P, S);
+      run_steps(c, P, S, 2, S == 1 ? 2 : 0, 2);
+    }
+  CHECK(simt::launches() - before > 1000);  // the kernels really ran on the emulation
+}
 
-#ifndef EMU_EXACT
+TEST_CASE("kernels.cu on the SIMT emulation at shapes off the warp and block sizes", "[exec_cuda][simt]") {
+  // hidden 40: rows span a warp and a part; 136 keys: softmax blocks stride twice;
+  // vocab 300: cross-entropy blocks of 256 stride twice; 4 × 136 = 544 rows: the
+  // column reductions use two blocks in y (atomics between blocks).
+  cpu::GptConfig c;
+  c.layers = 1;
+  c.hidden = 40;
+  c.heads = 2;
+  c.ffn = 72;
+  c.seq = 136;
+  c.vocab = 300;
+  c.micro_batch = 4;
+  for (simt::Order order : {simt::Order::Forward, simt::Order::Reverse}) {
+    simt::set_order(order);  // a result that depends on the threads' order is a race
+    CAPTURE(order == simt::Order::Forward);
+    for (int S : {1, 3}) {
+      CAPTURE(S);
+      run_steps(c, 2, S, 1, 0, 1);
+    }
+  }
+  simt::set_order(simt::Order::Forward);
+}
+#endif
+
+#if !defined(EMU_EXACT) && !defined(EMU_SIMT)
 TEST_CASE("bf16 rounding stays inside the GPU tests' tolerances at the tiny scenario's shape", "[exec_cuda][emu]") {
   cpu::GptConfig c;  // scenarios/tiny-gpt-cpu.yaml, as tests/exec_cuda/gpu runs it: 4 stages, m = 8
   c.layers = 4;

@@ -8,6 +8,7 @@ struct __nv_bfloat16 {
 #else
   std::uint16_t bits;
 #endif
+  inline operator float() const;  // as cuda_bf16.hpp's (implicit) conversion
 };
 inline __nv_bfloat16 __float2bfloat16(float f) {
   __nv_bfloat16 r;
@@ -31,3 +32,4 @@ inline float __bfloat162float(__nv_bfloat16 b) {
   return f;
 #endif
 }
+inline __nv_bfloat16::operator float() const { return __bfloat162float(*this); }
