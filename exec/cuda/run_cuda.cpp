@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -393,9 +395,22 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
         if (c) clean ? ncclCommDestroy(c) : ncclCommAbort(c);
     }
   } comms;
-  TDPIPE_NCCL_CHECK(ncclCommInitRank(&comms.world, launch.world, id, world_rank));
-  // dp: the replicas of this pipeline rank (collective over the world: every rank calls it).
-  if (d > 1) TDPIPE_NCCL_CHECK(ncclCommSplit(comms.world, /*color=*/rank, /*key=*/replica, &comms.dp, nullptr));
+  {
+    // Both calls wait for every process of the world and cannot be interrupted: a
+    // process that died before joining (a bad scenario path, no GPU) would leave the
+    // others here forever, so past the watchdog's limit this process ends itself.
+    TimeLimit limit(options.watchdog_seconds, [&] {
+      std::fprintf(stderr,
+                   "tdpipe: rank %d waited %.0f s for the other processes in NCCL's communicator setup: one is "
+                   "gone or never started (see its output; NCCL_DEBUG=INFO says more), or raise --watchdog\n",
+                   world_rank, options.watchdog_seconds);
+      std::fflush(stderr);
+      std::_Exit(1);
+    });
+    TDPIPE_NCCL_CHECK(ncclCommInitRank(&comms.world, launch.world, id, world_rank));
+    // dp: the replicas of this pipeline rank (collective over the world: every rank calls it).
+    if (d > 1) TDPIPE_NCCL_CHECK(ncclCommSplit(comms.world, /*color=*/rank, /*key=*/replica, &comms.dp, nullptr));
+  }
   ncclComm_t world = comms.world;
 
   NcclTransport transport(world, comms.dp, ctx, replica, rank, p, &control);

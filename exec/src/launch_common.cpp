@@ -34,6 +34,21 @@ Watchdog::~Watchdog() {
   thread_.join();
 }
 
+TimeLimit::TimeLimit(double seconds, std::function<void()> on_expiry)
+    : thread_([this, seconds, f = std::move(on_expiry)] {
+        std::unique_lock lock(mutex_);
+        if (!done_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return cancelled_; })) f();
+      }) {}
+
+TimeLimit::~TimeLimit() {
+  {
+    std::lock_guard lock(mutex_);
+    cancelled_ = true;
+  }
+  done_.notify_all();
+  thread_.join();
+}
+
 int resolve_trace_step(int trace_step, int steps) {
   if (trace_step >= steps)
     throw Error(fmt::format("trace step {}: the run has {} step(s); expected a step in [0, {}] or -1 for the last",

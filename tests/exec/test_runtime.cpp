@@ -1,5 +1,6 @@
 // test_runtime.cpp — the runtime's failure behaviour (watchdog naming blocked ranks,
 // a throwing rank stopping the run), its measured trace, and real training.
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <set>
@@ -13,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 #include "tdpipe/exec/interpreter.hpp"
+#include "tdpipe/exec/launch_common.hpp"
 #include "tdpipe/ir/error.hpp"
 
 namespace tdpipe::exec {
@@ -101,6 +103,24 @@ TEST_CASE("the watchdog names every blocked rank, its op and its peer", "[exec][
   CHECK_THAT(message, Catch::Contains("rank 1 (compute stream): F0 waiting for the activation of mb 0 "
                                       "slice 0 from virtual stage 0"));
   CHECK(waited < 10.0);
+}
+
+TEST_CASE("a time limit fires once past its deadline and never after it is destroyed", "[exec][runtime]") {
+  std::atomic<int> fired{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    TimeLimit limit(0.05, [&] { ++fired; });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  CHECK(fired == 1);
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(300));
+  {
+    TimeLimit limit(30, [&] { ++fired; });  // the call it guards returned in time
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(fired == 1);
+  // Destroying a limit does not wait for its deadline.
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
 }
 
 TEST_CASE("a rank that throws stops the run with its error, no hang", "[exec][runtime]") {

@@ -3,7 +3,9 @@
 // build the model and corpus, and assemble the measured trace and its metadata.
 #pragma once
 
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +40,23 @@ class Watchdog {
   std::function<void(std::string&)> extend_report_;
   std::function<void()> after_fail_;
   std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+/// Runs `on_expiry` (on its own thread) unless destroyed within `seconds`: for a call
+/// that cannot be interrupted or polled — ncclCommInitRank waits for every process of
+/// the world, forever if one died before joining — the guard can only end the process.
+class TimeLimit {
+ public:
+  TimeLimit(double seconds, std::function<void()> on_expiry);
+  ~TimeLimit();
+  TimeLimit(const TimeLimit&) = delete;
+  TimeLimit& operator=(const TimeLimit&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  bool cancelled_ = false;
   std::thread thread_;
 };
 
