@@ -398,12 +398,15 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   {
     // Both calls wait for every process of the world and cannot be interrupted: a
     // process that died before joining (a bad scenario path, no GPU) would leave the
-    // others here forever, so past the watchdog's limit this process ends itself.
-    TimeLimit limit(options.watchdog_seconds, [&] {
+    // others here forever, so past a limit this process ends itself. The limit is the
+    // watchdog's but at least 5 minutes: on a cluster the processes may start minutes
+    // apart (scheduler, containers), and a healthy run must not be killed for that.
+    const double limit_s = std::max(options.watchdog_seconds, 300.0);
+    TimeLimit limit(limit_s, [&] {
       std::fprintf(stderr,
                    "tdpipe: rank %d waited %.0f s for the other processes in NCCL's communicator setup: one is "
                    "gone or never started (see its output; NCCL_DEBUG=INFO says more), or raise --watchdog\n",
-                   world_rank, options.watchdog_seconds);
+                   world_rank, limit_s);
       std::fflush(stderr);
       std::_Exit(1);
     });
