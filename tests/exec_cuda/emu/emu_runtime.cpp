@@ -1,96 +1,783 @@
-// emu_runtime.cpp — host emulation of the CUDA runtime pieces exec/cuda/gpt_cuda.cpp
-// calls besides its kernels: DeviceMemory (NaN-filled, poisoned on free), the status
-// checks, and cuBLAS's column-major GEMM contract. The kernels come from
-// emu_kernels.cpp (their contracts) or from kernels.cu itself under simt/.
+// emu_runtime.cpp — an emulated GPU behind the shim headers (shim/): the CUDA runtime,
+// cuBLAS and NCCL calls exec/cuda makes, on the CPU, so its host code runs unchanged.
+//
+// Streams: each a worker thread running its work in submission order, with a small
+// random delay before each item (TDPIPE_EMU_JITTER_US, default 20) so that work on
+// different streams interleaves differently from run to run — an order the code did
+// not enforce with an event shows up as wrong numbers. The null stream runs work at
+// once on the calling thread. Events are markers on a stream; cudaStreamWaitEvent
+// makes the stream wait for the marker recorded last. Memory: host memory, NaN
+// (0xff bytes) when allocated and again when a stream-ordered free is reached, then
+// held in a quarantine before it is returned, so a read after the free sees NaN.
+// Pageable copies behave as CUDA documents them: host-to-device returns once the
+// source is staged, device-to-host once the copy is done. Devices: TDPIPE_EMU_GPUS
+// (default 1) of 80 GiB each; cudaMallocAsync fails past that like a full GPU.
+// cuBLAS: its column-major GEMM contract, on the handle's stream.
+// NCCL: communicators between threads of this process (each rank a thread with its
+// own device): ncclCommInitRank waits for the whole world, p2p groups match sends and
+// receives per peer pair in order, all-reduce sums in rank order; two ranks on one
+// device are refused like NCCL 2.28 refuses them; ncclCommAbort releases every wait.
 #include <algorithm>
-#include <cmath>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
-#include <stdexcept>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
-#include "check.hpp"
-#include "device_memory.hpp"
-#include "kernels.cuh"
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
 
 #ifdef EMU_ASAN
-// Freed device memory is poisoned and kept, never returned (DeviceMemory::reset): those
-// are not leaks to report.
+// Quarantined device memory that is still held at exit is not a leak to report.
 extern "C" const char* __asan_default_options() { return "detect_leaks=0"; }
 #endif
 
-namespace tdpipe::exec::cuda {
-namespace detail {
-void throw_cuda(cudaError_t s, const char* call, const char* file, int line) {
-  throw Error(std::string("cuda ") + std::to_string(s) + " " + call + " " + file + ":" + std::to_string(line));
-}
-void throw_cublas(cublasStatus_t s, const char* call, const char* file, int line) {
-  throw Error(std::string("cublas ") + std::to_string(s) + " " + call + " " + file + ":" + std::to_string(line));
-}
-void throw_nccl(ncclResult_t s, const char* call, const char* file, int line) {
-  throw Error(std::string("nccl ") + std::to_string(s) + " " + call + " " + file + ":" + std::to_string(line));
-}
-}  // namespace detail
+namespace {
 
-// NaN-filled allocations: a read of anything not written shows up in the results.
-static void* emu_alloc(std::size_t bytes) {
-  void* p = std::malloc((bytes + 3) / 4 * 4);
-  std::memset(p, 0xff, (bytes + 3) / 4 * 4);  // NaN as fp32 and as bf16
-  return p;
-}
-DeviceMemory::DeviceMemory(std::size_t bytes, cudaStream_t stream, bool zero) : bytes_(bytes), stream_(stream) {
-  if (bytes == 0) return;
-  ptr_ = emu_alloc(bytes);
-  if (zero) std::memset(ptr_, 0, bytes);
-}
-void DeviceMemory::reset() {
-  if (ptr_ == nullptr) return;
-  // Poisoned and leaked, not freed: a read after the free (a stash dropped too early)
-  // then yields NaN in the results instead of stale, plausible values.
-  std::memset(ptr_, 0xff, bytes_);
-  ptr_ = nullptr;
-}
-Buffer device_buffer(std::int64_t elements, cudaStream_t) {
-  Buffer b;
-  b.data = std::shared_ptr<void>(emu_alloc(std::size_t(elements > 0 ? elements : 1) * 4), [](void*) {});  // leaked: see reset()
-  b.elements = elements;
-  b.dtype = DType::F32;
-  return b;
-}
-}  // namespace tdpipe::exec::cuda
+using Clock = std::chrono::steady_clock;
+constexpr std::size_t kDeviceBytes = std::size_t(80) << 30;
+constexpr std::size_t kQuarantineBytes = std::size_t(256) << 20;
 
-using tdpipe::exec::cuda::kernels::bf16;
-static float ld_el(const void* p, cudaDataType t, long long i) {
-  return t == CUDA_R_16BF ? __bfloat162float(static_cast<const bf16*>(p)[i]) : static_cast<const float*>(p)[i];
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
 }
-cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                                          int k, const void* alpha, const void* A, cudaDataType at, int lda,
+int device_count() {
+  static const int n = std::max(0, env_int("TDPIPE_EMU_GPUS", 1));
+  return n;
+}
+thread_local int current_device = 0;
+
+// ---- memory ----------------------------------------------------------------------------
+
+struct Memory {
+  std::mutex m;
+  std::map<void*, std::pair<std::size_t, int>> live;  // pointer → bytes, device
+  std::vector<std::size_t> used = std::vector<std::size_t>(64, 0);
+  std::deque<std::pair<void*, std::size_t>> quarantine;
+  std::size_t quarantined = 0;
+};
+Memory& memory() {
+  static Memory* m = new Memory;  // never destroyed: streams may free during exit
+  return *m;
+}
+
+cudaError_t allocate(void** ptr, std::size_t bytes) {
+  Memory& mem = memory();
+  const std::size_t rounded = std::max<std::size_t>(4, (bytes + 3) / 4 * 4);
+  {
+    std::lock_guard lock(mem.m);
+    if (mem.used[static_cast<std::size_t>(current_device)] + rounded > kDeviceBytes) {
+      emu_last_error = cudaErrorMemoryAllocation;
+      return cudaErrorMemoryAllocation;
+    }
+    mem.used[static_cast<std::size_t>(current_device)] += rounded;
+  }
+  void* p = std::malloc(rounded);
+  std::memset(p, 0xff, rounded);  // NaN as fp32 and as bf16
+  std::lock_guard lock(mem.m);
+  mem.live[p] = {rounded, current_device};
+  *ptr = p;
+  return cudaSuccess;
+}
+
+void release(void* p) {
+  Memory& mem = memory();
+  std::lock_guard lock(mem.m);
+  auto it = mem.live.find(p);
+  if (it == mem.live.end()) {
+    std::fprintf(stderr, "emulated GPU: free of %p, which is not allocated device memory\n", p);
+    std::abort();
+  }
+  const std::size_t bytes = it->second.first;
+  mem.used[static_cast<std::size_t>(it->second.second)] -= bytes;
+  mem.live.erase(it);
+  std::memset(p, 0xff, bytes);
+  mem.quarantine.emplace_back(p, bytes);
+  mem.quarantined += bytes;
+  while (mem.quarantined > kQuarantineBytes) {
+    std::free(mem.quarantine.front().first);
+    mem.quarantined -= mem.quarantine.front().second;
+    mem.quarantine.pop_front();
+  }
+}
+
+}  // namespace
+
+// ---- streams ---------------------------------------------------------------------------
+
+struct Work {
+  void (*run)(void*);
+  void* arg;
+  void (*drop)(void*);
+};
+
+struct CUstream_st {
+  int device = 0;
+  std::mutex m;
+  std::condition_variable wake, idle;
+  std::deque<Work> queue;
+  bool busy = false, stop = false;
+  std::mt19937 rng;
+  std::thread worker;
+
+  explicit CUstream_st(int dev, unsigned seed) : device(dev), rng(seed) {
+    worker = std::thread([this] { loop(); });
+  }
+  void loop() {
+    static const int jitter_us = std::max(0, env_int("TDPIPE_EMU_JITTER_US", 20));
+    current_device = device;
+    std::unique_lock lock(m);
+    for (;;) {
+      wake.wait(lock, [this] { return stop || !queue.empty(); });
+      if (queue.empty()) return;  // stop, and drained
+      Work w = queue.front();
+      queue.pop_front();
+      busy = true;
+      const int delay = jitter_us > 0 && rng() % 4 == 0 ? static_cast<int>(rng() % (jitter_us + 1)) : 0;
+      lock.unlock();
+      if (delay > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
+      w.run(w.arg);
+      w.drop(w.arg);
+      lock.lock();
+      busy = false;
+      if (queue.empty()) idle.notify_all();
+    }
+  }
+  void synchronize() {
+    std::unique_lock lock(m);
+    idle.wait(lock, [this] { return queue.empty() && !busy; });
+  }
+};
+
+namespace {
+struct Streams {
+  std::mutex m;
+  std::set<cudaStream_t> all;
+  unsigned next_seed = 1;
+};
+Streams& streams() {
+  static Streams* s = new Streams;
+  return *s;
+}
+}  // namespace
+
+namespace emu {
+void submit(cudaStream_t stream, void (*run)(void*), void* arg, void (*drop)(void*)) {
+  if (stream == nullptr) {
+    run(arg);
+    drop(arg);
+    return;
+  }
+  {
+    std::lock_guard lock(stream->m);
+    stream->queue.push_back(Work{run, arg, drop});
+  }
+  stream->wake.notify_one();
+}
+}  // namespace emu
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  Streams& s = streams();
+  std::lock_guard lock(s.m);
+  *stream = new CUstream_st(current_device, s.next_seed++);
+  s.all.insert(*stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (stream == nullptr) return cudaErrorInvalidResourceHandle;
+  {
+    std::lock_guard lock(streams().m);
+    streams().all.erase(stream);
+  }
+  {
+    std::lock_guard lock(stream->m);
+    stream->stop = true;
+  }
+  stream->wake.notify_one();
+  stream->worker.join();  // its queued work runs first, as on a GPU
+  delete stream;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (stream != nullptr) stream->synchronize();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (stream == nullptr) return cudaSuccess;
+  std::lock_guard lock(stream->m);
+  return stream->queue.empty() && !stream->busy ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaDeviceSynchronize() {
+  std::vector<cudaStream_t> mine;
+  {
+    std::lock_guard lock(streams().m);
+    for (cudaStream_t s : streams().all)
+      if (s->device == current_device) mine.push_back(s);
+  }
+  for (cudaStream_t s : mine) s->synchronize();
+  return cudaSuccess;
+}
+
+// ---- events ----------------------------------------------------------------------------
+
+struct CUevent_st {
+  std::mutex m;
+  std::condition_variable done;
+  std::uint64_t recorded = 0, completed = 0;
+  Clock::time_point at{};
+  bool timing = true;
+};
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
+  *event = new CUevent_st;
+  (*event)->timing = (flags & cudaEventDisableTiming) == 0;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  // A GPU lets a recorded event be destroyed before it completes: wait for it here so
+  // the marker never touches freed memory.
+  if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  {
+    std::unique_lock lock(event->m);
+    event->done.wait(lock, [event] { return event->completed >= event->recorded; });
+  }
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  std::uint64_t generation;
+  {
+    std::lock_guard lock(event->m);
+    generation = ++event->recorded;
+  }
+  emu::submit(stream, [event, generation] {
+    std::lock_guard lock(event->m);
+    event->at = Clock::now();
+    event->completed = std::max(event->completed, generation);
+    event->done.notify_all();
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  std::unique_lock lock(event->m);
+  const std::uint64_t want = event->recorded;
+  event->done.wait(lock, [&] { return event->completed >= want; });
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  std::lock_guard lock(event->m);
+  return event->completed >= event->recorded ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  std::scoped_lock lock(start->m, end->m);
+  if (!start->timing || !end->timing || start->recorded == 0 || end->recorded == 0) return cudaErrorInvalidResourceHandle;
+  if (start->completed < start->recorded || end->completed < end->recorded) return cudaErrorNotReady;
+  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
+  std::uint64_t generation;
+  {
+    std::lock_guard lock(event->m);
+    generation = event->recorded;  // the marker recorded last, as CUDA specifies
+  }
+  emu::submit(stream, [event, generation] {
+    std::unique_lock lock(event->m);
+    event->done.wait(lock, [&] { return event->completed >= generation; });
+  });
+  return cudaSuccess;
+}
+
+// ---- devices ---------------------------------------------------------------------------
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = device_count();
+  if (*count == 0) {
+    emu_last_error = cudaErrorNoDevice;
+    return cudaErrorNoDevice;
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= device_count()) return emu_last_error = cudaErrorInvalidDevice;
+  current_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = current_device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device < 0 || device >= device_count()) return emu_last_error = cudaErrorInvalidDevice;
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "tdpipe emulated GPU %d", device);
+  prop->totalGlobalMem = kDeviceBytes;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 132;
+  return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
+  std::lock_guard lock(memory().m);
+  *total_bytes = kDeviceBytes;
+  *free_bytes = kDeviceBytes - memory().used[static_cast<std::size_t>(current_device)];
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* version) {
+  *version = 13000;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  *version = 13000;
+  return cudaSuccess;
+}
+const char* cudaGetErrorName(cudaError_t status) {
+  switch (status) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    default: return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(cudaError_t status) {
+  switch (status) {
+    case cudaSuccess: return "no error";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    default: return cudaGetErrorName(status);
+  }
+}
+
+// ---- memory calls ----------------------------------------------------------------------
+
+cudaError_t cudaMalloc(void** ptr, std::size_t bytes) { return allocate(ptr, bytes); }
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  cudaDeviceSynchronize();
+  release(ptr);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocAsync(void** ptr, std::size_t bytes, cudaStream_t) { return allocate(ptr, bytes); }
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
+  if (ptr == nullptr) return cudaSuccess;
+  emu::submit(stream, [ptr] { release(ptr); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  switch (kind) {
+    case cudaMemcpyHostToDevice: {
+      // Pageable source: staged before the call returns (the caller may reuse it).
+      auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
+                                                                  static_cast<const unsigned char*>(src) + bytes);
+      emu::submit(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+      break;
+    }
+    case cudaMemcpyDeviceToHost: {
+      // Pageable destination: the call returns once the copy is done.
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      emu::submit(stream, [dst, src, bytes, done] {
+        std::memcpy(dst, src, bytes);
+        done->store(true);
+        done->notify_all();
+      });
+      done->wait(false);
+      break;
+    }
+    case cudaMemcpyDeviceToDevice:
+      emu::submit(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+      break;
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, std::size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  emu::submit(stream, [dst, value, bytes] { std::memset(dst, value, bytes); });
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+  if (device < 0 || device >= device_count()) return emu_last_error = cudaErrorInvalidDevice;
+  *pool = reinterpret_cast<cudaMemPool_t>(static_cast<std::intptr_t>(device + 1));
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return cudaSuccess; }
+
+// ---- cuBLAS ----------------------------------------------------------------------------
+
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+};
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+  *handle = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+const char* cublasGetStatusName(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_INVALID_VALUE";
+}
+const char* cublasGetStatusString(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_SUCCESS ? "success" : "an invalid value was used as an argument";
+}
+
+namespace {
+float load(const void* p, cudaDataType t, long long i) {
+  return t == CUDA_R_16BF ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+}  // namespace
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m,
+                                          int n, int k, const void* alpha, const void* A, cudaDataType at, int lda,
                                           long long sa, const void* B, cudaDataType bt, int ldb, long long sb,
                                           const void* beta, void* C, cudaDataType ct, int ldc, long long sc,
                                           int batch, cublasComputeType_t, cublasGemmAlgo_t) {
-  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  // cuBLAS's argument rules (column-major).
+  // cuBLAS's argument rules (column-major); alpha and beta are read now (host pointers).
   if (lda < std::max(1, ta == CUBLAS_OP_N ? m : k) || ldb < std::max(1, tb == CUBLAS_OP_N ? k : n) ||
       ldc < std::max(1, m)) {
     std::fprintf(stderr, "cuBLAS would reject: m %d n %d k %d lda %d ldb %d ldc %d\n", m, n, k, lda, ldb, ldc);
-    return 7;
+    return CUBLAS_STATUS_INVALID_VALUE;
   }
-  for (int bi = 0; bi < batch; ++bi)
-    for (int j = 0; j < n; ++j)
-      for (int i = 0; i < m; ++i) {
-        float acc = 0;
-        for (int p = 0; p < k; ++p) {
-          const long long ia = bi * sa + (ta == CUBLAS_OP_N ? i + (long long)p * lda : p + (long long)i * lda);
-          const long long ib = bi * sb + (tb == CUBLAS_OP_N ? p + (long long)j * ldb : j + (long long)p * ldb);
-          acc += ld_el(A, at, ia) * ld_el(B, bt, ib);
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  emu::submit(handle != nullptr ? handle->stream : nullptr, [=] {
+    for (int bi = 0; bi < batch; ++bi)
+      for (int j = 0; j < n; ++j)
+        for (int i = 0; i < m; ++i) {
+          float acc = 0;
+          for (int p = 0; p < k; ++p) {
+            const long long ia = bi * sa + (ta == CUBLAS_OP_N ? i + (long long)p * lda : p + (long long)i * lda);
+            const long long ib = bi * sb + (tb == CUBLAS_OP_N ? p + (long long)j * ldb : j + (long long)p * ldb);
+            acc += load(A, at, ia) * load(B, bt, ib);
+          }
+          const long long ic = bi * sc + i + (long long)j * ldc;
+          float v = al * acc;
+          if (be != 0.f) v += be * load(C, ct, ic);
+          if (ct == CUDA_R_16BF)
+            static_cast<__nv_bfloat16*>(C)[ic] = __float2bfloat16(v);
+          else
+            static_cast<float*>(C)[ic] = v;
         }
-        const long long ic = bi * sc + i + (long long)j * ldc;
-        float v = al * acc;
-        if (be != 0.f) v += be * ld_el(C, ct, ic);
-        if (ct == CUDA_R_16BF)
-          static_cast<bf16*>(C)[ic] = __float2bfloat16(v);
-        else
-          static_cast<float*>(C)[ic] = v;
-      }
-  return 0;
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---- NCCL ------------------------------------------------------------------------------
+
+namespace {
+
+struct SendSlot {
+  const void* data;
+  std::size_t bytes;
+  bool taken = false;
+};
+
+// The ranks of one communicator.
+struct Clique {
+  int n = 0;
+  std::vector<int> devices;
+  std::mutex m;
+  std::condition_variable cv;
+  bool aborted = false;
+  std::map<std::pair<int, int>, std::deque<std::shared_ptr<SendSlot>>> channels;  // (src, dst) → sends in order
+  struct Collective {
+    std::vector<const void*> inputs;
+    int arrived = 0, read = 0, left = 0;
+  };
+  std::map<std::uint64_t, Collective> collectives;
+  struct Split {
+    std::vector<std::tuple<int, int, int>> entries;  // color, key, rank
+    std::map<int, std::shared_ptr<Clique>> made;
+    int left = 0;
+  };
+  std::map<std::uint64_t, Split> splits;
+};
+
+thread_local std::string nccl_last_error;
+
+struct Pending {
+  std::shared_ptr<Clique> clique;
+  int joined = 0;
+};
+struct Registry {
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<std::string, Pending> pending;
+  std::uint64_t next_id = 0;
+};
+Registry& registry() {
+  static Registry* r = new Registry;
+  return *r;
+}
+
+std::size_t type_size(ncclDataType_t t) { return t == ncclFloat64 ? 8 : 4; }
+
+struct P2P {
+  bool send;
+  void* data;
+  std::size_t bytes;
+  int peer;
+  ncclComm_t comm;
+  cudaStream_t stream;
+};
+thread_local int group_depth = 0;
+thread_local std::vector<P2P> group_ops;
+
+}  // namespace
+
+struct ncclComm {
+  std::shared_ptr<Clique> clique;
+  int rank = 0;
+  std::uint64_t collectives = 0, splits = 0;
+  ncclResult_t async = ncclSuccess;
+};
+
+namespace {
+
+ncclComm_t join(const std::shared_ptr<Clique>& clique, int rank) {
+  auto* c = new ncclComm;
+  c->clique = clique;
+  c->rank = rank;
+  return c;
+}
+
+ncclResult_t usage(const std::string& what) {
+  nccl_last_error = what;
+  return ncclInvalidUsage;
+}
+
+// One rank's part of a p2p group, run on its stream: every send posted, then every
+// receive matched (in order per peer pair) and copied, then the sends waited for.
+void run_group(std::vector<P2P> ops) {
+  std::shared_ptr<Clique> c = ops.front().comm->clique;
+  const int me = ops.front().comm->rank;
+  std::vector<std::shared_ptr<SendSlot>> sent;
+  std::unique_lock lock(c->m);
+  for (const P2P& op : ops)
+    if (op.send) {
+      sent.push_back(std::make_shared<SendSlot>(SendSlot{op.data, op.bytes}));
+      c->channels[{me, op.peer}].push_back(sent.back());
+    }
+  c->cv.notify_all();
+  for (const P2P& op : ops) {
+    if (op.send) continue;
+    auto& channel = c->channels[{op.peer, me}];
+    c->cv.wait(lock, [&] { return c->aborted || !channel.empty(); });
+    if (c->aborted) return;
+    std::shared_ptr<SendSlot> slot = channel.front();
+    channel.pop_front();
+    if (slot->bytes != op.bytes) {
+      std::fprintf(stderr, "emulated NCCL: rank %d receives %zu bytes from rank %d, which sends %zu\n", me, op.bytes,
+                   op.peer, slot->bytes);
+      op.comm->async = ncclInvalidUsage;
+      c->aborted = true;
+      c->cv.notify_all();
+      return;
+    }
+    std::memcpy(op.data, slot->data, op.bytes);
+    slot->taken = true;
+    c->cv.notify_all();
+  }
+  for (const auto& slot : sent) c->cv.wait(lock, [&] { return c->aborted || slot->taken; });
+}
+
+}  // namespace
+
+ncclResult_t ncclGetVersion(int* version) {
+  *version = 22800;
+  return ncclSuccess;
+}
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  // As NCCL: with NCCL_COMM_ID every process derives the same id from the address.
+  std::string text;
+  if (const char* addr = std::getenv("NCCL_COMM_ID"); addr != nullptr && *addr != '\0') {
+    text = std::string("addr:") + addr;
+  } else {
+    std::lock_guard lock(registry().m);
+    text = "id:" + std::to_string(registry().next_id++);
+  }
+  *id = ncclUniqueId{};
+  std::snprintf(id->internal, sizeof id->internal, "%s", text.c_str());
+  return ncclSuccess;
+}
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  if (nranks < 1 || rank < 0 || rank >= nranks) return usage("rank " + std::to_string(rank) + " of " + std::to_string(nranks));
+  Registry& r = registry();
+  std::unique_lock lock(r.m);
+  Pending& p = r.pending[std::string(id.internal)];
+  if (!p.clique) {
+    p.clique = std::make_shared<Clique>();
+    p.clique->n = nranks;
+    p.clique->devices.assign(static_cast<std::size_t>(nranks), -1);
+  }
+  std::shared_ptr<Clique> c = p.clique;
+  if (c->n != nranks) return usage("ranks disagree on the world size");
+  for (int k = 0; k < nranks; ++k)
+    if (c->devices[static_cast<std::size_t>(k)] == current_device)
+      return usage("Duplicate GPU detected : rank " + std::to_string(rank) + " and rank " + std::to_string(k) +
+                   " both on CUDA device " + std::to_string(current_device));
+  c->devices[static_cast<std::size_t>(rank)] = current_device;
+  if (++p.joined == nranks) r.pending.erase(std::string(id.internal));
+  r.cv.notify_all();
+  // As ncclCommInitRank: returns once the whole world has joined.
+  r.cv.wait(lock, [&] { return std::count(c->devices.begin(), c->devices.end(), -1) == 0; });
+  *comm = join(c, rank);
+  return ncclSuccess;
+}
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t*) {
+  std::shared_ptr<Clique> c = comm->clique;
+  const std::uint64_t seq = comm->splits++;
+  std::unique_lock lock(c->m);
+  Clique::Split& s = c->splits[seq];
+  s.entries.emplace_back(color, key, comm->rank);
+  if (static_cast<int>(s.entries.size()) == c->n) {
+    std::map<int, std::vector<std::tuple<int, int, int>>> by_color;
+    for (const auto& e : s.entries) by_color[std::get<0>(e)].push_back(e);
+    for (auto& [col, members] : by_color) {
+      auto made = std::make_shared<Clique>();
+      made->n = static_cast<int>(members.size());
+      std::sort(members.begin(), members.end());
+      for (const auto& e : members) made->devices.push_back(c->devices[static_cast<std::size_t>(std::get<2>(e))]);
+      s.made[col] = made;
+    }
+    s.left = c->n;
+  }
+  c->cv.notify_all();
+  c->cv.wait(lock, [&] { return c->aborted || !s.made.empty(); });
+  if (c->aborted) return ncclRemoteError;
+  std::vector<std::tuple<int, int, int>> members;
+  for (const auto& e : s.entries)
+    if (std::get<0>(e) == color) members.push_back(e);
+  std::sort(members.begin(), members.end());
+  const int new_rank = static_cast<int>(
+      std::find(members.begin(), members.end(), std::make_tuple(color, key, comm->rank)) - members.begin());
+  *newcomm = join(s.made[color], new_rank);
+  if (--s.left == 0) c->splits.erase(seq);
+  return ncclSuccess;
+}
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  delete comm;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  {
+    std::lock_guard lock(comm->clique->m);
+    comm->clique->aborted = true;
+  }
+  comm->clique->cv.notify_all();
+  delete comm;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
+  std::lock_guard lock(comm->clique->m);
+  *async_error = comm->async != ncclSuccess ? comm->async : comm->clique->aborted ? ncclRemoteError : ncclSuccess;
+  return ncclSuccess;
+}
+const char* ncclGetErrorString(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclInvalidUsage: return "invalid usage";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unhandled error";
+  }
+}
+const char* ncclGetLastError(ncclComm_t) { return nccl_last_error.c_str(); }
+
+ncclResult_t ncclGroupStart() {
+  ++group_depth;
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  if (group_depth == 0) return usage("ncclGroupEnd without ncclGroupStart");
+  if (--group_depth > 0) return ncclSuccess;
+  std::vector<P2P> ops = std::move(group_ops);
+  group_ops.clear();
+  // One group per stream (and communicator) the ops were posted on.
+  while (!ops.empty()) {
+    const cudaStream_t s = ops.front().stream;
+    const ncclComm_t comm = ops.front().comm;
+    std::vector<P2P> mine, rest;
+    for (const P2P& op : ops) (op.stream == s && op.comm == comm ? mine : rest).push_back(op);
+    emu::submit(s, [mine = std::move(mine)] { run_group(mine); });
+    ops = std::move(rest);
+  }
+  return ncclSuccess;
+}
+ncclResult_t ncclSend(const void* buf, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  if (peer < 0 || peer >= comm->clique->n || peer == comm->rank)
+    return usage("ncclSend to peer " + std::to_string(peer) + " of " + std::to_string(comm->clique->n));
+  ncclGroupStart();
+  group_ops.push_back(P2P{true, const_cast<void*>(buf), count * type_size(type), peer, comm, stream});
+  return ncclGroupEnd();
+}
+ncclResult_t ncclRecv(void* buf, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  if (peer < 0 || peer >= comm->clique->n || peer == comm->rank)
+    return usage("ncclRecv from peer " + std::to_string(peer) + " of " + std::to_string(comm->clique->n));
+  ncclGroupStart();
+  group_ops.push_back(P2P{false, buf, count * type_size(type), peer, comm, stream});
+  return ncclGroupEnd();
+}
+ncclResult_t ncclAllReduce(const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type, ncclRedOp_t,
+                           ncclComm_t comm, cudaStream_t stream) {
+  std::shared_ptr<Clique> c = comm->clique;
+  const std::uint64_t seq = comm->collectives++;  // call order = matching order, as NCCL
+  const int me = comm->rank;
+  emu::submit(stream, [c, seq, me, sendbuf, recvbuf, count, type] {
+    std::unique_lock lock(c->m);
+    Clique::Collective& k = c->collectives[seq];
+    if (k.inputs.empty()) {
+      k.inputs.assign(static_cast<std::size_t>(c->n), nullptr);
+      k.left = c->n;
+    }
+    k.inputs[static_cast<std::size_t>(me)] = sendbuf;
+    ++k.arrived;
+    c->cv.notify_all();
+    c->cv.wait(lock, [&] { return c->aborted || k.arrived == c->n; });
+    if (c->aborted) return;
+    // Every rank sums the inputs in rank order (the same result everywhere), then
+    // waits until all have read before writing: send and receive buffers may alias.
+    std::vector<double> sum(count, 0.0);
+    for (const void* in : k.inputs)
+      for (std::size_t i = 0; i < count; ++i)
+        sum[i] += type == ncclFloat64 ? static_cast<const double*>(in)[i] : static_cast<const float*>(in)[i];
+    ++k.read;
+    c->cv.notify_all();
+    c->cv.wait(lock, [&] { return c->aborted || k.read == c->n; });
+    if (c->aborted) return;
+    for (std::size_t i = 0; i < count; ++i) {
+      if (type == ncclFloat64) static_cast<double*>(recvbuf)[i] = sum[i];
+      else static_cast<float*>(recvbuf)[i] = static_cast<float>(sum[i]);
+    }
+    if (--k.left == 0) c->collectives.erase(seq);
+  });
+  return ncclSuccess;
 }

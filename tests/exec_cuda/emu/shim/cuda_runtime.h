@@ -1,12 +1,37 @@
-// Host shim of the few CUDA runtime names exec/cuda/gpt_cuda.cpp and kernels.cu use
-// (tests/exec_cuda/emu: host emulation only).
+// Host shim of the CUDA runtime API that exec/cuda uses (tests/exec_cuda/emu: an
+// emulated GPU, no CUDA toolkit). emu_runtime.cpp implements it: every stream is a
+// worker thread running its work in order, events are markers on it, device memory is
+// host memory (NaN when allocated, poisoned when freed), the null stream runs work at
+// once on the caller's thread.
 #pragma once
 #include <cstddef>
-#include <cstring>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <utility>
+
 typedef struct CUstream_st* cudaStream_t;
+typedef struct CUevent_st* cudaEvent_t;
+typedef struct CUmemPoolHandle_st* cudaMemPool_t;
 typedef int cudaError_t;
-enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidConfiguration = 9, cudaErrorNotReady = 600 };
+enum {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorNoDevice = 100,
+  cudaErrorInsufficientDriver = 35,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
+};
+enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+typedef enum { CUDA_R_16BF = 14, CUDA_R_32F = 0 } cudaDataType;
+enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
+enum { cudaEventDefault = 0, cudaEventDisableTiming = 2 };
+enum cudaMemPoolAttr { cudaMemPoolReuseFollowEventDependencies = 1, cudaMemPoolReuseAllowOpportunistic = 2,
+                       cudaMemPoolReuseAllowInternalDependencies = 3, cudaMemPoolAttrReleaseThreshold = 4 };
+
 struct uint3 {
   unsigned x, y, z;
 };
@@ -14,21 +39,63 @@ struct dim3 {
   unsigned x, y, z;
   dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
 };
-enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
-typedef enum { CUDA_R_16BF = 14, CUDA_R_32F = 0 } cudaDataType;
-inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t) {
-  if (n) std::memmove(d, s, n);
-  return 0;
-}
-inline cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) {
-  if (n) std::memset(d, v, n);
-  return 0;
-}
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return 0; }
-// Set by an emulated kernel launch the GPU would refuse (simt/simt.hpp); read and cleared here.
-inline cudaError_t emu_last_error = 0;
+struct cudaDeviceProp {
+  char name[256];
+  std::size_t totalGlobalMem;
+  int major, minor, multiProcessorCount;
+};
+
+// Set by an emulated kernel launch the GPU would refuse (simt/simt.hpp); read and cleared
+// by cudaGetLastError.
+inline thread_local cudaError_t emu_last_error = 0;
 inline cudaError_t cudaGetLastError() {
   const cudaError_t e = emu_last_error;
   emu_last_error = 0;
   return e;
 }
+
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes);
+cudaError_t cudaDriverGetVersion(int* version);
+cudaError_t cudaRuntimeGetVersion(int* version);
+const char* cudaGetErrorString(cudaError_t status);
+const char* cudaGetErrorName(cudaError_t status);
+cudaError_t cudaDeviceSynchronize();
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0);
+
+cudaError_t cudaEventCreate(cudaEvent_t* event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+cudaError_t cudaMalloc(void** ptr, std::size_t bytes);
+cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMallocAsync(void** ptr, std::size_t bytes, cudaStream_t stream);
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
+cudaError_t cudaMemsetAsync(void* dst, int value, std::size_t bytes, cudaStream_t stream = nullptr);
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device);
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value);
+
+namespace emu {
+/// Runs `work` on `stream` after everything enqueued there before (now, on this
+/// thread, for the null stream). What the kernels and cuBLAS emulations call.
+void submit(cudaStream_t stream, void (*run)(void*), void* arg, void (*drop)(void*));
+template <class F>
+void submit(cudaStream_t stream, F work) {
+  auto* f = new F(std::move(work));
+  submit(stream, [](void* p) { (*static_cast<F*>(p))(); }, f, [](void* p) { delete static_cast<F*>(p); });
+}
+}  // namespace emu

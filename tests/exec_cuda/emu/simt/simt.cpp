@@ -59,8 +59,9 @@ struct Machine {
   std::string fault;
 };
 
+// One per OS thread: the emulated streams (emu_runtime.cpp) each run their kernels.
 Machine& m() {
-  static Machine machine;
+  static thread_local Machine machine;
   return machine;
 }
 
@@ -206,14 +207,20 @@ std::uint64_t warp_exchange(unsigned mask, std::uint64_t value, int src_lane) {
   return got;
 }
 
-int run(dim3 grid, dim3 block, const std::function<void()>& body) {
-  Machine& mc = m();
-  if (mc.current != nullptr) throw Error("a kernel launched from inside a kernel");
+int check_config(dim3 grid, dim3 block) {
   const std::uint64_t threads = std::uint64_t(block.x) * block.y * block.z;
   // The GPU's limits (compute capability 8.0 and 9.0).
   if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 || grid.x == 0 ||
       grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
     return cudaErrorInvalidConfiguration;
+  return cudaSuccess;
+}
+
+void run(dim3 grid, dim3 block, const std::function<void()>& body) {
+  Machine& mc = m();
+  if (mc.current != nullptr) throw Error("a kernel launched from inside a kernel");
+  if (check_config(grid, block) != cudaSuccess) throw Error("simt::run: a launch configuration the GPU refuses");
+  const std::uint64_t threads = std::uint64_t(block.x) * block.y * block.z;
   ++mc.launches;
   mc.grid_dim = grid;
   mc.block_dim = block;
@@ -256,7 +263,6 @@ int run(dim3 grid, dim3 block, const std::function<void()>& body) {
         }
       }
   mc.body = nullptr;
-  return cudaSuccess;
 }
 
 }  // namespace simt

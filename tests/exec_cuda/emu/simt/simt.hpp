@@ -1,5 +1,5 @@
 // simt.hpp — a host emulation of CUDA's thread model, enough to run exec/cuda/kernels.cu
-// on a CPU: every thread of a block is a fiber (ucontext) on one OS thread, so
+// on a CPU: every thread of a block is a fiber (Boost.Context) on one OS thread, so
 // __syncthreads and warp shuffles are real rendezvous, not sequential loops. Blocks run
 // one after another; inside a block the fibers run in a chosen order (forward or
 // reverse) until each reaches a barrier, which catches code that depends on an order
@@ -19,6 +19,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include <cuda_runtime.h>  // the shim: dim3, uint3, cudaStream_t, the last-error slot
@@ -49,24 +50,33 @@ void syncthreads();
 /// `value` is published first, the partner's read after.
 std::uint64_t warp_exchange(unsigned mask, std::uint64_t value, int src_lane);
 
-/// Runs grid × block fibers of `body`; returns the cudaError_t CUDA would report.
-int run(dim3 grid, dim3 block, const std::function<void()>& body);
+/// The cudaError_t a GPU reports for launching grid × block (cudaSuccess when it runs).
+int check_config(dim3 grid, dim3 block);
+/// Runs grid × block fibers of `body`, block after block, on the calling thread.
+void run(dim3 grid, dim3 block, const std::function<void()>& body);
 
 template <class... P>
 struct Launcher {
   void (*kernel)(P...);
   dim3 grid, block;
+  cudaStream_t stream;
   template <class... A>
   void operator()(A&&... args) const {
     static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
-    const int status = run(grid, block, [&] { kernel(static_cast<P>(args)...); });
-    if (status != cudaSuccess) emu_last_error = status;
+    if (const int status = check_config(grid, block); status != cudaSuccess) {
+      emu_last_error = status;  // as on a GPU: nothing runs, cudaGetLastError reports it
+      return;
+    }
+    // In stream order, like the GPU (the null stream: now); the arguments are copied now.
+    emu::submit(stream, [k = kernel, g = grid, b = block, params = std::tuple<P...>(static_cast<P>(args)...)] {
+      run(g, b, [&] { std::apply(k, params); });
+    });
   }
 };
 template <class... P>
 Launcher<P...> launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t /*smem*/ = 0,
-                      cudaStream_t /*stream*/ = nullptr) {
-  return Launcher<P...>{kernel, grid, block};
+                      cudaStream_t stream = nullptr) {
+  return Launcher<P...>{kernel, grid, block, stream};
 }
 
 template <class T>
@@ -87,8 +97,9 @@ T shfl_xor(unsigned mask, T value, int lane_mask) {
 #define __device__
 #define __host__
 #define __forceinline__ inline
-// One block runs at a time, so a function-local static is that block's shared memory.
-#define __shared__ static
+// One block runs at a time per OS thread (one per emulated stream), so a function-local
+// thread_local is that block's shared memory.
+#define __shared__ static thread_local
 #define threadIdx (::simt::thread_idx())
 #define blockIdx (::simt::block_idx())
 #define blockDim (::simt::block_dim())
@@ -99,7 +110,9 @@ template <class T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
   return ::simt::shfl_xor(mask, value, lane_mask);
 }
-// Fibers share one OS thread and never switch inside these: plain adds are atomic.
+// A block's fibers share one OS thread and never switch inside these, and the blocks of
+// a stream run one after another: plain adds are atomic. (Kernels on two streams that
+// add into one buffer would race here as they would not on a GPU; exec/cuda has none.)
 inline float atomicAdd(float* p, float v) {
   const float old = *p;
   *p = old + v;
