@@ -462,7 +462,11 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
         r = run_rank_step(plan, rank, world_rank, step, backend, control);
       } catch (const Aborted&) {
       }
-      if (control.failed()) throw Error("rank " + std::to_string(world_rank) + ": " + control.failure());
+      if (control.failed()) {
+        // Interpreter failures already begin "rank R (stream)"; others get this process's rank.
+        const std::string& why = control.failure();
+        throw Error(why.rfind("rank ", 0) == 0 ? why : "rank " + std::to_string(world_rank) + ": " + why);
+      }
       const double loss = world_sum(r.loss, "the loss sum");
       const std::int64_t step_end = clock.now_ns(ir::Stream::Compute);
       result.loss_per_step.push_back(loss);
@@ -511,8 +515,7 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   return out;
 }
 
-CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options) {
-  const LaunchEnv launch = parse_launch_env(process_env());
+CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options, const LaunchEnv& launch) {
   const IdExchange exchange = choose_id_exchange(launch, process_env(), built_with_mpi());
 #if defined(TDPIPE_HAVE_MPI)
   // MPI first, before anything that can fail on one process only (memory check,
@@ -534,7 +537,16 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options) {
 CudaRunResult run_cuda(const ir::Plan& plan, const CudaRunOptions& options) {
   check_runnable(plan);
   if (options.train.steps < 1) throw Error("--steps: expected at least 1");
-  return options.transport == TransportKind::Loopback ? run_loopback(plan, options) : run_nccl(plan, options);
+  return options.transport == TransportKind::Loopback ? run_loopback(plan, options)
+                                                      : run_nccl(plan, options, parse_launch_env(process_env()));
+}
+
+CudaRunResult run_cuda_rank(const ir::Plan& plan, const CudaRunOptions& options, const LaunchEnv& launch) {
+  check_runnable(plan);
+  if (options.train.steps < 1) throw Error("--steps: expected at least 1");
+  CudaRunOptions nccl = options;
+  nccl.transport = TransportKind::Nccl;
+  return run_nccl(plan, nccl, launch);
 }
 
 }  // namespace tdpipe::exec::cuda

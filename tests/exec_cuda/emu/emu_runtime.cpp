@@ -53,10 +53,7 @@ int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
 }
-int device_count() {
-  static const int n = std::max(0, env_int("TDPIPE_EMU_GPUS", 1));
-  return n;
-}
+int device_count() { return std::clamp(env_int("TDPIPE_EMU_GPUS", 1), 0, 64); }
 thread_local int current_device = 0;
 
 // ---- memory ----------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "tdpipe/exec/cpu/run.hpp"
+#include "tdpipe/exec/cuda/launch_env.hpp"
 #include "tdpipe/ir/plan.hpp"
 
 namespace tdpipe::exec::cuda {
@@ -45,6 +46,13 @@ struct CudaRunResult {
 /// too little memory, a CUDA/NCCL failure (call and file:line), a failing rank, or
 /// the watchdog's report of blocked ranks.
 CudaRunResult run_cuda(const ir::Plan& plan, const CudaRunOptions& options);
+
+/// One process's part of an NCCL run (options.transport is not read) whose rank and
+/// world are given instead of read from the launcher's environment: for a launcher
+/// that starts the ranks itself. The NCCL id comes over MPI when this build has it and
+/// `launch.launcher` is "openmpi", "slurm" or "pmi", else from NCCL_COMM_ID. Throws as
+/// run_cuda.
+CudaRunResult run_cuda_rank(const ir::Plan& plan, const CudaRunOptions& options, const LaunchEnv& launch);
 
 struct GpuInfo {
   int count = 0;        ///< visible CUDA devices (0: none, or no driver)

@@ -1,0 +1,153 @@
+// test_emulated_nccl.cpp — NCCL runs of several processes, on the emulated GPU (built
+// into test_exec_cuda_emulated_gpu only): each rank a thread with its own emulated
+// device, started through run_cuda_rank as a launcher would start processes, the
+// NCCL id from NCCL_COMM_ID. What one real GPU cannot show: p2p groups between
+// processes, the replicas' communicator split and gradient all-reduce, and a failing
+// process ending the others with a message instead of a hang.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../gpu/gpu_test_util.hpp"
+#include "tdpipe/exec/cpu/run.hpp"
+#include "tdpipe/exec/cuda/run.hpp"
+#include "tdpipe/ir/error.hpp"
+#include "tdpipe/planner/build_plan.hpp"
+
+using namespace tdpipe;
+using namespace tdpipe::exec;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// Sets environment variables for one test and restores them after.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::vector<std::pair<std::string, std::string>> vars) {
+    for (auto& [k, v] : vars) {
+      const char* old = std::getenv(k.c_str());
+      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+      setenv(k.c_str(), v.c_str(), 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (auto& [k, v] : saved_)
+      if (v) setenv(k.c_str(), v->c_str(), 1);
+      else unsetenv(k.c_str());
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+struct RankOutcome {
+  cuda::CudaRunResult result;
+  std::string error;
+};
+
+// world = plans.size() processes on one node, one emulated GPU each.
+std::vector<RankOutcome> run_world(const std::vector<ir::Plan>& plans, const cuda::CudaRunOptions& o) {
+  const int world = static_cast<int>(plans.size());
+  ScopedEnv env({{"TDPIPE_EMU_GPUS", std::to_string(world)}, {"NCCL_COMM_ID", "emulated-node:29500"}});
+  std::vector<RankOutcome> out(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      cuda::LaunchEnv launch;
+      launch.launcher = "torchrun";
+      launch.rank = launch.local_rank = r;
+      launch.world = launch.local_world = world;
+      try {
+        out[static_cast<std::size_t>(r)].result = cuda::run_cuda_rank(plans[static_cast<std::size_t>(r)], o, launch);
+      } catch (const std::exception& e) {
+        out[static_cast<std::size_t>(r)].error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+void check_against_cpu(const std::string& schedule, int p, int d, int m) {
+  const ir::Scenario sc = cuda::test::tiny_scenario(p, d, m);
+  const ir::Plan plan = planner::build_plan(sc, schedule, 1).lowered;
+  cpu::CpuRunOptions co;
+  co.train = cuda::test::train_options(2);
+  const cpu::RunResult want = cpu::run_cpu(plan, co);
+  cuda::CudaRunOptions o;
+  o.train = cuda::test::train_options(2);
+  o.watchdog_seconds = 60;
+  const auto ranks = run_world(std::vector<ir::Plan>(static_cast<std::size_t>(p * d), plan), o);
+  cpu::ParamMap grads;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    INFO("rank " << r << ": " << ranks[r].error);
+    REQUIRE(ranks[r].error.empty());
+    const cuda::CudaRunResult& got = ranks[r].result;
+    CHECK(got.world_rank == static_cast<int>(r));
+    CHECK(got.world_size == p * d);
+    CHECK(got.root == (r == 0));
+    CHECK(got.run.trace.metadata.at("transport") == "nccl");
+    // The loss is summed over every process (NCCL all-reduce): the same on each.
+    REQUIRE(got.run.loss_per_step.size() == 2);
+    for (int s = 0; s < 2; ++s) {
+      INFO("step " << s << " loss " << got.run.loss_per_step[s] << " cpu " << want.loss_per_step[s]);
+      CHECK(std::abs(got.run.loss_per_step[s] - want.loss_per_step[s]) <= 1e-2 * std::abs(want.loss_per_step[s]));
+      CHECK(got.run.loss_per_step[s] == ranks[0].result.run.loss_per_step[s]);
+    }
+    // Without MPI each process keeps its own rank's events: every op of its plan row.
+    CHECK(got.run.trace.events.size() == plan.ranks[r % static_cast<std::size_t>(p)].size());
+    grads.insert(got.run.grads.begin(), got.run.grads.end());
+  }
+  // Step 2's gradients (after one Adam step on both): the bf16 tolerance of the GPU tests
+  // holds loosely there too; the replicas' all-reduce must have averaged them.
+  std::string worst;
+  const double err = cuda::test::max_rel_error(grads, want.grads, &worst);
+  INFO("worst gradient " << worst << " relative L2 error " << err);
+  CHECK(err <= 0.1);
+}
+
+}  // namespace
+
+TEST_CASE("emulated NCCL: 4 processes run 1f1b like the CPU backend", "[emulated][nccl]") {
+  check_against_cpu("1f1b", 4, 1, 8);
+}
+
+TEST_CASE("emulated NCCL: 2 stages x 2 replicas (split communicator, gradient all-reduce)", "[emulated][nccl]") {
+  check_against_cpu("1f1b", 2, 2, 4);
+}
+
+TEST_CASE("emulated NCCL: zb-h1 over 4 processes (B and W apart, grouped p2p)", "[emulated][nccl]") {
+  check_against_cpu("zb-h1", 4, 1, 8);
+}
+
+TEST_CASE("emulated NCCL: a process that fails mid-run ends the others with a message, no hang",
+          "[emulated][nccl][errors]") {
+  const ir::Scenario sc = cuda::test::tiny_scenario(4, 1, 8);
+  const ir::Plan plan = planner::build_plan(sc, "1f1b", 1).lowered;
+  std::vector<ir::Plan> plans(4, plan);
+  // Rank 3 meets a compute op for a chunk it does not hold, half-way through its row.
+  auto& row = plans[3].ranks[3];
+  for (std::size_t i = row.size() / 2; i < row.size(); ++i)
+    if (row[i].kind == ir::OpKind::F) {
+      row[i].chunk = 5;
+      break;
+    }
+  cuda::CudaRunOptions o;
+  o.train = cuda::test::train_options(1);
+  o.watchdog_seconds = 20;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto ranks = run_world(plans, o);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
+  INFO("rank 3: " << ranks[3].error);
+  CHECK_THAT(ranks[3].error, Contains("F4.c5") && Contains("has no chunk 5"));
+  int ended = 0;
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << ranks[static_cast<std::size_t>(r)].error);
+    CHECK_THAT(ranks[static_cast<std::size_t>(r)].error, Contains("NCCL asynchronous error") && Contains("a peer process failed"));
+    ended += !ranks[static_cast<std::size_t>(r)].error.empty();
+  }
+  CHECK(ended == 3);
+}
