@@ -20,9 +20,11 @@
 # also leaves there summary.txt and gpu-check.tar.gz of OUT_DIR — on every exit, a
 # failed build's logs included. Unpack it into traces/samples/h200/DATE/ to commit.
 #
-# Rehearsal without a GPU: GPU_CHECK_BACKEND=cpu GPU_CHECK_BUILD=build/DIR runs every
-# step's scripting with the CPU backend on a built tree (no preset build, no ctest -L
-# gpu, no PyTorch layer, a small step-4 model) — scripts/gpu-dryrun.sh does this, so a
+# Rehearsal without a GPU, on a built tree (no preset build, no PyTorch layer, a small
+# step-4 model): GPU_CHECK_BUILD=build/DIR with GPU_CHECK_BACKEND=emulated runs every
+# step with the CUDA backend itself on the emulated GPU (build/DIR/tests/tdpipe-emulated-gpu,
+# tests/exec_cuda/emu; step 2's ctest runs the GPU suite there), or with
+# GPU_CHECK_BACKEND=cpu with the CPU backend — scripts/gpu-dryrun.sh does both, so a
 # broken step shows here and not in the minutes of a GPU loan.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -49,9 +51,15 @@ if [ "$backend" = cuda ]; then
   say "GPU: $(head -1 "$out/gpu.txt")"
   [ -d .carry/share/cmake ] || { say "gpu-check: .carry/ missing: run scripts/gpu-carry.sh on the dev machine and carry it"; exit 2; }
   transport=(--transport loopback)
+  run_backend=cuda
+elif [ "$backend" = emulated ]; then
+  say "gpu-check: rehearsal with the CUDA backend on the emulated GPU (no GPU work)"
+  transport=(--transport loopback)
+  run_backend=cuda
 else
   say "gpu-check: rehearsal with the $backend backend (no GPU work)"
   transport=()
+  run_backend=$backend
 fi
 
 # ---------------------------------------------------------------------- 1. build
@@ -72,12 +80,20 @@ fi
 say "built in $(( $(date +%s) - t_start )) s"
 fi
 tdp=$build/apps/tdpipe
+if [ "$backend" = emulated ]; then
+  tdp=$build/tests/tdpipe-emulated-gpu
+  [ -x "$tdp" ] || { say "gpu-check: $tdp not built (needs the exec tests: ninja -C $build tdpipe-emulated-gpu)"; exit 2; }
+fi
 
 # ------------------------------------------------------------- 2. CUDA vs CPU
 step "2/4 CUDA backend vs CPU backend (tiny scenario, 4 stages, loopback)"
 # One process per test case (ctest), so an illegal memory access in one case cannot
 # take the later ones down with it.
-[ "$backend" = cuda ] && ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120 2>&1 | tee "$out/gpu_tests.log" | tail -25
+case "$backend" in
+  cuda) ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120 2>&1 | tee "$out/gpu_tests.log" | tail -25 ;;
+  emulated) ctest --test-dir "$build" -R "^emulated-gpu:" --output-on-failure --timeout 300 2>&1 \
+              | tee "$out/gpu_tests.log" | tail -25 ;;
+esac
 tiny=tests/exec_cuda/data/tiny-gpt-cpu.json
 python3 - "$tiny" "$out/tiny-p4.json" <<'PY'
 import json, sys
@@ -90,7 +106,7 @@ json.dump(s, open(sys.argv[2], "w"), indent=2)
 PY
 for spec in "1f1b 1" "zb-h1 1" "tdpipe 4"; do
   set -- $spec
-  "$tdp" exec "$out/tiny-p4.json" --backend "$backend" "${transport[@]}" --schedule "$1" --slices "$2" \
+  "$tdp" exec "$out/tiny-p4.json" --backend "$run_backend" "${transport[@]}" --schedule "$1" --slices "$2" \
       --steps 3 --lr 1e-3 --check --json > "$out/check-$1-s$2.json" 2> "$out/check-$1-s$2.err" || cat "$out/check-$1-s$2.err"
   python3 - "$out/check-$1-s$2.json" "$1 S=$2" <<'PY' | tee -a "$out/summary.txt"
 import json, sys
@@ -137,10 +153,10 @@ for spec in "gpipe 1" "1f1b 1" "interleaved 1" "zb-h1 1" "zb-h2 1" "zb-v 1" "tdp
   set -- $spec
   name="$1-s$2"
   if (( $(date +%s) - t_start > 450 )); then say "  $name: skipped (time budget)"; continue; fi
-  "$tdp" exec "$scen" --backend "$backend" "${transport[@]}" --schedule "$1" --slices "$2" --steps 6 \
+  "$tdp" exec "$scen" --backend "$run_backend" "${transport[@]}" --schedule "$1" --slices "$2" --steps 6 \
       --trace-out "$out/traces/$name.$backend.json" --json > "$out/exec-$name.json" 2> "$out/exec-$name.err" \
     || { say "  $name: exec failed: $(tail -2 "$out/exec-$name.err")"; continue; }
-  "$tdp" calibrate "$scen" --backend "$backend" --schedule "$1" --slices "$2" --steps 4 --warmup 2 \
+  "$tdp" calibrate "$scen" --backend "$run_backend" --schedule "$1" --slices "$2" --steps 4 --warmup 2 \
       -o "$out/profiles/$name.profile.json" > "$out/calibrate-$name.log" 2>&1 \
     || { say "  $name: calibrate failed: $(tail -2 "$out/calibrate-$name.log")"; continue; }
   # SimGrid is not on the GPU machine: the analytic engine predicts with the profile's
