@@ -139,10 +139,8 @@ void run_steps(const cpu::GptConfig& c, int P, int S, int m, int split_mode, int
   }
 }
 
-}  // namespace
-
-#ifndef EMU_SIMT
-TEST_CASE("CUDA GPT host code over emulated cuBLAS/kernels equals the CPU model", "[exec_cuda][emu]") {
+// 3 layers of hidden 32 (one warp's worth of columns), 4 heads, 16 tokens (slices of 4).
+cpu::GptConfig small_config() {
   cpu::GptConfig c;
   c.layers = 3;
   c.hidden = 32;
@@ -151,6 +149,14 @@ TEST_CASE("CUDA GPT host code over emulated cuBLAS/kernels equals the CPU model"
   c.seq = 16;
   c.vocab = 24;
   c.micro_batch = 2;
+  return c;
+}
+
+}  // namespace
+
+#ifndef EMU_SIMT
+TEST_CASE("CUDA GPT host code over emulated cuBLAS/kernels equals the CPU model", "[exec_cuda][emu]") {
+  const cpu::GptConfig c = small_config();
   for (int P : {1, 2, 4})       // 4 stages over 3 layers: one stage holds only the embedding
     for (int S : {1, 4})        // TD-Pipe slices: KV cache and dK/dV accumulation
       for (int mode : {0, 1, 2}) {  // BW; W at the end; W after the next B
@@ -160,14 +166,7 @@ TEST_CASE("CUDA GPT host code over emulated cuBLAS/kernels equals the CPU model"
 }
 #else
 TEST_CASE("kernels.cu on the SIMT emulation: the CUDA GPT equals the CPU model", "[exec_cuda][simt]") {
-  cpu::GptConfig c;  // as the contract test: 2 warps' worth of columns, 8-row slices
-  c.layers = 3;
-  c.hidden = 32;
-  c.heads = 4;
-  c.ffn = 64;
-  c.seq = 16;
-  c.vocab = 24;
-  c.micro_batch = 2;
+  const cpu::GptConfig c = small_config();  // as the contract test
   const std::int64_t before = simt::launches();
   for (int P : {1, 4})
     for (int S : {1, 4}) {
