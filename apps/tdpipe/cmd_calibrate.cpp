@@ -2,7 +2,9 @@
 // measure this machine's op costs for the scenario's layers and its transport, as a
 // profile `tdpipe sim --profile` reads.
 #include <algorithm>
+#include <exception>
 #include <memory>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -10,6 +12,7 @@
 #include "cuda_commands.hpp"
 #include "exec_common.hpp"
 #include "tdpipe/exec/cpu/calibrate.hpp"
+#include "tdpipe/ir/error.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/traces/profile.hpp"
@@ -26,7 +29,27 @@ struct CalibrateArgs {
   int steps = 5;
   int warmup = 2;
   std::string corpus;
+  std::string shared_capacity;  // "", "fit" or a number
 };
+
+exec::cpu::SharingChoice sharing_choice(const std::string& text) {
+  exec::cpu::SharingChoice c;
+  if (text.empty()) return c;
+  if (text == "fit") {
+    c.fit = true;
+    return c;
+  }
+  std::size_t used = 0;
+  try {
+    c.capacity = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || !(c.capacity > 0))
+    throw Error("--shared-capacity " + text + ": expected `fit` or a positive number of ops the device runs at "
+                "full speed at once");
+  return c;
+}
 
 void run_calibrate(const CalibrateArgs& a) {
 #ifdef TDPIPE_HAVE_CUDA
@@ -39,6 +62,7 @@ void run_calibrate(const CalibrateArgs& a) {
     c.slices = a.slices;
     c.steps = a.steps;
     c.warmup = a.warmup;
+    c.sharing = sharing_choice(a.shared_capacity);
     run_calibrate_cuda(c);
     return;
   }
@@ -52,6 +76,7 @@ void run_calibrate(const CalibrateArgs& a) {
   opt.steps = a.steps;
   opt.warmup_steps = a.warmup;
   opt.train.corpus_path = a.corpus;
+  opt.sharing = sharing_choice(a.shared_capacity);
   std::vector<ir::Plan> plans{built.lowered};
   // A fused-backward schedule never runs B or W alone; zb-h1 has the same layout
   // (one chunk, no slices) and splits them, so the profile can serve every schedule.
@@ -64,11 +89,11 @@ void run_calibrate(const CalibrateArgs& a) {
   if (prof.scenario.empty()) prof.scenario = sc.name;
   traces::write_profile(prof, a.output);
   fmt::print("{}: {} ops measured ({} schedule, p={} v={} S={}), p2p {:.2f} us + {:.2f} GB/s, "
-             "all-reduce {:.2f} us + {:.2f} GB/s, {} ranks on {} cores\n",
+             "all-reduce {:.2f} us + {:.2f} GB/s, {} ranks on {} cores, shared capacity {}\n",
              a.output, prof.ops.size(), schedule, built.lowered.stages, built.lowered.chunks,
              built.lowered.slices, prof.p2p.latency_seconds * 1e6, prof.p2p.bytes_per_second / 1e9,
              prof.collective.latency_seconds * 1e6, prof.collective.bytes_per_second / 1e9,
-             prof.platform.ranks, prof.platform.cores);
+             prof.platform.ranks, prof.platform.cores, prof.metadata["shared_capacity"]);
 }
 
 }  // namespace
@@ -85,6 +110,9 @@ void add_calibrate_command(CLI::App& app) {
   cmd->add_option("--steps", args->steps, "Measured steps")->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", args->warmup, "Unmeasured steps first")->check(CLI::NonNegativeNumber);
   cmd->add_option("--corpus", args->corpus, "Training text (default: data/tiny_corpus.txt)");
+  cmd->add_option("--shared-capacity", args->shared_capacity,
+                  "How many ops the shared device runs at full speed at once: a number, or `fit` (from the "
+                  "run; default: the CPU's cores, 1 for a GPU)");
   cmd->callback([args] { run_calibrate(*args); });
 }
 

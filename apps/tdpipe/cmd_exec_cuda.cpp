@@ -68,14 +68,16 @@ void run_calibrate_cuda(const CudaCalibrateRequest& a) {
   opt.warmup_steps = a.warmup;
   opt.train.corpus_path = a.corpus;
   opt.device = a.device;
+  opt.sharing = a.sharing;
   traces::Profile prof = exec::cuda::calibrate(built.lowered, opt);
   if (prof.scenario.empty()) prof.scenario = sc.name;
   traces::write_profile(prof, a.output);
   fmt::print("{}: {} ops measured on {} ({} schedule, p={} v={} S={}), loopback p2p {:.2f} us + {:.2f} GB/s, "
-             "all-reduce {:.2f} us + {:.2f} GB/s\n",
+             "all-reduce {:.2f} us + {:.2f} GB/s, shared capacity {}\n",
              a.output, prof.ops.size(), prof.platform.device, schedule, built.lowered.stages, built.lowered.chunks,
              built.lowered.slices, prof.p2p.latency_seconds * 1e6, prof.p2p.bytes_per_second / 1e9,
-             prof.collective.latency_seconds * 1e6, prof.collective.bytes_per_second / 1e9);
+             prof.collective.latency_seconds * 1e6, prof.collective.bytes_per_second / 1e9,
+             prof.metadata["shared_capacity"]);
 }
 
 }  // namespace tdpipe::apps

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "tdpipe/exec/cpu/calibrate.hpp"
+
 namespace tdpipe::apps {
 
 struct CudaExecRequest {
@@ -21,6 +23,7 @@ void run_exec_cuda(const CudaExecRequest& request);
 struct CudaCalibrateRequest {
   std::string scenario, schedule, output, corpus;
   int slices = 0, steps = 5, warmup = 2, device = -1;
+  exec::cpu::SharingChoice sharing;
 };
 /// Measures this GPU's op costs (loopback run) and writes the profile.
 void run_calibrate_cuda(const CudaCalibrateRequest& request);

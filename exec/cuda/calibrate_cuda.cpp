@@ -147,9 +147,11 @@ traces::Profile calibrate(const ir::Plan& plan, const CudaCalibrateOptions& opti
   traces::Profile prof;
   prof.scenario = plan.scenario.name;
   prof.stages = plan.stages;
-  // Every stage runs on this one GPU: its large GEMMs each fill the device, so stages
-  // share it (capacity 1) and op times become work alone on the GPU.
-  prof.platform.shared_capacity = 1;
+  // Every stage runs on this one GPU and they share it. By default its large GEMMs each
+  // fill the device (capacity 1); the fit from the run is recorded beside it and used
+  // with --shared-capacity fit (small kernels can overlap: capacity above 1). Op times
+  // become work alone on the GPU.
+  prof.platform.shared_capacity = cpu::apply_sharing_choice(options.sharing, 1.0, plan, measured, prof);
   prof.ops = cpu::profile_ops(plan, measured, prof.platform.shared_capacity);
   const int device = options.device >= 0 ? options.device : 0;
   const std::int64_t small = 8, large = 64 << 20;

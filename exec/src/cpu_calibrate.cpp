@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <thread>
@@ -85,12 +87,16 @@ double allreduce_seconds(std::int64_t bytes, int repeats) {
 
 }  // namespace
 
-std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vector<traces::Trace>& measured,
-                                          double shared_capacity) {
+namespace {
+using WorkSamples = std::map<std::tuple<int, int, int>, std::vector<double>>;  // (kind, stage, slice) → s
+
+// Each compute op's work under processor sharing of `capacity`, grouped by the ops
+// that do the same work.
+WorkSamples work_samples(const ir::Plan& plan, const std::vector<traces::Trace>& measured, double capacity) {
   const int p = plan.num_ranks();
-  std::map<std::tuple<int, int, int>, std::vector<double>> samples;  // (kind, stage, slice)
+  WorkSamples samples;
   for (const auto& t : measured) {
-    const std::vector<double> rate = traces::shared_rates(t, shared_capacity);
+    const std::vector<double> rate = traces::shared_rates(t, capacity);
     for (std::size_t i = 0; i < t.events.size(); ++i) {
       const traces::TraceEvent& e = t.events[i];
       if (!e.kind || !ir::is_compute(*e.kind)) continue;
@@ -100,6 +106,63 @@ std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vect
           static_cast<double>(e.dur_ns) * 1e-9 * rate[i]);
     }
   }
+  return samples;
+}
+
+// Σ over groups of the squared deviations of ln(work) from the group's mean.
+double log_spread(const WorkSamples& samples) {
+  double total = 0;
+  for (const auto& [key, v] : samples) {
+    double mean = 0;
+    for (double w : v) mean += std::log(std::max(w, 1e-12));
+    mean /= static_cast<double>(v.size());
+    for (double w : v) total += std::pow(std::log(std::max(w, 1e-12)) - mean, 2);
+  }
+  return total;
+}
+}  // namespace
+
+CapacityFit fit_shared_capacity(const ir::Plan& plan, const std::vector<traces::Trace>& measured,
+                                double max_capacity, double fallback) {
+  CapacityFit fit;
+  fit.capacity = fallback;
+  fit.spread_at_fallback = log_spread(work_samples(plan, measured, fallback));
+  double best = std::numeric_limits<double>::infinity(), worst = 0;
+  for (double c = 1.0; c <= std::max(1.0, max_capacity) + 1e-9; c += 0.05) {
+    const double spread = log_spread(work_samples(plan, measured, c));
+    worst = std::max(worst, spread);
+    if (spread < best - 1e-12) {
+      best = spread;
+      fit.capacity = c;
+    }
+  }
+  fit.spread = best;
+  // Where no op ever overlaps another the capacity changes nothing: keep the fallback.
+  fit.informative = std::isfinite(best) && worst > best * 1.01 + 1e-12;
+  if (!fit.informative) {
+    fit.capacity = fallback;
+    fit.spread = fit.spread_at_fallback;
+  }
+  return fit;
+}
+
+double apply_sharing_choice(const SharingChoice& choice, double backend_default, const ir::Plan& plan,
+                            const std::vector<traces::Trace>& measured, traces::Profile& profile) {
+  const int ranks = plan.num_ranks() * std::max(1, plan.data);
+  const CapacityFit fit = fit_shared_capacity(plan, measured, ranks, backend_default);
+  const double used = choice.fit ? fit.capacity : choice.capacity > 0 ? choice.capacity : backend_default;
+  profile.metadata["fitted_shared_capacity"] =
+      fit.informative ? fmt::format("{:.2f} (ln-work spread {:.3g}; {:.3g} at {:.3g})", fit.capacity, fit.spread,
+                                    fit.spread_at_fallback, backend_default)
+                      : std::string("no information (no op overlapped another)");
+  profile.metadata["shared_capacity"] =
+      fmt::format("{:.3g} ({})", used, choice.fit ? "fitted" : choice.capacity > 0 ? "given" : "backend default");
+  return used;
+}
+
+std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vector<traces::Trace>& measured,
+                                          double shared_capacity) {
+  const WorkSamples samples = work_samples(plan, measured, shared_capacity);
   std::vector<traces::ProfileOp> ops;
   for (const auto& [key, v] : samples) {
     traces::ProfileOp op;
@@ -179,8 +242,9 @@ traces::Profile calibrate(const ir::Plan& plan, const CalibrateOptions& options)
   prof.scenario = plan.scenario.name;
   prof.stages = plan.stages;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  // Rank threads share this machine's cores: op times become work alone on a core.
-  prof.platform.shared_capacity = cores;
+  // Rank threads share this machine's cores (by default as many as it has): op times
+  // become work alone on a core.
+  prof.platform.shared_capacity = apply_sharing_choice(options.sharing, cores, plan, measured, prof);
   prof.ops = profile_ops(plan, measured, prof.platform.shared_capacity);
   const TransportMeasurement tm = measure_transport(options.transport_repeats);
   prof.p2p = tm.p2p;

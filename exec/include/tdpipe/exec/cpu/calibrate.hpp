@@ -12,11 +12,20 @@
 
 namespace tdpipe::exec::cpu {
 
+/// How a calibration divides a device the ranks share (traces/sharing.hpp): the
+/// backend's default (capacity 0, fit false: CPU the core count, CUDA 1), a given
+/// capacity, or the one the measured run fits (fit_shared_capacity).
+struct SharingChoice {
+  double capacity = 0;
+  bool fit = false;
+};
+
 struct CalibrateOptions {
   int warmup_steps = 2;  ///< run before measuring (allocations, caches)
   int steps = 5;         ///< measured steps; each op's mean is over all its samples
   TrainOptions train;    ///< model data and optimizer (steps is overridden)
   int transport_repeats = 200;
+  SharingChoice sharing;
 };
 
 /// Means of each compute op kind per (virtual stage, slice) over `traces`
@@ -26,6 +35,26 @@ struct CalibrateOptions {
 /// duration.
 std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vector<traces::Trace>& traces,
                                           double shared_capacity = 0);
+
+/// How much of a shared device the ranks' ops get, fitted from measured traces: ops of
+/// one (kind, virtual stage, slice) do the same work, so the right capacity C explains
+/// their different durations by how many ops ran beside them (traces/sharing.hpp).
+/// C is searched over [1, max_capacity] in steps of 0.05 for the least spread of
+/// ln(work) within those groups.
+struct CapacityFit {
+  double capacity = 0;            ///< the fit, or the fallback when !informative
+  double spread = 0;              ///< Σ squared deviations of ln(work) at `capacity`
+  double spread_at_fallback = 0;  ///< the same at the fallback capacity
+  bool informative = false;       ///< false: no op overlapped another enough to tell
+};
+CapacityFit fit_shared_capacity(const ir::Plan& plan, const std::vector<traces::Trace>& traces,
+                                double max_capacity, double fallback);
+
+/// The capacity a calibration uses for `choice` (default: `backend_default`), and in
+/// `profile.metadata` what it used ("shared_capacity") and what the run fits
+/// ("fitted_shared_capacity", always: a cross-check of the default).
+double apply_sharing_choice(const SharingChoice& choice, double backend_default, const ir::Plan& plan,
+                            const std::vector<traces::Trace>& traces, traces::Profile& profile);
 
 /// Median over `traces` of each step trace's span (first event start to last event
 /// end): the iteration a prediction from the profile should reproduce, without the

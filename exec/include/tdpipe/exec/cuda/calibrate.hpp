@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tdpipe/exec/cpu/backend.hpp"
+#include "tdpipe/exec/cpu/calibrate.hpp"
 #include "tdpipe/ir/plan.hpp"
 #include "tdpipe/traces/profile.hpp"
 
@@ -18,6 +19,7 @@ struct CudaCalibrateOptions {
   cpu::TrainOptions train;
   int transport_repeats = 200;
   int device = -1;
+  cpu::SharingChoice sharing;  ///< default: capacity 1 (each stage's kernels fill the GPU)
 };
 
 /// Runs `plan` on one GPU over the loopback transport (warm-up, then measured steps)
