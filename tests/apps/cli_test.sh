@@ -50,6 +50,20 @@ PY
     out=$("$tdpipe" plan no/such/file.yaml 2>&1) && fail "a missing file exited 0"
     expect "$out" 'no/such/file.yaml' "names the file"
     ;;
+  calibrate-shared-capacity)
+    out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --backend cpu --shared-capacity lots -o "$work/p.json" 2>&1) \
+      && fail "a bad --shared-capacity exited 0"
+    expect "$out" '--shared-capacity lots: expected `fit` or a positive number' "error message"
+    "$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --backend cpu --schedule 1f1b --steps 2 --warmup 1 \
+        --shared-capacity 1.5 -o "$work/p.json" > /dev/null || fail "calibrate exited $?"
+    python3 - "$work/p.json" <<'PY' || fail "profile's capacity"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["platform"]["shared_capacity"] == 1.5, p["platform"]
+assert p["metadata"]["shared_capacity"] == "1.5 (given)", p["metadata"]["shared_capacity"]
+assert "fitted_shared_capacity" in p["metadata"], p["metadata"].keys()
+PY
+    ;;
   exec-compare)
     "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cpu --schedule zb-h1 --steps 2 --json \
         --trace-out "$work/meas.json" > "$work/exec.json" || fail "exec exited $?"
