@@ -24,8 +24,8 @@
 # step-4 model): GPU_CHECK_BUILD=build/DIR with GPU_CHECK_BACKEND=emulated runs every
 # step with the CUDA backend itself on the emulated GPU (build/DIR/tests/tdpipe-emulated-gpu,
 # tests/exec_cuda/emu; step 2's ctest runs the GPU suite there), or with
-# GPU_CHECK_BACKEND=cpu with the CPU backend — scripts/gpu-dryrun.sh does both, so a
-# broken step shows here and not in the minutes of a GPU loan.
+# GPU_CHECK_BACKEND=cpu with the CPU backend (scripts/gpu-dryrun.sh runs this one on its
+# device-like build) — so a broken step shows here and not in the minutes of a GPU loan.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
