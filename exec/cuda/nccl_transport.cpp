@@ -70,7 +70,7 @@ void NcclTransport::all_reduce(const Buffer& buffer, int tag) {
   wait(ctx_->dp(), dp_);
 }
 
-void NcclTransport::warm_up(const std::set<int>& pipeline_peers) {
+void NcclTransport::warm_up(const std::set<int>& pipeline_peers, const std::vector<Buffer>& dp_buckets) {
   ctx_->bind();
   cudaStream_t s = ctx_->p2p();
   const int n = static_cast<int>(pipeline_peers.size());
@@ -94,6 +94,13 @@ void NcclTransport::warm_up(const std::set<int>& pipeline_peers) {
     TDPIPE_NCCL_CHECK(ncclAllReduce(buf.as<float>() + 2 * n, buf.as<float>() + 2 * n, 1, ncclFloat32, ncclSum, dp_,
                                     ctx_->dp()));
     wait(ctx_->dp(), dp_);
+    // The buckets' own sizes (their contents are gradients that begin_step zeroes).
+    for (const Buffer& b : dp_buckets) {
+      if (b.dtype != DType::F32 || b.elements < 1) throw Error("NCCL warm-up: expected non-empty fp32 gradient buckets");
+      TDPIPE_NCCL_CHECK(ncclAllReduce(b.data.get(), b.data.get(), static_cast<std::size_t>(b.elements), ncclFloat32,
+                                      ncclSum, dp_, ctx_->dp()));
+      wait(ctx_->dp(), dp_);
+    }
   }
 }
 

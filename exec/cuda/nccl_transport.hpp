@@ -7,6 +7,7 @@
 
 #include <set>
 #include <span>
+#include <vector>
 
 #include <nccl.h>
 
@@ -24,8 +25,11 @@ class NcclTransport final : public Transport {
   void all_reduce(const Buffer& buffer, int tag) override;
 
   /// Connects every pipeline peer of this rank (one tiny send and receive each way,
-  /// in one group) and the dp communicator, so no timed op pays NCCL's lazy setup.
-  void warm_up(const std::set<int>& pipeline_peers);
+  /// in one group) and the dp communicator with one all-reduce of each gradient bucket
+  /// the plan reduces (NCCL picks its algorithm by size and connects it on first use:
+  /// mid-step, that setup would run while p2p kernels spin on the other communicator),
+  /// so no timed op pays NCCL's lazy setup.
+  void warm_up(const std::set<int>& pipeline_peers, const std::vector<Buffer>& dp_buckets);
 
  private:
   /// Polls `stream` until NCCL's work on it is done; throws on `comm`'s asynchronous

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -61,6 +62,9 @@ GpuInfo query_gpus() {
     info.why_none = "no CUDA device";
     return info;
   }
+  // Properties only: cudaSetDevice(0) + cudaMemGetInfo here would create a context on
+  // GPU 0 in every process of a multi-GPU run before it picks its own GPU (hundreds of
+  // MiB each on GPU 0). Free memory is checked on the chosen device (set_up_device).
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
     info.name = prop.name;
@@ -68,9 +72,6 @@ GpuInfo query_gpus() {
     info.cc_minor = prop.minor;
     info.total_bytes = static_cast<std::int64_t>(prop.totalGlobalMem);
   }
-  size_t free_b = 0, total_b = 0;
-  if (cudaSetDevice(0) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
-    info.free_bytes = static_cast<std::int64_t>(free_b);
   cudaGetLastError();
   return info;
 }
@@ -420,7 +421,16 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   std::set<int> peers;
   for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)])
     if (ir::is_p2p(op.kind)) peers.insert(op.peer);
-  transport.warm_up(peers);
+  // This rank's all-reduce buckets, as the interpreter will cut them (Compute::grad_bucket).
+  std::vector<Buffer> buckets;
+  if (d > 1) {
+    std::map<int, int> per_chunk;
+    for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)])
+      if (op.kind == ir::OpKind::ALLREDUCE) ++per_chunk[op.chunk];
+    for (const auto& [chunk, count] : per_chunk)
+      for (int i = 0; i < count; ++i) buckets.push_back(compute.grad_bucket(chunk, i, count));
+  }
+  transport.warm_up(peers, buckets);
 
   DeviceMemory scratch(2 * sizeof(double), ctx.compute(), true);
   // A world-wide sum (and barrier), on the compute stream from this (main) thread —

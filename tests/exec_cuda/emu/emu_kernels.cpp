@@ -1,6 +1,6 @@
 // emu_kernels.cpp — each kernel of exec/cuda/kernels.cuh emulated on the host by its
-// contract (plain loops), for test_gpt_cuda_emu_{exact,bf16}; test_exec_cuda_simt runs
-// kernels.cu itself instead (simt/).
+// contract (plain loops), launched on its stream like a kernel (emu::launch); the
+// SIMT tests run kernels.cu itself instead (simt/).
 #include <algorithm>
 #include <cmath>
 
@@ -15,7 +15,7 @@ static bf16 b(float x) { return __float2bfloat16(x); }
 
 void layernorm_forward(const float* x, const float* g, const float* be, bf16* y, float* mean, float* rstd, int rows,
                        int cols, float eps, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (int r = 0; r < rows; ++r) {
       const float* xr = x + i64(r) * cols;
       float mu = 0;
@@ -32,7 +32,7 @@ void layernorm_forward(const float* x, const float* g, const float* be, bf16* y,
 }
 void layernorm_backward_input(const float* dy, const float* x, const float* mean, const float* rstd, const float* g,
                               float* dx, int rows, int cols, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (int r = 0; r < rows; ++r) {
       i64 o = i64(r) * cols;
       float s1 = 0, s2 = 0;
@@ -52,7 +52,7 @@ void layernorm_backward_input(const float* dy, const float* x, const float* mean
 }
 void layernorm_backward_weight(const float* dy, const float* x, const float* mean, const float* rstd, float* dg,
                                float* db, int rows, int cols, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (int c = 0; c < cols; ++c) {
       float sg = 0, sb = 0;
       for (int r = 0; r < rows; ++r) {
@@ -66,23 +66,23 @@ void layernorm_backward_weight(const float* dy, const float* x, const float* mea
   });
 }
 void bias_add(bf16* y, const float* bb, int rows, int cols, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (i64 i = 0; i < i64(rows) * cols; ++i) y[i] = b(f(y[i]) + bb[i % cols]);
   });
 }
 void bias_add(float* y, const float* bb, int rows, int cols, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (i64 i = 0; i < i64(rows) * cols; ++i) y[i] += bb[i % cols];
   });
 }
 void bias_residual_add(float* out, const float* y, const float* bb, const float* res, int rows, int cols,
                        cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (i64 i = 0; i < i64(rows) * cols; ++i) out[i] = res[i] + y[i] + bb[i % cols];
   });
 }
 void add(float* y, const float* a, const float* bb, i64 n, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (i64 i = 0; i < n; ++i) y[i] = a[i] + bb[i];
   });
 }
@@ -93,18 +93,18 @@ static float glg(float u) {
   return 0.5f * (1.f + t) + 0.5f * u * (1.f - t * t) * k * (1.f + 3.f * 0.044715f * u * u);
 }
 void gelu_forward(const bf16* u, bf16* g, i64 n, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (i64 i = 0; i < n; ++i) g[i] = b(gl(f(u[i])));
   });
 }
 void gelu_backward(const bf16* dg, const bf16* u, bf16* du, i64 n, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (i64 i = 0; i < n; ++i) du[i] = b(f(dg[i]) * glg(f(u[i])));
   });
 }
 void split_qkv(const bf16* qkv, bf16* q, bf16* kc, bf16* vc, int bb, int tq, int tt, int t0, int heads, int dh,
                cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     int h = heads * dh;
     i64 n = i64(bb) * tq * h;
     for (i64 i = 0; i < n; ++i) {
@@ -118,7 +118,7 @@ void split_qkv(const bf16* qkv, bf16* q, bf16* kc, bf16* vc, int bb, int tq, int
   });
 }
 void causal_softmax(const float* s, bf16* p, int bh, int tq, int tk, int t0, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (i64 row = 0; row < i64(bh) * tq; ++row) {
       int r = int(row % tq), vis = visible_keys(t0, r, tk);
       const float* sr = s + row * tk;
@@ -130,7 +130,7 @@ void causal_softmax(const float* s, bf16* p, int bh, int tq, int tk, int t0, cud
   });
 }
 void softmax_backward(const bf16* p, const float* dp, bf16* ds, int bh, int tq, int tk, float scale, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (i64 row = 0; row < i64(bh) * tq; ++row) {
       float s = 0;
       for (int k = 0; k < tk; ++k) s += f(p[row * tk + k]) * dp[row * tk + k];
@@ -139,7 +139,7 @@ void softmax_backward(const bf16* p, const float* dp, bf16* ds, int bh, int tq, 
   });
 }
 void merge_heads(const bf16* o, bf16* out, int bb, int tq, int heads, int dh, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     int h = heads * dh;
     for (i64 i = 0; i < i64(bb) * tq * h; ++i) {
       int c = int(i % h);
@@ -149,7 +149,7 @@ void merge_heads(const bf16* o, bf16* out, int bb, int tq, int heads, int dh, cu
   });
 }
 void split_heads(const bf16* in, bf16* o, int bb, int tq, int heads, int dh, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     int h = heads * dh;
     for (i64 i = 0; i < i64(bb) * tq * h; ++i) {
       int c = int(i % h);
@@ -160,7 +160,7 @@ void split_heads(const bf16* in, bf16* o, int bb, int tq, int heads, int dh, cud
 }
 void gather_dqkv(const bf16* dq, const float* dk, const float* dv, bf16* dqkv, int bb, int tq, int tt, int t0,
                  int heads, int dh, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     int h = heads * dh;
     i64 n = i64(bb) * tq * h;
     for (i64 i = 0; i < n; ++i) {
@@ -176,7 +176,7 @@ void gather_dqkv(const bf16* dq, const float* dk, const float* dv, bf16* dqkv, i
 }
 void embed_forward(const int* tokens, const float* tok, const float* pos, float* x, int bb, int tq, int tt, int t0,
                    int h, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (i64 i = 0; i < i64(bb) * tq * h; ++i) {
       int c = int(i % h);
       i64 row = i / h;
@@ -188,7 +188,7 @@ void embed_forward(const int* tokens, const float* tok, const float* pos, float*
 }
 void embed_backward(const int* tokens, const float* dx, float* dtok, float* dpos, int bb, int tq, int tt, int t0,
                     int h, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (i64 i = 0; i < i64(bb) * tq * h; ++i) {
       int c = int(i % h);
       i64 row = i / h;
@@ -201,7 +201,7 @@ void embed_backward(const int* tokens, const float* dx, float* dtok, float* dpos
 }
 void cross_entropy(const float* logits, const int* targets, bf16* dl, double* loss, int bb, int tq, int tt, int t0,
                    int V, float scale, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (i64 row = 0; row < i64(bb) * tq; ++row) {
       int seq = int(row / tq), r = int(row % tq);
       int y = targets[i64(seq) * tt + t0 + r];
@@ -215,7 +215,7 @@ void cross_entropy(const float* logits, const int* targets, bf16* dl, double* lo
   });
 }
 void column_sum(const bf16* dy, float* db, int rows, int cols, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (int c = 0; c < cols; ++c) {
       float s = 0;
       for (int r = 0; r < rows; ++r) s += f(dy[i64(r) * cols + c]);
@@ -224,7 +224,7 @@ void column_sum(const bf16* dy, float* db, int rows, int cols, cudaStream_t stre
   });
 }
 void column_sum(const float* dy, float* db, int rows, int cols, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (int c = 0; c < cols; ++c) {
       float s = 0;
       for (int r = 0; r < rows; ++r) s += dy[i64(r) * cols + c];
@@ -233,18 +233,18 @@ void column_sum(const float* dy, float* db, int rows, int cols, cudaStream_t str
   });
 }
 void to_bf16(const float* x, bf16* y, i64 n, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (i64 i = 0; i < n; ++i) y[i] = b(x[i]);
   });
 }
 void to_f32(const bf16* x, float* y, i64 n, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (i64 i = 0; i < n; ++i) y[i] = f(x[i]);
   });
 }
 void adam(float* p, const float* g, float* m, float* v, bf16* pb, i64 n, float lr, float b1, float b2, float eps,
           float c1, float c2, cudaStream_t stream) {
-  emu::submit(stream, [=] {
+  emu::launch(stream, [=] {
     for (i64 i = 0; i < n; ++i) {
       m[i] = b1 * m[i] + (1 - b1) * g[i];
       v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];

@@ -183,6 +183,13 @@ void submit(cudaStream_t stream, void (*run)(void*), void* arg, void (*drop)(voi
   }
   stream->wake.notify_one();
 }
+bool kernel_launch_ok(cudaStream_t stream) {
+  if (stream == nullptr || stream->device == current_device) return true;
+  std::fprintf(stderr, "emulated GPU: kernel launched into a stream of device %d while device %d is current\n",
+               stream->device, current_device);
+  emu_last_error = cudaErrorInvalidResourceHandle;
+  return false;
+}
 }  // namespace emu
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
@@ -230,6 +237,7 @@ cudaError_t cudaDeviceSynchronize() {
 // ---- events ----------------------------------------------------------------------------
 
 struct CUevent_st {
+  int device = current_device;  // an event belongs to the device current at its creation
   std::mutex m;
   std::condition_variable done;
   std::uint64_t recorded = 0, completed = 0;
@@ -258,6 +266,13 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  // As on a GPU: the event and the stream (the null stream: the current device's) must
+  // be on one device.
+  if ((stream != nullptr ? stream->device : current_device) != event->device) {
+    std::fprintf(stderr, "emulated GPU: cudaEventRecord of an event of device %d on a stream of device %d\n",
+                 event->device, stream != nullptr ? stream->device : current_device);
+    return emu_last_error = cudaErrorInvalidResourceHandle;
+  }
   std::uint64_t generation;
   {
     std::lock_guard lock(event->m);
@@ -376,7 +391,17 @@ cudaError_t cudaFree(void* ptr) {
   release(ptr);
   return cudaSuccess;
 }
-cudaError_t cudaMallocAsync(void** ptr, std::size_t bytes, cudaStream_t) { return allocate(ptr, bytes); }
+cudaError_t cudaMallocAsync(void** ptr, std::size_t bytes, cudaStream_t stream) {
+  const cudaError_t status = allocate(ptr, bytes);
+  if (status != cudaSuccess) return status;
+  // Stream-ordered: the memory is the caller's only from this point of `stream` on. The
+  // NaN fill is done again there, so a use on another stream that is not ordered after
+  // it (an early write) is wiped and shows up as NaN.
+  void* p = *ptr;
+  const std::size_t n = std::max<std::size_t>(4, (bytes + 3) / 4 * 4);
+  emu::submit(stream, [p, n] { std::memset(p, 0xff, n); });
+  return cudaSuccess;
+}
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   if (ptr == nullptr) return cudaSuccess;
   emu::submit(stream, [ptr] { release(ptr); });
@@ -424,6 +449,7 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { ret
 // ---- cuBLAS ----------------------------------------------------------------------------
 
 struct cublasContext {
+  int device = current_device;  // a handle belongs to the device current at cublasCreate
   cudaStream_t stream = nullptr;
 };
 cublasStatus_t cublasCreate(cublasHandle_t* handle) {
@@ -460,6 +486,13 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
   if (lda < std::max(1, ta == CUBLAS_OP_N ? m : k) || ldb < std::max(1, tb == CUBLAS_OP_N ? k : n) ||
       ldc < std::max(1, m)) {
     std::fprintf(stderr, "cuBLAS would reject: m %d n %d k %d lda %d ldb %d ldc %d\n", m, n, k, lda, ldb, ldc);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  // cuBLAS needs its handle's device current, and the handle's stream on that device.
+  if (handle != nullptr && (handle->device != current_device ||
+                            (handle->stream != nullptr && handle->stream->device != handle->device))) {
+    std::fprintf(stderr, "cuBLAS emulation: handle of device %d used with device %d current (stream on %d)\n",
+                 handle->device, current_device, handle->stream != nullptr ? handle->stream->device : -1);
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
@@ -499,6 +532,7 @@ struct SendSlot {
 struct Clique {
   int n = 0;
   std::vector<int> devices;
+  std::vector<ncclResult_t> errors;  // per rank: what ncclCommGetAsyncError reports
   std::mutex m;
   std::condition_variable cv;
   bool aborted = false;
@@ -506,6 +540,8 @@ struct Clique {
   struct Collective {
     std::vector<const void*> inputs;
     int arrived = 0, read = 0, left = 0;
+    std::size_t count = 0;
+    ncclDataType_t type = ncclFloat32;
   };
   std::map<std::uint64_t, Collective> collectives;
   struct Split {
@@ -552,7 +588,6 @@ struct ncclComm {
   std::shared_ptr<Clique> clique;
   int rank = 0;
   std::uint64_t collectives = 0, splits = 0;
-  ncclResult_t async = ncclSuccess;
 };
 
 namespace {
@@ -592,7 +627,7 @@ void run_group(std::vector<P2P> ops) {
     if (slot->bytes != op.bytes) {
       std::fprintf(stderr, "emulated NCCL: rank %d receives %zu bytes from rank %d, which sends %zu\n", me, op.bytes,
                    op.peer, slot->bytes);
-      op.comm->async = ncclInvalidUsage;
+      c->errors[static_cast<std::size_t>(me)] = ncclInvalidUsage;
       c->aborted = true;
       c->cv.notify_all();
       return;
@@ -632,6 +667,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
     p.clique = std::make_shared<Clique>();
     p.clique->n = nranks;
     p.clique->devices.assign(static_cast<std::size_t>(nranks), -1);
+    p.clique->errors.assign(static_cast<std::size_t>(nranks), ncclSuccess);
   }
   std::shared_ptr<Clique> c = p.clique;
   if (c->n != nranks) return usage("ranks disagree on the world size");
@@ -659,6 +695,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     for (auto& [col, members] : by_color) {
       auto made = std::make_shared<Clique>();
       made->n = static_cast<int>(members.size());
+      made->errors.assign(members.size(), ncclSuccess);
       std::sort(members.begin(), members.end());
       for (const auto& e : members) made->devices.push_back(c->devices[static_cast<std::size_t>(std::get<2>(e))]);
       s.made[col] = made;
@@ -693,7 +730,8 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
   std::lock_guard lock(comm->clique->m);
-  *async_error = comm->async != ncclSuccess ? comm->async : comm->clique->aborted ? ncclRemoteError : ncclSuccess;
+  const ncclResult_t own = comm->clique->errors[static_cast<std::size_t>(comm->rank)];
+  *async_error = own != ncclSuccess ? own : comm->clique->aborted ? ncclRemoteError : ncclSuccess;
   return ncclSuccess;
 }
 const char* ncclGetErrorString(ncclResult_t result) {
@@ -754,6 +792,17 @@ ncclResult_t ncclAllReduce(const void* sendbuf, void* recvbuf, std::size_t count
     if (k.inputs.empty()) {
       k.inputs.assign(static_cast<std::size_t>(c->n), nullptr);
       k.left = c->n;
+      k.count = count;
+      k.type = type;
+    } else if (k.count != count || k.type != type) {
+      // On a GPU: a hang or garbage. Here: the communicator's asynchronous error.
+      std::fprintf(stderr, "emulated NCCL: all-reduce #%llu: rank %d reduces %zu elements of type %d, another %zu of %d\n",
+                   static_cast<unsigned long long>(seq), me, count, static_cast<int>(type), k.count,
+                   static_cast<int>(k.type));
+      c->errors[static_cast<std::size_t>(me)] = ncclInvalidUsage;
+      c->aborted = true;
+      c->cv.notify_all();
+      return;
     }
     k.inputs[static_cast<std::size_t>(me)] = sendbuf;
     ++k.arrived;
@@ -762,18 +811,20 @@ ncclResult_t ncclAllReduce(const void* sendbuf, void* recvbuf, std::size_t count
     if (c->aborted) return;
     // Every rank sums the inputs in rank order (the same result everywhere), then
     // waits until all have read before writing: send and receive buffers may alias.
-    std::vector<double> sum(count, 0.0);
+    // In the buffers' own precision, as NCCL sums.
+    std::vector<double> sum64(type == ncclFloat64 ? count : 0, 0.0);
+    std::vector<float> sum32(type == ncclFloat64 ? 0 : count, 0.f);
     for (const void* in : k.inputs)
-      for (std::size_t i = 0; i < count; ++i)
-        sum[i] += type == ncclFloat64 ? static_cast<const double*>(in)[i] : static_cast<const float*>(in)[i];
+      for (std::size_t i = 0; i < count; ++i) {
+        if (type == ncclFloat64) sum64[i] += static_cast<const double*>(in)[i];
+        else sum32[i] += static_cast<const float*>(in)[i];
+      }
     ++k.read;
     c->cv.notify_all();
     c->cv.wait(lock, [&] { return c->aborted || k.read == c->n; });
     if (c->aborted) return;
-    for (std::size_t i = 0; i < count; ++i) {
-      if (type == ncclFloat64) static_cast<double*>(recvbuf)[i] = sum[i];
-      else static_cast<float*>(recvbuf)[i] = static_cast<float>(sum[i]);
-    }
+    if (type == ncclFloat64) std::memcpy(recvbuf, sum64.data(), count * sizeof(double));
+    else std::memcpy(recvbuf, sum32.data(), count * sizeof(float));
     if (--k.left == 0) c->collectives.erase(seq);
   });
   return ncclSuccess;

@@ -98,4 +98,12 @@ void submit(cudaStream_t stream, F work) {
   auto* f = new F(std::move(work));
   submit(stream, [](void* p) { (*static_cast<F*>(p))(); }, f, [](void* p) { delete static_cast<F*>(p); });
 }
+/// False (and the launch error cudaGetLastError reports set) when a kernel launched
+/// into `stream` would fail on a GPU: a stream of another device than the current one.
+bool kernel_launch_ok(cudaStream_t stream);
+/// A kernel launch: checked as a GPU checks it, then submitted.
+template <class F>
+void launch(cudaStream_t stream, F work) {
+  if (kernel_launch_ok(stream)) submit(stream, std::move(work));
+}
 }  // namespace emu

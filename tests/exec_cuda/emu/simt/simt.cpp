@@ -228,40 +228,42 @@ void run(dim3 grid, dim3 block, const std::function<void()>& body) {
   const int nwarps = static_cast<int>((threads + kWarp - 1) / kWarp);
   mc.fibers.resize(threads);
   mc.warps.assign(static_cast<std::size_t>(nwarps), Warp{});
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        mc.block = uint3{bx, by, bz};
-        for (std::size_t i = 0; i < threads; ++i) {
-          Fiber& f = mc.fibers[i];
-          if (!f.stack) f.stack = std::make_unique_for_overwrite<char[]>(kStack);
-          const unsigned u = static_cast<unsigned>(i);
-          f.tid = uint3{u % block.x, u / block.x % block.y, u / (block.x * block.y)};
-          f.state = State::Ready;
-          f.shuffles = 0;
-          // A fiber a fault left suspended is unwound first: the new one reuses its stack.
-          f.self = ctx::fiber();
-          f.self = ctx::fiber(std::allocator_arg, SlotStack{f.stack.get(), kStack}, [&f](ctx::fiber&& sink) {
-            f.sink = std::move(sink);
-            (*m().body)();
-            f.state = State::Done;
-            return std::move(f.sink);
-          });
-        }
-        for (;;) {
-          const bool forward = mc.order == Order::Forward;
-          for (std::size_t k = 0; k < threads; ++k) {
-            Fiber& f = mc.fibers[forward ? k : threads - 1 - k];
-            if (f.state != State::Ready) continue;
-            resume(f);
-            if (f.state == State::Faulted) throw Error(mc.fault);  // its frames are abandoned
-          }
-          bool finished = true;
-          for (const Fiber& f : mc.fibers) finished = finished && f.state == State::Done;
-          if (finished) break;
-          if (!release(mc.fibers, nwarps)) throw Error(describe_deadlock(mc.fibers));
-        }
+  // Blocks one after another, in reverse too: a GPU promises no order between blocks.
+  const std::uint64_t blocks = std::uint64_t(grid.x) * grid.y * grid.z;
+  for (std::uint64_t n = 0; n < blocks; ++n) {
+    const std::uint64_t b = mc.order == Order::Forward ? n : blocks - 1 - n;
+    mc.block = uint3{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
+                     static_cast<unsigned>(b / (std::uint64_t(grid.x) * grid.y))};
+    for (std::size_t i = 0; i < threads; ++i) {
+      Fiber& f = mc.fibers[i];
+      if (!f.stack) f.stack = std::make_unique_for_overwrite<char[]>(kStack);
+      const unsigned u = static_cast<unsigned>(i);
+      f.tid = uint3{u % block.x, u / block.x % block.y, u / (block.x * block.y)};
+      f.state = State::Ready;
+      f.shuffles = 0;
+      // A fiber a fault left suspended is unwound first: the new one reuses its stack.
+      f.self = ctx::fiber();
+      f.self = ctx::fiber(std::allocator_arg, SlotStack{f.stack.get(), kStack}, [&f](ctx::fiber&& sink) {
+        f.sink = std::move(sink);
+        (*m().body)();
+        f.state = State::Done;
+        return std::move(f.sink);
+      });
+    }
+    for (;;) {
+      const bool forward = mc.order == Order::Forward;
+      for (std::size_t k = 0; k < threads; ++k) {
+        Fiber& f = mc.fibers[forward ? k : threads - 1 - k];
+        if (f.state != State::Ready) continue;
+        resume(f);
+        if (f.state == State::Faulted) throw Error(mc.fault);  // its frames are abandoned
       }
+      bool finished = true;
+      for (const Fiber& f : mc.fibers) finished = finished && f.state == State::Done;
+      if (finished) break;
+      if (!release(mc.fibers, nwarps)) throw Error(describe_deadlock(mc.fibers));
+    }
+  }
   mc.body = nullptr;
 }
 

@@ -68,7 +68,7 @@ struct Launcher {
       return;
     }
     // In stream order, like the GPU (the null stream: now); the arguments are copied now.
-    emu::submit(stream, [k = kernel, g = grid, b = block, params = std::tuple<P...>(static_cast<P>(args)...)] {
+    emu::launch(stream, [k = kernel, g = grid, b = block, params = std::tuple<P...>(static_cast<P>(args)...)] {
       run(g, b, [&] { std::apply(k, params); });
     });
   }

@@ -57,7 +57,7 @@ CudaRunResult run_cuda_rank(const ir::Plan& plan, const CudaRunOptions& options,
 struct GpuInfo {
   int count = 0;        ///< visible CUDA devices (0: none, or no driver)
   std::string name;     ///< device 0
-  std::int64_t total_bytes = 0, free_bytes = 0;
+  std::int64_t total_bytes = 0;
   int cc_major = 0, cc_minor = 0;
   std::string why_none;  ///< the CUDA error when count == 0
 };
