@@ -542,18 +542,22 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options, cons
 #endif
 }
 
+// What run_cuda and run_cuda_rank refuse before touching a GPU.
+void check_request(const ir::Plan& plan, const CudaRunOptions& options) {
+  check_runnable(plan);
+  if (options.train.steps < 1) throw Error("--steps: expected at least 1");
+}
+
 }  // namespace
 
 CudaRunResult run_cuda(const ir::Plan& plan, const CudaRunOptions& options) {
-  check_runnable(plan);
-  if (options.train.steps < 1) throw Error("--steps: expected at least 1");
+  check_request(plan, options);
   return options.transport == TransportKind::Loopback ? run_loopback(plan, options)
                                                       : run_nccl(plan, options, parse_launch_env(process_env()));
 }
 
 CudaRunResult run_cuda_rank(const ir::Plan& plan, const CudaRunOptions& options, const LaunchEnv& launch) {
-  check_runnable(plan);
-  if (options.train.steps < 1) throw Error("--steps: expected at least 1");
+  check_request(plan, options);
   CudaRunOptions nccl = options;
   nccl.transport = TransportKind::Nccl;
   return run_nccl(plan, nccl, launch);

@@ -70,7 +70,11 @@ Memory& memory() {
   return *m;
 }
 
-cudaError_t allocate(void** ptr, std::size_t bytes) {
+// Allocates `bytes` on the current device for use from `stream`'s current point on
+// (the null stream: now). NaN at once, so a read not ordered after the allocation sees
+// NaN, and NaN again when `stream` reaches this point, so a write not ordered after it
+// is wiped.
+cudaError_t allocate(void** ptr, std::size_t bytes, cudaStream_t stream) {
   Memory& mem = memory();
   const std::size_t rounded = std::max<std::size_t>(4, (bytes + 3) / 4 * 4);
   {
@@ -83,8 +87,11 @@ cudaError_t allocate(void** ptr, std::size_t bytes) {
   }
   void* p = std::malloc(rounded);
   std::memset(p, 0xff, rounded);  // NaN as fp32 and as bf16
-  std::lock_guard lock(mem.m);
-  mem.live[p] = {rounded, current_device};
+  {
+    std::lock_guard lock(mem.m);
+    mem.live[p] = {rounded, current_device};
+  }
+  if (stream != nullptr) emu::submit(stream, [p, rounded] { std::memset(p, 0xff, rounded); });
   *ptr = p;
   return cudaSuccess;
 }
@@ -384,7 +391,7 @@ const char* cudaGetErrorString(cudaError_t status) {
 
 // ---- memory calls ----------------------------------------------------------------------
 
-cudaError_t cudaMalloc(void** ptr, std::size_t bytes) { return allocate(ptr, bytes); }
+cudaError_t cudaMalloc(void** ptr, std::size_t bytes) { return allocate(ptr, bytes, nullptr); }
 cudaError_t cudaFree(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
   cudaDeviceSynchronize();
@@ -392,15 +399,7 @@ cudaError_t cudaFree(void* ptr) {
   return cudaSuccess;
 }
 cudaError_t cudaMallocAsync(void** ptr, std::size_t bytes, cudaStream_t stream) {
-  const cudaError_t status = allocate(ptr, bytes);
-  if (status != cudaSuccess) return status;
-  // Stream-ordered: the memory is the caller's only from this point of `stream` on. The
-  // NaN fill is done again there, so a use on another stream that is not ordered after
-  // it (an early write) is wiped and shows up as NaN.
-  void* p = *ptr;
-  const std::size_t n = std::max<std::size_t>(4, (bytes + 3) / 4 * 4);
-  emu::submit(stream, [p, n] { std::memset(p, 0xff, n); });
-  return cudaSuccess;
+  return allocate(ptr, bytes, stream);  // stream-ordered: the caller's from this point of `stream` on
 }
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   if (ptr == nullptr) return cudaSuccess;

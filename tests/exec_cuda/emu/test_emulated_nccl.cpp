@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../gpu/gpu_test_util.hpp"
+#include "scoped_env.hpp"
 #include "tdpipe/exec/cpu/run.hpp"
 #include "tdpipe/exec/cuda/run.hpp"
 #include "tdpipe/ir/error.hpp"
@@ -24,26 +25,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// Sets environment variables for one test and restores them after.
-class ScopedEnv {
- public:
-  ScopedEnv(std::vector<std::pair<std::string, std::string>> vars) {
-    for (auto& [k, v] : vars) {
-      const char* old = std::getenv(k.c_str());
-      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
-      setenv(k.c_str(), v.c_str(), 1);
-    }
-  }
-  ~ScopedEnv() {
-    for (auto& [k, v] : saved_)
-      if (v) setenv(k.c_str(), v->c_str(), 1);
-      else unsetenv(k.c_str());
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
-
 struct RankOutcome {
   cuda::CudaRunResult result;
   std::string error;
@@ -52,7 +33,7 @@ struct RankOutcome {
 // world = plans.size() processes on one node, one emulated GPU each.
 std::vector<RankOutcome> run_world(const std::vector<ir::Plan>& plans, const cuda::CudaRunOptions& o) {
   const int world = static_cast<int>(plans.size());
-  ScopedEnv env({{"TDPIPE_EMU_GPUS", std::to_string(world)}, {"NCCL_COMM_ID", "emulated-node:29500"}});
+  test::ScopedEnv env({{"TDPIPE_EMU_GPUS", std::to_string(world)}, {"NCCL_COMM_ID", "emulated-node:29500"}});
   std::vector<RankOutcome> out(static_cast<std::size_t>(world));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)

@@ -14,14 +14,13 @@
 #include <nccl.h>
 
 #include "kernels.cuh"
+#include "scoped_env.hpp"
 
 namespace {
+// Two emulated GPUs for one test; device 0 current again after it.
 struct TwoGpus {
-  TwoGpus() { setenv("TDPIPE_EMU_GPUS", "2", 1); }
-  ~TwoGpus() {
-    cudaSetDevice(0);
-    unsetenv("TDPIPE_EMU_GPUS");
-  }
+  tdpipe::test::ScopedEnv env{{{"TDPIPE_EMU_GPUS", "2"}}};
+  ~TwoGpus() { cudaSetDevice(0); }
 };
 }  // namespace
 
