@@ -120,7 +120,7 @@ TEST_CASE("lower: interleaved p=2 v=2 m=2 sends between chunks on both ranks", "
   CHECK_NOTHROW(validate(low));
 }
 
-TEST_CASE("lower: sliced ops carry their slice; same-rank slice deps need nothing", "[lowering]") {
+TEST_CASE("lower: sliced ops carry their slice - same-rank slice deps need nothing", "[lowering]") {
   const Plan plan = plan_from_text(
       "rank0: F0:s0 F0:s1 BW0:s1 BW0:s0\n"
       "rank1: F0:s0 F0:s1 BW0:s1 BW0:s0\n");

@@ -330,7 +330,7 @@ TEST_CASE("Synthetic scenarios take the given times, split by slices", "[cost_mo
   REQUIRE(lo.p2p_bytes(plan.ranks[0][0]) == 0);
 }
 
-TEST_CASE("Memory per rank: 16 bytes per parameter plus peak activations; fit message", "[cost_model]") {
+TEST_CASE("Memory per rank: 16 bytes per parameter plus peak activations - fit message", "[cost_model]") {
   auto sc = megatron(12288, 96, 96, 8, 2, 1, 16, 1, ir::Recompute::Full, false);
   ir::Plan plan = hand_plan(sc, 1);
   plan.stages = 2;

@@ -147,7 +147,7 @@ TEST_CASE("evaluator: ZB-H1 idles (p−1)(F+B−W) when W ≤ F", "[evaluator]")
   }
 }
 
-TEST_CASE("evaluator: ZB-V with F = B = W idles only the start offset; tdpipe divides by S",
+TEST_CASE("evaluator: ZB-V with F = B = W idles only the start offset - tdpipe divides by S",
           "[evaluator]") {
   for (bool lowered : {false, true}) {
     CAPTURE(lowered);
@@ -202,7 +202,7 @@ TEST_CASE("evaluator: p2p latency follows the zero-bubble paper's event logic", 
   }
 }
 
-TEST_CASE("evaluator: links follow the placement; collectives are rings", "[evaluator]") {
+TEST_CASE("evaluator: links follow the placement - collectives are rings", "[evaluator]") {
   Plan plan = ir::plan_from_text("rank0: F0 BW0\nrank1: F0 BW0\nrank2: F0 BW0\nrank3: F0 BW0\n");
   ir::Scenario& sc = plan.scenario;
   ir::GpuSpec gpu;

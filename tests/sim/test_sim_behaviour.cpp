@@ -37,7 +37,7 @@ std::int64_t total_ns(const traces::Trace& t, ir::OpKind kind) {
 
 }  // namespace
 
-TEST_CASE("bucketed DP all-reduce overlaps backward; the switch turns overlap off", "[sim][dp]") {
+TEST_CASE("bucketed DP all-reduce overlaps backward - the switch turns overlap off", "[sim][dp]") {
   // Lowering fires a chunk's buckets after its last backward op: with two chunks per
   // rank, chunk 1's reduction runs under chunk 0's remaining backward.
   const auto built = planner::build_plan(gpt3_dp(4), "interleaved");

@@ -84,7 +84,7 @@ TEST_CASE("compare pairs ops by rank and name and measures the gap", "[traces][c
   CHECK_THAT(text, Catch::Contains("rank   0"));
 }
 
-TEST_CASE("compare: repeated names pair in start order; mismatched traces are rejected", "[traces][compare]") {
+TEST_CASE("compare: repeated names pair in start order - mismatched traces are rejected", "[traces][compare]") {
   using ir::OpKind;
   Trace a;
   a.ranks = 1;

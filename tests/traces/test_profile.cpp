@@ -44,7 +44,7 @@ TEST_CASE("Profile lookup takes the most specific entry", "[traces][profile]") {
   CHECK(p.p2p.seconds(2e6) == Approx(20e-6 + 1e-3));
 }
 
-TEST_CASE("Profile JSON and file round trip; bad profiles are rejected", "[traces][profile]") {
+TEST_CASE("Profile JSON and file round trip - bad profiles are rejected", "[traces][profile]") {
   const Profile p = sample();
   REQUIRE(profile_from_json(to_json(p), "mem") == p);
   const std::string path = (std::filesystem::temp_directory_path() / "tdpipe_test_profile_roundtrip.json").string();
