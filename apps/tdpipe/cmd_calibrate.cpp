@@ -30,6 +30,7 @@ struct CalibrateArgs {
   int warmup = 2;
   std::string corpus;
   std::string shared_capacity;  // "", "fit" or a number
+  std::int64_t max_ops = 0;
 };
 
 exec::cpu::SharingChoice sharing_choice(const std::string& text) {
@@ -63,12 +64,13 @@ void run_calibrate(const CalibrateArgs& a) {
     c.steps = a.steps;
     c.warmup = a.warmup;
     c.sharing = sharing_choice(a.shared_capacity);
+    c.max_ops = a.max_ops;
     run_calibrate_cuda(c);
     return;
   }
 #endif
   check_cpu_backend(a.backend);
-  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices);
+  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices, a.max_ops);
   const ir::Scenario& sc = loaded.scenario;
   const std::string& schedule = loaded.schedule;
   const planner::BuiltPlan& built = loaded.built;
@@ -84,7 +86,7 @@ void run_calibrate(const CalibrateArgs& a) {
     return std::any_of(ops.begin(), ops.end(), [](const ir::Op& o) { return o.kind == ir::OpKind::W; });
   });
   if (fused && built.lowered.chunks == 1 && built.lowered.slices == 1)
-    plans.push_back(planner::build_plan(sc, "zb-h1", 1).lowered);
+    plans.push_back(planner::build_plan(sc, "zb-h1", 1, a.max_ops).lowered);
   traces::Profile prof = exec::cpu::calibrate(plans, opt);
   if (prof.scenario.empty()) prof.scenario = sc.name;
   traces::write_profile(prof, a.output);
@@ -113,6 +115,7 @@ void add_calibrate_command(CLI::App& app) {
   cmd->add_option("--shared-capacity", args->shared_capacity,
                   "How many ops the shared device runs at full speed at once: a number, or `fit` (from the "
                   "run; default: the CPU's cores, 1 for a GPU)");
+  add_max_ops_option(cmd, args->max_ops);
   cmd->callback([args] { run_calibrate(*args); });
 }
 

@@ -32,6 +32,7 @@ struct ExecArgs {
   bool pin = false;                    // cpu backend
   std::string transport = "loopback";  // cuda backend
   int device = -1;                     // cuda backend, loopback
+  std::int64_t max_ops = 0;
 };
 
 void run_exec(const ExecArgs& a) {
@@ -51,12 +52,13 @@ void run_exec(const ExecArgs& a) {
     c.seed = a.seed;
     c.json = a.json;
     c.check = a.check;
+    c.max_ops = a.max_ops;
     run_exec_cuda(c);
     return;
   }
 #endif
   check_cpu_backend(a.backend);
-  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices);
+  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices, a.max_ops);
   const ir::Scenario& sc = loaded.scenario;
   const ir::Plan& plan = loaded.built.lowered;
 
@@ -97,8 +99,24 @@ void add_exec_command(CLI::App& app) {
   cmd->add_option("--lr", args->lr, "Adam learning rate");
   cmd->add_option("--seed", args->seed, "Data sampling seed");
   cmd->add_option("--corpus", args->corpus, "Training text (default: data/tiny_corpus.txt)");
-  cmd->add_option("--watchdog", args->watchdog, "Seconds without progress before a run is declared hung")
-      ->check(CLI::Range(1e-3, 1e6));
+  // A floor, so that a mistyped limit cannot fail a healthy run: on a loaded machine an
+  // op (or the first step's allocations) can go a good fraction of a second unseen.
+  cmd->add_option("--watchdog", args->watchdog, "Seconds without progress before a run is declared hung (≥ 1)")
+      ->check(CLI::Validator(
+          [](const std::string& text) -> std::string {
+            double v = 0;
+            try {
+              v = std::stod(text);
+            } catch (const std::exception&) {
+              return "expected a number of seconds, got '" + text + "'";
+            }
+            if (!(v >= 1 && v <= 1e6))
+              return fmt::format("{} s is outside [1, 1e6]: below 1 s the watchdog would fail healthy runs on a "
+                                 "loaded machine; expected at least 1 (default 30)",
+                                 text);
+            return {};
+          },
+          "SECONDS in [1, 1e6]"));
   cmd->add_option("--trace-out", args->trace_out, "Write the last step's measured trace (Chrome JSON)");
   cmd->add_option("--transport", args->transport,
                   "cuda backend: loopback (every stage on one GPU) or nccl (one process per GPU)")
@@ -107,6 +125,7 @@ void add_exec_command(CLI::App& app) {
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
   cmd->add_flag("--pin", args->pin, "Pin rank w's threads to core w mod cores");
   cmd->add_flag("--check", args->check, "Also run the single-device reference and report the difference");
+  add_max_ops_option(cmd, args->max_ops);
   cmd->callback([args] { run_exec(*args); });
 }
 

@@ -20,7 +20,7 @@
 namespace tdpipe::apps {
 
 void run_exec_cuda(const CudaExecRequest& a) {
-  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices);
+  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices, a.max_ops);
   const ir::Scenario& sc = loaded.scenario;
   const ir::Plan& plan = loaded.built.lowered;
 
@@ -59,7 +59,7 @@ void run_exec_cuda(const CudaExecRequest& a) {
 }
 
 void run_calibrate_cuda(const CudaCalibrateRequest& a) {
-  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices);
+  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices, a.max_ops);
   const ir::Scenario& sc = loaded.scenario;
   const std::string& schedule = loaded.schedule;
   const planner::BuiltPlan& built = loaded.built;

@@ -1,5 +1,4 @@
 // cmd_plan.cpp — `tdpipe plan SCENARIO`: print or write a schedule's plan.
-#include <fstream>
 #include <iostream>
 #include <memory>
 
@@ -7,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "tdpipe/ir/atomic_file.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/plan_io.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
@@ -23,12 +23,13 @@ struct PlanArgs {
   std::string format = "text";
   std::string output;
   bool compute_only = false;
+  std::int64_t max_ops = 0;
 };
 
 void run_plan(const PlanArgs& a) {
   const ir::Scenario scenario = ir::load_scenario(a.scenario);
   const std::string schedule = a.schedule.empty() ? scenario.schedule : a.schedule;
-  const planner::BuiltPlan built = planner::build_plan(scenario, schedule, a.slices);
+  const planner::BuiltPlan built = planner::build_plan(scenario, schedule, a.slices, a.max_ops);
   const ir::Plan& plan = a.compute_only ? built.compute_only : built.lowered;
   std::string text;
   if (a.format == "json") {
@@ -43,9 +44,7 @@ void run_plan(const PlanArgs& a) {
     std::cout << text;
     return;
   }
-  std::ofstream out(a.output);
-  if (!out) throw Error(fmt::format("{}: cannot open for writing", a.output));
-  out << text;
+  ir::write_file_atomic(a.output, text, "plan");
 }
 
 }  // namespace
@@ -61,6 +60,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("-o,--output", args->output, "Write to FILE instead of stdout");
   cmd->add_flag("--compute-only", args->compute_only,
                 "Print the generator's compute-only plan instead of the lowered one");
+  add_max_ops_option(cmd, args->max_ops);
   cmd->callback([args] { run_plan(*args); });
 }
 

@@ -42,6 +42,7 @@ struct SimArgs {
   bool profile_ops_only = false;
   bool json = false;
   std::string trace_out;
+  std::int64_t max_ops = 0;
 };
 
 /// (schedule, slices) pairs to run: one, or every generator (tdpipe at S = 2 and 4,
@@ -145,7 +146,7 @@ void run_sim(const SimArgs& a) {
   std::vector<std::pair<std::string, std::string>> failures;
   for (const auto& [schedule, slices] : runs) {
     try {
-      planner::BuiltPlan built = planner::build_plan(sc, schedule, slices);
+      planner::BuiltPlan built = planner::build_plan(sc, schedule, slices, a.max_ops);
       if (profile) {
         const traces::ProfileApplied applied = traces::apply_profile(*profile, built.lowered, a.profile_ops_only);
         if (applied.ops_kept > 0)
@@ -195,6 +196,7 @@ void add_sim_command(CLI::App& app) {
   cmd->add_flag("--json", args->json, "Print JSON instead of a table");
   cmd->add_option("--trace-out", args->trace_out,
                   "Write the predicted trace (Chrome/Perfetto JSON); with `all`, one file per schedule");
+  add_max_ops_option(cmd, args->max_ops);
   cmd->callback([args] { run_sim(*args); });
 }
 

@@ -13,6 +13,7 @@ namespace tdpipe::apps {
 struct CudaExecRequest {
   std::string scenario, schedule, transport = "loopback", trace_out, corpus;
   int slices = 0, steps = 20, device = -1;
+  std::int64_t max_ops = 0;
   double lr = 3e-3, watchdog = 120;
   std::uint64_t seed = 7;
   bool json = false, check = false;
@@ -23,6 +24,7 @@ void run_exec_cuda(const CudaExecRequest& request);
 struct CudaCalibrateRequest {
   std::string scenario, schedule, output, corpus;
   int slices = 0, steps = 5, warmup = 2, device = -1;
+  std::int64_t max_ops = 0;
   exec::cpu::SharingChoice sharing;
 };
 /// Measures this GPU's op costs (loopback run) and writes the profile.

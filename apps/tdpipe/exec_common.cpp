@@ -22,11 +22,12 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-LoadedPlan load_plan(const std::string& scenario_path, const std::string& schedule, int slices) {
+LoadedPlan load_plan(const std::string& scenario_path, const std::string& schedule, int slices,
+                     std::int64_t max_ops) {
   LoadedPlan out;
   out.scenario = ir::load_scenario(scenario_path);
   out.schedule = schedule.empty() ? out.scenario.schedule : schedule;
-  out.built = planner::build_plan(out.scenario, out.schedule, slices);
+  out.built = planner::build_plan(out.scenario, out.schedule, slices, max_ops);
   return out;
 }
 

@@ -22,7 +22,8 @@ struct LoadedPlan {
   planner::BuiltPlan built;
 };
 /// Loads `scenario_path` and builds `schedule` (the scenario's when empty) with `slices`.
-LoadedPlan load_plan(const std::string& scenario_path, const std::string& schedule, int slices);
+LoadedPlan load_plan(const std::string& scenario_path, const std::string& schedule, int slices,
+                     std::int64_t max_ops = planner::kDefaultMaxOps);
 
 /// Throws for a --backend other than cpu/cuda; `cuda` reaches here only in a build
 /// without the CUDA backend, and that throws too, saying how to get one.

@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "commands.hpp"
+#include "tdpipe/ir/atomic_file.hpp"
 #include "tdpipe/ir/error.hpp"
 
 int main(int argc, char** argv) {
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
 #endif
   try {
     app.parse(argc, argv);
+    tdpipe::ir::finish_stdout();
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const tdpipe::Error& e) {

@@ -8,6 +8,9 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include <fmt/format.h>
 
@@ -27,6 +30,64 @@ void pin_to_core(int w) {
   pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
+/// Bytes the CPU backend holds for `plan` (all ranks and replicas in this process), in
+/// its fp64 model: weights, gradients and Adam's two moments (4 values per parameter),
+/// and each rank's peak in-flight activations (F adds one micro-batch's slice of its
+/// chunk, B/BW frees it) at ~10 hidden-wide and 1.5 ffn-wide tensors per token and
+/// layer plus the heads·seq² attention scores.
+double cpu_memory_bytes(const GptConfig& c, const ir::Plan& plan) {
+  const double per_param = 4 * sizeof(double);
+  const double tokens = double(c.micro_batch) * c.seq;
+  const double per_layer_act =
+      sizeof(double) * (tokens * (10.0 * c.hidden + 1.5 * c.ffn) + double(c.micro_batch) * c.heads * c.seq * c.seq);
+  double total = 0;
+  for (int r = 0; r < plan.num_ranks(); ++r) {
+    double params = 0, max_blocks = 0;
+    for (int stage : plan.stage_of.at(static_cast<std::size_t>(r))) {
+      auto [a, b] = stage_layers(c.layers, stage, plan.virtual_stages());
+      max_blocks = std::max(max_blocks, double(b - a));
+      params += double(b - a) * (4.0 * c.hidden * c.hidden + 2.0 * c.hidden * c.ffn + 6.0 * c.hidden + c.ffn);
+      if (stage == 0) params += double(c.vocab + c.seq) * c.hidden;
+      if (stage == plan.virtual_stages() - 1) params += double(c.hidden + 1) * c.vocab + 2.0 * c.hidden;
+    }
+    int live = 0, peak = 0;
+    for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(r)]) {
+      if (op.kind == ir::OpKind::F) peak = std::max(peak, ++live);
+      if (op.kind == ir::OpKind::B || op.kind == ir::OpKind::BW) --live;
+    }
+    total += params * per_param + peak * max_blocks * per_layer_act / std::max(1, plan.slices);
+  }
+  return total * std::max(1, plan.data);
+}
+
+/// Memory this process may still take: MemAvailable, else the physical memory.
+double available_memory_bytes() {
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    long long kib = -1;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
+    std::fclose(f);
+    if (kib > 0) return double(kib) * 1024.0;
+  }
+  return double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));
+}
+
+/// Refuses, before allocating, a model the machine cannot hold (instead of bad_alloc).
+void check_cpu_memory(const GptConfig& config, const ir::Plan& plan) {
+  const double need = cpu_memory_bytes(config, plan);
+  const double have = available_memory_bytes();
+  if (need <= 0.9 * have) return;
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  throw Error(fmt::format(
+      "the CPU backend would need about {:.2f} GiB for {} ({} layers, hidden {}, {} ranks x {} replicas; fp64 "
+      "weights, gradients and Adam state, peak activations) but this machine has {:.2f} GiB available: run a "
+      "smaller model on the CPU (e.g. scenarios/tiny-gpt-cpu.yaml) and this one with --backend cuda or in "
+      "tdpipe sim",
+      need / kGiB, plan.scenario.name, config.layers, config.hidden, plan.num_ranks(), std::max(1, plan.data),
+      have / kGiB));
+}
+
 }  // namespace
 
 double weights_l2(const ParamMap& params) {
@@ -41,6 +102,7 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   const int p = plan.num_ranks();
   const int d = std::max(1, plan.data);
   const GptConfig config = model_config(plan.scenario, options.train);
+  check_cpu_memory(config, plan);
   const Corpus corpus = training_corpus(options.train);
 
   RunControl control;

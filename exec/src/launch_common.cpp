@@ -74,7 +74,8 @@ void Watchdog::loop() {
     std::string report = control_.waiting_report();
     if (report.empty()) continue;
     if (extend_report_) extend_report_(report);
-    control_.fail(fmt::format("watchdog: no op started or finished for {:.3g} s; blocked:\n{}", timeout_, report));
+    control_.fail(fmt::format("watchdog: no op started or finished for {:.3g} s (if the run is healthy, this limit is "
+                              "too low: raise it, e.g. tdpipe exec --watchdog); blocked:\n{}", timeout_, report));
     if (after_fail_) after_fail_();
     return;
   }

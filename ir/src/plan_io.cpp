@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/json_read.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 
 namespace tdpipe::ir {
@@ -230,8 +231,7 @@ class JsonField {
  public:
   JsonField(const json& j, std::string path) : j_(j), path_(std::move(path)) {}
   [[noreturn]] void fail(std::string_view what) const {
-    throw Error(fmt::format("{}: expected {}, got {}", path_, what,
-                            j_.dump(-1, ' ', false, json::error_handler_t::replace)));
+    throw Error(fmt::format("{}: expected {}, got {}", path_, what, quote_json(j_)));
   }
   long long integer(long long min, long long max) const {
     if (j_.is_number_unsigned()) {
@@ -336,9 +336,11 @@ Header parse_header(std::string_view s, int line) {
       out = v;
     };
     auto as_json = [&]() -> json {
-      json j = json::parse(value, nullptr, false);
-      if (j.is_discarded()) err.fail(fmt::format("valid JSON after '{}='", key));
-      return j;
+      try {
+        return parse_json(value, "plan text header");
+      } catch (const Error&) {
+        err.fail(fmt::format("valid JSON after '{}='", key));
+      }
     };
     if (key == "schedule") {
       if (h.schedule) err.fail("'schedule' only once in the header");

@@ -31,17 +31,18 @@
 #endif
 
 #include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/json_read.hpp"
+#include "tdpipe/ir/scenario_check.hpp"
 
 namespace tdpipe::ir {
 namespace {
 
 using nlohmann::json;
 
-const std::vector<std::string> kScheduleNames = {"gpipe", "1f1b",  "interleaved", "zb-h1",
-                                                 "zb-h2", "zb-v", "tdpipe"};
-const std::vector<std::string> kDtypes = {"bf16", "fp16", "fp32"};
-const std::vector<std::string> kRecomputeNames = {"none", "selective", "full"};
-const std::vector<std::string> kTopologies = {"fat-tree", "rail-optimized"};
+const std::vector<std::string>& kScheduleNames = scenario_schedule_names();
+const std::vector<std::string>& kDtypes = scenario_dtypes();
+const std::vector<std::string>& kRecomputeNames = scenario_recompute_names();
+const std::vector<std::string>& kTopologies = scenario_topologies();
 
 // Defaults for fabric latencies: NCCL's tuner assumes ~3.4 µs per NVLink hop and
 // ~14 µs per network hop (NVIDIA/nccl src/graph/tuning.cc).
@@ -109,7 +110,8 @@ std::string one_of(std::string_view what, std::string_view got, const std::vecto
 }
 
 #if TDPIPE_HAVE_YAML
-/// Where errors point: the source name and a line.
+/// Where errors point: the source name and a line. Remembers where each field was
+/// given, so a rule checked after reading (find_problem) points at its line too.
 class Reporter {
  public:
   explicit Reporter(std::string source) : source_(std::move(source)) {}
@@ -119,8 +121,21 @@ class Reporter {
     throw Error(fmt::format("{}:{}: {}: {}", source_, line, field, what));
   }
 
+  void remember(const std::string& field, const YAML::Mark& mark) const { marks_.emplace(field, mark); }
+  /// The line of `field`, else of the closest enclosing map given ("parallel.chunks"
+  /// left at its default points at "parallel:").
+  YAML::Mark mark_of(std::string field) const {
+    for (;;) {
+      if (auto it = marks_.find(field); it != marks_.end()) return it->second;
+      const auto cut = field.find_last_of(".[");
+      if (cut == std::string::npos) return YAML::Mark();
+      field.resize(cut);
+    }
+  }
+
  private:
   std::string source_;
+  mutable std::map<std::string, YAML::Mark> marks_;
 };
 
 std::string describe(const YAML::Node& node) {
@@ -151,8 +166,9 @@ class MapReader {
                 fmt::format("expected a map with keys ({}), got {}", join(known_), describe(node)));
     // Missing keys point at the parent key's line ("parallel:"), which the user sees.
     where_ = where.is_null() ? node.Mark() : where;
+    if (!path_.empty()) rep_.remember(path_, where_);
     for (auto it = node.begin(); it != node.end(); ++it) {
-      const YAML::Node& key = it->first;
+      const YAML::Node key = it->first;  // a copy: it-> yields a temporary pair
       if (!key.IsScalar())
         rep_.fail(key.Mark(), label(), fmt::format("expected a key name, got {}", describe(key)));
       const std::string name = key.Scalar();
@@ -164,6 +180,7 @@ class MapReader {
         rep_.fail(key.Mark(), field(name),
                   fmt::format("duplicate key (first given on line {})", entries_.at(name).key_mark.line + 1));
       entries_.emplace(name, Entry{it->second, key.Mark()});
+      rep_.remember(field(name), key.Mark());
     }
   }
 
@@ -316,9 +333,6 @@ ModelConfig read_model(const MapReader& r) {
   m.seq = r.get_int("seq", std::nullopt, 1, "sequence length in tokens");
   m.vocab = r.get_int("vocab", std::nullopt, 1, "vocabulary size");
   m.dtype = r.get_choice("dtype", "bf16", "dtype", kDtypes);
-  if (m.hidden % m.heads != 0)
-    r.reporter().fail(r.mark("hidden"), "model.hidden",
-             fmt::format("expected a multiple of heads ({}), got {}", m.heads, m.hidden));
   return m;
 }
 
@@ -388,18 +402,7 @@ std::string recompute_name(Recompute r) {
 }
 
 #if TDPIPE_HAVE_YAML
-/// Interleaving assigns micro-batches to chunks in groups of p (Megatron), so m % p = 0.
-void check_interleaving(const MapReader& r, const std::string& chunks_key, int chunks, int m, int p) {
-  if (chunks > 1 && m % p != 0)
-    r.reporter().fail(r.mark(chunks_key), r.field(chunks_key),
-                      fmt::format("interleaving {} chunks needs the micro-batch count ({}) to be a "
-                                  "multiple of the pipeline stages ({})",
-                                  chunks, m, p));
-}
-
-ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::Mark where,
-                             const ModelConfig& model, const MapReader& model_keys,
-                             const ClusterConfig& cluster) {
+ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::Mark where) {
   MapReader r(rep, node, "parallel", where,
               {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
                "sequence_parallel", "slices"});
@@ -414,43 +417,6 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
   p.sequence_parallel = r.get_bool("sequence_parallel", false);
   p.slices = r.get_int("slices", 1, 1, "temporal slices per micro-batch");
 
-  const long long gpus_needed = static_cast<long long>(p.tensor) * p.pipeline * p.data;
-  long long nodes = 0;  // summed here in 64 bits: absurd node counts must not overflow
-  for (const auto& g : cluster.groups) nodes += g.nodes;
-  if (gpus_needed != nodes * cluster.gpus_per_node)
-    rep.fail(r.map_mark(), "parallel",
-             fmt::format("tensor*pipeline*data = {}*{}*{} = {} GPUs, but the cluster has {} ({} nodes "
-                         "x {} GPUs per node); expected them equal",
-                         p.tensor, p.pipeline, p.data, gpus_needed, nodes * cluster.gpus_per_node,
-                         nodes, cluster.gpus_per_node));
-  const long long vstages = static_cast<long long>(p.pipeline) * p.chunks;
-  if (model.layers % vstages != 0)
-    rep.fail(model_keys.mark("layers"), "model.layers",
-             fmt::format("{} layers do not split evenly over pipeline*chunks = {}*{} = {} virtual "
-                         "stages; expected a multiple of {}",
-                         model.layers, p.pipeline, p.chunks, vstages, vstages));
-  // hidden first: with hidden % heads == 0 checked, a heads error implies nothing about hidden.
-  for (auto [key, value] : {std::pair<const char*, int>{"hidden", model.hidden},
-                            {"heads", model.heads}, {"ffn", model.ffn}})
-    if (value % p.tensor != 0)
-      rep.fail(model_keys.mark(key), fmt::format("model.{}", key),
-               fmt::format("{} {} is not divisible by tensor = {}; expected a multiple of {}", key,
-                           value, p.tensor, p.tensor));
-  const long long per_step = static_cast<long long>(p.micro_batch) * p.data;
-  if (p.global_batch % per_step != 0)
-    rep.fail(r.mark("global_batch"), "parallel.global_batch",
-             fmt::format("expected a multiple of micro_batch*data = {}*{} = {}, got {}", p.micro_batch,
-                         p.data, per_step, p.global_batch));
-  check_interleaving(r, "chunks", p.chunks, static_cast<int>(p.global_batch / per_step), p.pipeline);
-  if (p.slices > model.seq)
-    rep.fail(r.mark("slices"), "parallel.slices",
-             fmt::format("expected at most seq = {} slices (each slice needs a token), got {}",
-                         model.seq, p.slices));
-  if (p.sequence_parallel && model.seq % p.tensor != 0)
-    rep.fail(r.mark("sequence_parallel"), "parallel.sequence_parallel",
-             fmt::format("sequence parallelism splits seq = {} over tensor = {}; expected seq to be "
-                         "a multiple of tensor",
-                         model.seq, p.tensor));
   return p;
 }
 
@@ -470,13 +436,17 @@ Synthetic read_synthetic(const Reporter& rep, const YAML::Node& node, YAML::Mark
   s.w_seconds = us_to_seconds(t.get_number("W", std::nullopt, false, "weight-gradient time in µs"));
   s.p2p_latency_seconds = us_to_seconds(r.get_number("p2p_latency", 0.0, false, "µs per cross-rank dependency"));
   s.activation_bytes = r.get_number("activation_bytes", 0.0, false, "bytes one F keeps alive");
-  check_interleaving(r, "chunks", s.chunks, s.microbatches, s.stages);
   // Mirror the shape into `parallel` so code reading parallel.* sees the same p, m, v, S.
   parallel.pipeline = s.stages;
   parallel.chunks = s.chunks;
   parallel.global_batch = s.microbatches;
   parallel.slices = slices;
   return s;
+}
+
+/// The rules every scenario meets (find_problem), reported at the line of their field.
+void check_rules(const Reporter& rep, const Scenario& sc) {
+  if (auto problem = find_problem(sc)) rep.fail(rep.mark_of(problem->field), problem->field, problem->what);
 }
 
 Scenario parse_root(const YAML::Node& root, const std::string& source_name) {
@@ -494,6 +464,7 @@ Scenario parse_root(const YAML::Node& root, const std::string& source_name) {
                  "times go under synthetic); remove one of the two");
     sc.synthetic = read_synthetic(rep, top.node("synthetic"), top.mark("synthetic"), sc.parallel);
     if (top.has("cluster")) sc.cluster = read_cluster(rep, top.node("cluster"), top.mark("cluster"));
+    check_rules(rep, sc);
     return sc;
   }
   for (const char* key : {"model", "cluster", "parallel"})
@@ -502,8 +473,8 @@ Scenario parse_root(const YAML::Node& root, const std::string& source_name) {
   const MapReader model_keys(rep, top.node("model"), "model", top.mark("model"), kModelKeys);
   sc.model = read_model(model_keys);
   sc.cluster = read_cluster(rep, top.node("cluster"), top.mark("cluster"));
-  sc.parallel = read_parallel(rep, top.node("parallel"), top.mark("parallel"), sc.model, model_keys,
-                              sc.cluster);
+  sc.parallel = read_parallel(rep, top.node("parallel"), top.mark("parallel"));
+  check_rules(rep, sc);
   return sc;
 }
 #endif  // TDPIPE_HAVE_YAML
@@ -529,22 +500,22 @@ class JsonReader {
     const json& v = at(key);
     if (!v.is_number_integer() || v.get<long long>() < std::numeric_limits<int>::min() ||
         v.get<long long>() > std::numeric_limits<int>::max())
-      throw Error(fmt::format("{}: expected an integer, got {}", path(key), v.dump()));
+      throw Error(fmt::format("{}: expected an integer, got {}", path(key), quote_json(v)));
     return v.get<int>();
   }
   double get_double(const std::string& key) const {
     const json& v = at(key);
-    if (!v.is_number()) throw Error(fmt::format("{}: expected a number, got {}", path(key), v.dump()));
+    if (!v.is_number()) throw Error(fmt::format("{}: expected a number, got {}", path(key), quote_json(v)));
     return v.get<double>();
   }
   bool get_bool(const std::string& key) const {
     const json& v = at(key);
-    if (!v.is_boolean()) throw Error(fmt::format("{}: expected true or false, got {}", path(key), v.dump()));
+    if (!v.is_boolean()) throw Error(fmt::format("{}: expected true or false, got {}", path(key), quote_json(v)));
     return v.get<bool>();
   }
   std::string get_string(const std::string& key) const {
     const json& v = at(key);
-    if (!v.is_string()) throw Error(fmt::format("{}: expected a string, got {}", path(key), v.dump()));
+    if (!v.is_string()) throw Error(fmt::format("{}: expected a string, got {}", path(key), quote_json(v)));
     return v.get<std::string>();
   }
 
@@ -599,21 +570,17 @@ Scenario load_scenario(const std::string& path) {
     throw Error(fmt::format("{}: scenario file not found (expected a YAML file, e.g. scenarios/gpt3-175b-a100-8x8.yaml)", path));
   if (!std::filesystem::is_regular_file(path, ec))
     throw Error(fmt::format("{}: not a regular file; expected a YAML scenario file", path));
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in) throw Error(fmt::format("{}: cannot read the scenario file", path));
+  const std::string text = read_file(path, "scenario file");
   // A .json file is the JSON form (to_json), which builds without yaml-cpp can read.
   if (std::filesystem::path(path).extension() == ".json") {
-    json j;
+    const json j = parse_json(text, path);
     try {
-      j = json::parse(text.str());
-    } catch (const json::parse_error& e) {
-      throw Error(fmt::format("{}: JSON syntax: {}", path, e.what()));
+      return scenario_from_json(j);
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: {}", path, e.what()));
     }
-    return scenario_from_json(j);
   }
-  return parse_scenario(text.str(), path);
+  return parse_scenario(text, path);
 }
 
 json to_json(const Scenario& s) {
@@ -717,6 +684,7 @@ Scenario scenario_from_json(const json& j) {
     syn.activation_bytes = y.get_double("activation_bytes");
     s.synthetic = syn;
   }
+  if (auto problem = find_problem(s)) throw Error(fmt::format("{}.{}: {}", root, problem->field, problem->what));
   return s;
 }
 

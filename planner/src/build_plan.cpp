@@ -18,15 +18,40 @@ int chunks_for(std::string_view schedule, const ir::Scenario& scenario) {
   return 1;
 }
 
-BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, int slices) {
+namespace {
+
+int slices_for(std::string_view schedule, const ir::Scenario& scenario, int slices) {
+  return schedule == "tdpipe" ? (slices > 0 ? slices : scenario.parallel.slices) : 1;
+}
+
+}  // namespace
+
+std::int64_t estimate_ops(const ir::Scenario& scenario, std::string_view schedule, int slices) {
+  const std::int64_t per_unit = 3 + 4;  // F, B, W; SEND/RECV of activation and gradient
+  const std::int64_t units = std::int64_t{scenario.microbatches()} * chunks_for(schedule, scenario) *
+                             slices_for(schedule, scenario, slices);
+  const std::int64_t per_rank_extra = 64;  // OPT, data-parallel buckets (few) and their batches
+  return std::int64_t{scenario.stages()} * (units * per_unit + per_rank_extra);
+}
+
+BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, int slices, std::int64_t max_ops) {
   ScheduleParams params;
   params.stages = scenario.stages();
   params.microbatches = scenario.microbatches();
   params.chunks = chunks_for(schedule, scenario);
-  params.slices = schedule == "tdpipe" ? (slices > 0 ? slices : scenario.parallel.slices) : 1;
+  params.slices = slices_for(schedule, scenario, slices);
   if (slices > 1 && schedule != "tdpipe")
     throw Error(fmt::format("--slices {}: temporal slices apply to the tdpipe schedule only, not {}",
                             slices, schedule));
+  if (const std::int64_t ops = estimate_ops(scenario, schedule, slices); ops > max_ops) {
+    // Both copies (compute-only and lowered) are held while planning.
+    const double gib = 2.0 * static_cast<double>(ops) * sizeof(ir::Op) / double(1u << 30);
+    throw Error(fmt::format(
+        "{}: the {} plan would have up to {} ops (p = {} stages x m = {} micro-batches x v = {} chunks "
+        "x S = {} slices x 7), about {:.1f} GiB while planned; the limit is {} ops (--max-ops N raises it)",
+        scenario.name, schedule, ops, params.stages, params.microbatches, params.chunks, params.slices, gib,
+        max_ops));
+  }
   if (!scenario.synthetic && scenario.model.layers % (params.stages * params.chunks) != 0)
     throw Error(fmt::format(
         "{}: schedule {} runs {} chunk(s) on each of {} stages, so model.layers ({}) must be "

@@ -106,6 +106,59 @@ PY
           "$work/$engine.json" || fail "$engine: iteration is not 14.25 ms with the profile"
     done
     ;;
+  output-safety)
+    # No command exits 0 with its output lost; a failed write leaves no partial file.
+    out=$("$tdpipe" plan scenarios/synthetic-uniform-p4-m8.yaml -o /dev/full 2>&1) && fail "plan -o /dev/full exited 0"
+    expect "$out" "cannot write plan '/dev/full': write: No space left on device" "plan -o /dev/full"
+    out=$( ("$tdpipe" plan scenarios/synthetic-uniform-p4-m8.yaml > /dev/full) 2>&1) && fail "plan > /dev/full exited 0"
+    expect "$out" 'cannot write to standard output: No space left on device' "plan > /dev/full"
+    out=$( ("$tdpipe" sim scenarios/synthetic-uniform-p4-m8.yaml --engine analytic --json > /dev/full) 2>&1) \
+      && fail "sim --json > /dev/full exited 0"
+    expect "$out" 'cannot write to standard output' "sim --json > /dev/full"
+    out=$("$tdpipe" sim scenarios/synthetic-uniform-p4-m8.yaml --engine analytic --trace-out /dev/full 2>&1) \
+      && fail "sim --trace-out /dev/full exited 0"
+    expect "$out" "cannot write trace '/dev/full'" "sim --trace-out /dev/full"
+    # A file that existed keeps its content when the new one cannot be written whole.
+    echo "old" > "$work/p.json"
+    ( trap '' XFSZ; ulimit -f 1; "$tdpipe" plan scenarios/synthetic-zb-p8-m24.yaml --format json -o "$work/p.json" ) 2>"$work/err" \
+      && fail "plan -o past the file size limit exited 0"
+    expect "$(cat "$work/err")" "cannot write plan '$work/p.json': write: File too large" "the reason"
+    [ "$(cat "$work/p.json")" = "old" ] || fail "the old file was changed"
+    [ "$(ls -A "$work" | grep -c tmp)" = 0 ] || fail "a temporary file was left: $(ls -A "$work")"
+    ;;
+  bad-json-scenario)
+    # JSON scenarios get the YAML rules: pipeline 0 is an error, not SIGFPE.
+    "$tdpipe" plan scenarios/tiny-gpt-cpu.yaml --format json -o "$work/plan.json" || fail "plan exited $?"
+    python3 - "$work/plan.json" "$work/s.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["scenario"]
+s["parallel"]["pipeline"] = 0
+json.dump(s, open(sys.argv[2], "w"))
+PY
+    for cmd in "plan" "sim --engine analytic"; do
+      # shellcheck disable=SC2086
+      out=$("$tdpipe" $cmd "$work/s.json" 2>&1); rc=$?
+      [ $rc = 1 ] || fail "$cmd on pipeline 0 exited $rc (expected 1): $out"
+      expect "$out" "s.json: scenario.parallel.pipeline: expected a positive integer \(pipeline stages\), got 0" "$cmd"
+    done
+    ;;
+  absurd-sizes)
+    printf 'synthetic: {stages: 8, microbatches: 1000000, time: {F: 1, B: 1, W: 1}}\n' > "$work/big.yaml"
+    out=$("$tdpipe" plan "$work/big.yaml" 2>&1) && fail "a 56 M-op plan exited 0"
+    expect "$out" 'would have up to 56000512 ops .* the limit is 10000000 ops \(--max-ops N raises it\)' "op limit"
+    out=$("$tdpipe" plan "$work/big.yaml" --max-ops 0 2>&1) && fail "--max-ops 0 exited 0"
+    "$tdpipe" plan scenarios/synthetic-uniform-p4-m8.yaml --max-ops 500 >/dev/null || fail "a plan under --max-ops failed"
+    out=$("$tdpipe" plan scenarios/synthetic-uniform-p4-m8.yaml --max-ops 100 2>&1) && fail "a plan over --max-ops exited 0"
+    expect "$out" 'the limit is 100 ops' "the given limit"
+    if "$tdpipe" exec --help >/dev/null 2>&1; then
+      # A model that cannot fit the CPU backend is refused with its size, before allocating.
+      out=$("$tdpipe" exec scenarios/gpt3-175b-a100-8x8.yaml --backend cpu --steps 1 2>&1); rc=$?
+      [ $rc = 1 ] || fail "exec of GPT-3 on the CPU exited $rc (expected 1): $out"
+      expect "$out" 'the CPU backend would need about [0-9.]+ GiB .* but this machine has [0-9.]+ GiB available' "memory"
+      out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cpu --watchdog 0.001 2>&1) && fail "--watchdog 0.001 exited 0"
+      expect "$out" 'below 1 s the watchdog would fail healthy runs' "watchdog floor"
+    fi
+    ;;
   *) fail "unknown case $case_name" ;;
 esac
 echo "ok: $case_name"

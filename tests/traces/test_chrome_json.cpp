@@ -235,10 +235,43 @@ TEST_CASE("Malformed traces are rejected naming the source, event and field", "[
   CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[],"otherData":{"generator":"tdpipe","ranks":2000000000}})J")),
              Catch::Contains("otherData.ranks: expected an integer in [0, 1048576]"));
   CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[{"ph":"X","name":"F0","pid":0,"tid":0,"ts":0,"dur":1,"args":{"mb":4294967296}}]})J")),
-             Catch::Contains("field \"args.mb\": expected an integer that fits 32 bits"));
+             Catch::Contains("field \"args.mb\": expected an integer in [-1, 2147483647], got 4294967296"));
   CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[{"ph":"X","name":"a","pid":0,"tid":0,"ts":-8e15,"dur":1},
                                                           {"ph":"X","name":"b","pid":0,"tid":0,"ts":8e15,"dur":1}]})J")),
              Catch::Contains("expected each ≤ 4e15 µs"));
   CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[],"otherData":{"metadata":{"a":1}}})J")),
              Catch::Contains("otherData.metadata.a: expected a string"));
+}
+
+TEST_CASE("trace op fields out of their range and peers that do not exist are rejected", "[traces][chrome]") {
+  auto event_with = [](const std::string& args) {
+    return json::parse(R"J({"traceEvents":[{"ph":"X","name":"x","pid":0,"tid":0,"ts":0,"dur":1,"args":)J" + args +
+                       R"J(}],"otherData":{"generator":"tdpipe","ranks":2}})J");
+  };
+  CHECK_THAT(expect_error(event_with(R"({"mb":-2})")),
+             Catch::Contains("traceEvents[0]: field \"args.mb\": expected an integer in [-1, 2147483647], got -2"));
+  CHECK_THAT(expect_error(event_with(R"({"chunk":-1})")),
+             Catch::Contains("field \"args.chunk\": expected an integer in [0, 2147483647], got -1"));
+  CHECK_THAT(expect_error(event_with(R"({"slice":-1})")),
+             Catch::Contains("field \"args.slice\": expected an integer in [0, 2147483647], got -1"));
+  CHECK_THAT(expect_error(event_with(R"({"bytes":-5})")),
+             Catch::Contains("field \"args.bytes\": expected an integer ≥ 0, got -5"));
+  CHECK_THAT(expect_error(event_with(R"({"peer":7})")),
+             Catch::Contains("traceEvents[0]: field \"args.peer\": rank 7 does not exist; expected -1 (none) or a rank < 2"));
+  CHECK_THAT(expect_error(event_with(R"({"peer":-3})")), Catch::Contains("field \"args.peer\": expected an integer in [-1"));
+  // A peer named by the op's text form counts too.
+  CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[{"ph":"X","name":"SEND(F0>r5)","pid":0,"tid":1,"ts":0,"dur":1}],
+                                          "otherData":{"generator":"tdpipe","ranks":2}})J")),
+             Catch::Contains("rank 5 does not exist"));
+  CHECK_NOTHROW(trace_from_chrome_json(event_with(R"({"mb":-1,"chunk":0,"slice":0,"peer":1,"bytes":0})"), "ok.json"));
+}
+
+TEST_CASE("trace files with duplicate keys or deep nesting are refused", "[traces][chrome]") {
+  const auto path = (std::filesystem::temp_directory_path() / "tdpipe_test_trace_dup.json").string();
+  std::ofstream(path) << R"({"traceEvents": [], "traceEvents": [{"ph":"X"}]})";
+  CHECK_THROWS_WITH(read_trace(path), path + ": top level: key \"traceEvents\" given twice; expected each key once");
+  std::ofstream(path) << R"({"traceEvents": [], "otherData": {"metadata": )" + std::string(100, '[') +
+                             std::string(100, ']') + "}}";
+  CHECK_THROWS_WITH(read_trace(path), Catch::StartsWith(path + ": nested deeper than 64 levels"));
+  std::remove(path.c_str());
 }

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -51,7 +52,8 @@ TEST_CASE("Profile JSON and file round trip - bad profiles are rejected", "[trac
   write_profile(p, path);
   REQUIRE(read_profile(path) == p);
   std::remove(path.c_str());
-  REQUIRE_THROWS_WITH(read_profile("/nonexistent/p.json"), Catch::Contains("cannot read profile '/nonexistent/p.json'"));
+  REQUIRE_THROWS_WITH(read_profile("/nonexistent/p.json"),
+                      "cannot read profile '/nonexistent/p.json': no such file");
 
   nlohmann::json j = to_json(p);
   j.erase("tdpipe_profile");
@@ -69,4 +71,45 @@ TEST_CASE("Profile JSON and file round trip - bad profiles are rejected", "[trac
   j = to_json(p);
   j["platform"]["cores"] = 1.5;
   REQUIRE_THROWS_WITH(profile_from_json(j, "p.json"), Catch::Contains("platform.cores: expected an integer"));
+}
+
+TEST_CASE("profile fields outside what a measurement can be are rejected", "[traces][profile]") {
+  const nlohmann::json good = to_json(sample());
+  REQUIRE_NOTHROW(profile_from_json(good, "p.json"));
+  struct Case {
+    nlohmann::json::json_pointer at;
+    nlohmann::json value;
+    std::string message;
+  };
+  using ptr = nlohmann::json::json_pointer;
+  const std::vector<Case> cases = {
+      {ptr("/ops/0/virtual_stage"), -2, "p.json: ops[0].virtual_stage: expected an integer in [-1, 1048576], got -2"},
+      {ptr("/ops/0/slice"), -5, "p.json: ops[0].slice: expected an integer in [-1, 1048576], got -5"},
+      {ptr("/ops/0/layers"), -1, "p.json: ops[0].layers: expected an integer in [0, 1048576], got -1"},
+      {ptr("/ops/0/samples"), -1, "p.json: ops[0].samples: expected an integer in [0, 1048576], got -1"},
+      {ptr("/ops/0/seconds"), 1e300, "p.json: ops[0].seconds: expected a number ≥ 0 and ≤ 86400, got 1e+300"},
+      {ptr("/stages"), 0, "p.json: stages: expected an integer in [1, 1048576], got 0"},
+      {ptr("/p2p/latency"), 1e9, "p.json: p2p.latency: expected a number ≥ 0 and ≤ 3600, got 1000000000.0"},
+      {ptr("/platform/threads_per_rank"), 0, "p.json: platform.threads_per_rank: expected an integer in [1, 1048576]"},
+      {ptr("/speed"), "fast", "p.json: speed: unknown key; known keys: tdpipe_profile, scenario, stages"},
+      {ptr("/ops/1/secs"), 1.0, "p.json: ops[1].secs: unknown key; known keys: kind, virtual_stage"},
+      {ptr("/platform/gpu"), "x", "p.json: platform.gpu: unknown key"},
+      {ptr("/p2p/bw"), 1.0, "p.json: p2p.bw: unknown key; known keys: latency, bandwidth"},
+  };
+  for (const auto& c : cases) {
+    nlohmann::json j = good;
+    j[c.at] = c.value;
+    INFO(c.message);
+    REQUIRE_THROWS_WITH(profile_from_json(j, "p.json"), Catch::StartsWith(c.message));
+  }
+  // A profile without stages (unknown) is written without the key and read back as 0.
+  Profile unknown = sample();
+  unknown.stages = 0;
+  CHECK_FALSE(to_json(unknown).contains("stages"));
+  CHECK(profile_from_json(to_json(unknown), "p.json") == unknown);
+
+  const std::string path = (std::filesystem::temp_directory_path() / "tdpipe_test_profile_dup.json").string();
+  std::ofstream(path) << R"({"tdpipe_profile": 1, "stages": 2, "stages": 4})";
+  CHECK_THROWS_WITH(read_profile(path), path + ": top level: key \"stages\" given twice; expected each key once");
+  std::remove(path.c_str());
 }

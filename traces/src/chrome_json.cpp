@@ -22,7 +22,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "tdpipe/ir/atomic_file.hpp"
 #include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/json_read.hpp"
 #include "tdpipe/traces/op_name.hpp"
 
 namespace tdpipe::traces {
@@ -109,6 +111,7 @@ class Reader {
     }
 
     std::vector<double> starts_us;
+    std::vector<std::size_t> source_index;  // trace.events[k] came from traceEvents[source_index[k]]
     for (std::size_t i = 0; i < events->size(); ++i) {
       const json& ev = (*events)[i];
       if (!ev.is_object()) fail_event(i, "", "expected an object");
@@ -152,16 +155,18 @@ class Reader {
             fail_event(i, "args.kind", fmt::format("unknown op kind \"{}\"", k->get<std::string>()));
           e.kind = kind;
         }
-        read_int_arg(*args, "mb", i, e.mb);
-        read_int_arg(*args, "chunk", i, e.chunk);
-        read_int_arg(*args, "slice", i, e.slice);
-        read_int_arg(*args, "peer", i, e.peer);
+        read_int_arg(*args, "mb", i, -1, e.mb);  // -1: no micro-batch (OPT, collectives)
+        read_int_arg(*args, "chunk", i, 0, e.chunk);
+        read_int_arg(*args, "slice", i, 0, e.slice);
+        read_int_arg(*args, "peer", i, -1, e.peer);  // -1: no peer; < ranks checked below
         if (auto b = args->find("bytes"); b != args->end()) {
-          if (!b->is_number_integer()) fail_event(i, "args.bytes", "expected an integer");
+          if (!b->is_number_integer() || b->get<std::int64_t>() < 0)
+            fail_event(i, "args.bytes", fmt::format("expected an integer ≥ 0, got {}", ir::quote_json(*b)));
           e.bytes = b->get<std::int64_t>();
         }
       }
       trace.events.push_back(std::move(e));
+      source_index.push_back(i);
     }
 
     double origin_us = 0;
@@ -180,6 +185,11 @@ class Reader {
     if (!native || trace.ranks == 0) trace.ranks = std::max(trace.ranks, max_rank + 1);
     if (trace.ranks <= max_rank)
       fail(fmt::format("otherData.ranks: {} but an event is on rank {}", trace.ranks, max_rank));
+    for (std::size_t k = 0; k < trace.events.size(); ++k)
+      if (trace.events[k].peer >= trace.ranks)
+        fail_event(source_index[k], "args.peer",
+                   fmt::format("rank {} does not exist; expected -1 (none) or a rank < {}",
+                               trace.events[k].peer, trace.ranks));
     return trace;
   }
 
@@ -250,12 +260,14 @@ class Reader {
     return us;
   }
 
-  void read_int_arg(const json& args, const char* key, std::size_t i, int& out) const {
+  void read_int_arg(const json& args, const char* key, std::size_t i, int min, int& out) const {
     auto it = args.find(key);
     if (it == args.end()) return;
-    if (!it->is_number_integer() || it->get<std::int64_t>() < std::numeric_limits<int>::min() ||
+    if (!it->is_number_integer() || it->get<std::int64_t>() < min ||
         it->get<std::int64_t>() > std::numeric_limits<int>::max())
-      fail_event(i, fmt::format("args.{}", key), "expected an integer that fits 32 bits");
+      fail_event(i, fmt::format("args.{}", key),
+                 fmt::format("expected an integer in [{}, {}], got {}", min, std::numeric_limits<int>::max(),
+                             ir::quote_json(*it)));
     out = it->get<int>();
   }
 
@@ -302,27 +314,16 @@ Trace trace_from_chrome_json(const nlohmann::json& j, const std::string& source)
 
 void write_trace(const Trace& trace, const std::string& path) {
   const json j = to_chrome_json(trace);
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error(fmt::format("cannot write trace '{}': {}", path, std::strerror(errno)));
   // One event per line: large traces stay diffable and greppable.
-  out << "{\"traceEvents\": [\n";
+  std::string out = "{\"traceEvents\": [\n";
   const json& events = j["traceEvents"];
-  for (std::size_t i = 0; i < events.size(); ++i) out << events[i].dump() << (i + 1 < events.size() ? ",\n" : "\n");
-  out << "],\n\"displayTimeUnit\": \"ns\",\n\"otherData\": " << j["otherData"].dump() << "}\n";
-  out.flush();
-  if (!out) throw Error(fmt::format("cannot write trace '{}': write failed", path));
+  for (std::size_t i = 0; i < events.size(); ++i) out += events[i].dump() + (i + 1 < events.size() ? ",\n" : "\n");
+  out += "],\n\"displayTimeUnit\": \"ns\",\n\"otherData\": " + j["otherData"].dump() + "}\n";
+  ir::write_file_atomic(path, out, "trace");
 }
 
 Trace read_trace(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot read trace '{}': {}", path, std::strerror(errno)));
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::parse_error& e) {
-    throw Error(fmt::format("{}: not valid JSON: {}", path, e.what()));
-  }
-  return trace_from_chrome_json(j, path);
+  return trace_from_chrome_json(ir::parse_json(ir::read_file(path, "trace"), path), path);
 }
 
 }  // namespace tdpipe::traces

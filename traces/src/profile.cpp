@@ -1,6 +1,7 @@
 // profile.cpp — calibration profile lookup and JSON I/O.
 #include "tdpipe/traces/profile.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -8,7 +9,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "tdpipe/ir/atomic_file.hpp"
 #include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/json_read.hpp"
 
 namespace tdpipe::traces {
 namespace {
@@ -17,12 +20,23 @@ using nlohmann::json;
 
 constexpr int kFormatVersion = 1;
 
-// Typed field access with errors that name the source and the path of the field.
+// Bounds on what a measurement can be: a value outside them is a corrupt or hand-made
+// profile, and taking it would silently change every prediction made with it.
+constexpr double kMaxOpSeconds = 86400;          // one op of a day
+constexpr double kMaxLatencySeconds = 3600;
+constexpr double kMaxBytesPerSecond = 1e18;      // 1 EB/s: "free", as tests and what-ifs use
+constexpr int kMaxCount = 1 << 20;
+
+// Typed field access with errors that name the source and the path of the field; keys
+// other than `known` are rejected, as the scenario reader does.
 class Fields {
  public:
-  Fields(const json& j, std::string source, std::string path)
+  Fields(const json& j, std::string source, std::string path, std::vector<std::string> known)
       : j_(j), source_(std::move(source)), path_(std::move(path)) {
-    if (!j_.is_object()) fail("", "expected an object");
+    if (!j_.is_object()) fail("", fmt::format("expected an object, got {}", ir::quote_json(j_)));
+    for (const auto& [key, value] : j_.items())
+      if (std::find(known.begin(), known.end(), key) == known.end())
+        fail(key, fmt::format("unknown key; known keys: {}", fmt::join(known, ", ")));
   }
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
     const std::string where = path_.empty() ? key : (key.empty() ? path_ : path_ + "." + key);
@@ -34,24 +48,28 @@ class Fields {
   }
   void str(const char* key, std::string& out) const {
     if (const json* v = find(key)) {
-      if (!v->is_string()) fail(key, "expected a string");
+      if (!v->is_string()) fail(key, fmt::format("expected a string, got {}", ir::quote_json(*v)));
       out = v->get<std::string>();
     }
   }
-  void integer(const char* key, int& out) const {
+  void integer(const char* key, int& out, int min, int max = kMaxCount) const {
     if (const json* v = find(key)) {
-      if (!v->is_number_integer()) fail(key, "expected an integer");
+      if (!v->is_number_integer() || v->get<std::int64_t>() < min || v->get<std::int64_t>() > max)
+        fail(key, fmt::format("expected an integer in [{}, {}], got {}", min, max, ir::quote_json(*v)));
       out = v->get<int>();
     }
   }
-  void number(const char* key, double& out, bool non_negative = true) const {
+  void number(const char* key, double& out, double max) const {
     if (const json* v = find(key)) {
-      if (!v->is_number()) fail(key, "expected a number");
+      if (!v->is_number()) fail(key, fmt::format("expected a number, got {}", ir::quote_json(*v)));
       out = v->get<double>();
-      if (non_negative && !(out >= 0)) fail(key, "expected a number ≥ 0");
+      if (!(out >= 0 && out <= max)) fail(key, fmt::format("expected a number ≥ 0 and ≤ {:g}, got {}", max,
+                                                           ir::quote_json(*v)));
     }
   }
-  Fields sub(const char* key) const { return Fields(*find(key), source_, join(key)); }
+  Fields sub(const char* key, std::vector<std::string> known) const {
+    return Fields(*find(key), source_, join(key), std::move(known));
+  }
   std::string join(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
   const std::string& source() const { return source_; }
 
@@ -66,8 +84,8 @@ json transport_json(const TransportProfile& t) {
 
 TransportProfile read_transport(const Fields& f) {
   TransportProfile t;
-  f.number("latency", t.latency_seconds);
-  f.number("bandwidth", t.bytes_per_second);
+  f.number("latency", t.latency_seconds, kMaxLatencySeconds);
+  f.number("bandwidth", t.bytes_per_second, kMaxBytesPerSecond);
   return t;
 }
 
@@ -142,9 +160,8 @@ nlohmann::json to_json(const Profile& p) {
                    {"layers", op.layers},
                    {"seconds", op.seconds},
                    {"samples", op.samples}});
-  return {{"tdpipe_profile", kFormatVersion},
+  json j = {{"tdpipe_profile", kFormatVersion},
           {"scenario", p.scenario},
-          {"stages", p.stages},
           {"platform",
            {{"backend", p.platform.backend},
             {"device", p.platform.device},
@@ -157,48 +174,53 @@ nlohmann::json to_json(const Profile& p) {
           {"p2p", transport_json(p.p2p)},
           {"collective", transport_json(p.collective)},
           {"metadata", p.metadata}};
+  if (p.stages > 0) j["stages"] = p.stages;  // 0: unknown, left out
+  return j;
 }
 
 Profile profile_from_json(const nlohmann::json& j, const std::string& source) {
-  const Fields top(j, source, "");
+  const Fields top(j, source, "",
+                   {"tdpipe_profile", "scenario", "stages", "platform", "ops", "p2p", "collective", "metadata"});
   const json* version = top.find("tdpipe_profile");
   if (!version) top.fail("tdpipe_profile", "missing (not a tdpipe calibration profile)");
   if (!version->is_number_integer() || version->get<int>() != kFormatVersion)
     top.fail("tdpipe_profile", fmt::format("expected format version {}", kFormatVersion));
   Profile p;
   top.str("scenario", p.scenario);
-  top.integer("stages", p.stages);
+  top.integer("stages", p.stages, 1);  // absent: unknown (0)
   if (top.find("platform")) {
-    const Fields f = top.sub("platform");
+    const Fields f = top.sub("platform", {"backend", "device", "description", "cores", "ranks",
+                                          "threads_per_rank", "shared_capacity"});
     f.str("backend", p.platform.backend);
     f.str("device", p.platform.device);
     f.str("description", p.platform.description);
-    f.integer("cores", p.platform.cores);
-    f.integer("ranks", p.platform.ranks);
-    f.integer("threads_per_rank", p.platform.threads_per_rank);
-    f.number("shared_capacity", p.platform.shared_capacity);
+    f.integer("cores", p.platform.cores, 0);
+    f.integer("ranks", p.platform.ranks, 0);
+    f.integer("threads_per_rank", p.platform.threads_per_rank, 1);
+    f.number("shared_capacity", p.platform.shared_capacity, kMaxCount);
   }
   if (const json* ops = top.find("ops")) {
     if (!ops->is_array()) top.fail("ops", "expected an array");
     for (std::size_t i = 0; i < ops->size(); ++i) {
-      const Fields f((*ops)[i], source, fmt::format("ops[{}]", i));
+      const Fields f((*ops)[i], source, fmt::format("ops[{}]", i),
+                     {"kind", "virtual_stage", "slice", "layers", "seconds", "samples"});
       ProfileOp op;
       std::string kind;
       f.str("kind", kind);
       const auto k = ir::op_kind_from_string(kind);
       if (!k || !ir::is_compute(*k)) f.fail("kind", fmt::format("expected F, B, W, BW or OPT, got \"{}\"", kind));
       op.kind = *k;
-      f.integer("virtual_stage", op.virtual_stage);
-      f.integer("slice", op.slice);
-      f.integer("layers", op.layers);
+      f.integer("virtual_stage", op.virtual_stage, -1);  // -1: any stage
+      f.integer("slice", op.slice, -1);                  // -1: any slice
+      f.integer("layers", op.layers, 0);
       if (!f.find("seconds")) f.fail("seconds", "missing");
-      f.number("seconds", op.seconds);
-      f.integer("samples", op.samples);
+      f.number("seconds", op.seconds, kMaxOpSeconds);
+      f.integer("samples", op.samples, 0);
       p.ops.push_back(op);
     }
   }
-  if (top.find("p2p")) p.p2p = read_transport(top.sub("p2p"));
-  if (top.find("collective")) p.collective = read_transport(top.sub("collective"));
+  if (top.find("p2p")) p.p2p = read_transport(top.sub("p2p", {"latency", "bandwidth"}));
+  if (top.find("collective")) p.collective = read_transport(top.sub("collective", {"latency", "bandwidth"}));
   if (const json* m = top.find("metadata")) {
     if (!m->is_object()) top.fail("metadata", "expected an object of strings");
     for (const auto& [k, v] : m->items()) {
@@ -210,23 +232,11 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& source) {
 }
 
 void write_profile(const Profile& profile, const std::string& path) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error(fmt::format("cannot write profile '{}': {}", path, std::strerror(errno)));
-  out << to_json(profile).dump(2) << '\n';
-  out.flush();
-  if (!out) throw Error(fmt::format("cannot write profile '{}': write failed", path));
+  ir::write_file_atomic(path, to_json(profile).dump(2) + "\n", "profile");
 }
 
 Profile read_profile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot read profile '{}': {}", path, std::strerror(errno)));
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::parse_error& e) {
-    throw Error(fmt::format("{}: not valid JSON: {}", path, e.what()));
-  }
-  return profile_from_json(j, path);
+  return profile_from_json(ir::parse_json(ir::read_file(path, "profile"), path), path);
 }
 
 }  // namespace tdpipe::traces

@@ -2,6 +2,7 @@
 // every command takes (generate, cost, lower, validate).
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 #include "tdpipe/ir/plan.hpp"
@@ -20,9 +21,21 @@ struct BuiltPlan {
 /// scenario's chunks (2 when the scenario says 1); the others 1.
 int chunks_for(std::string_view schedule, const ir::Scenario& scenario);
 
+/// Plans with more ops than this (all ranks, compute and communication) are refused
+/// before anything is allocated; the commands' --max-ops raises it. 10 M ops hold
+/// about 2.5 GiB while planned and take seconds to simulate.
+inline constexpr std::int64_t kDefaultMaxOps = 10'000'000;
+
+/// Upper bound on the ops of the lowered plan: per rank and per (micro-batch, chunk,
+/// slice) F, B and W plus at most four SEND/RECV, and a few per rank for the
+/// optimizer and data-parallel buckets. Computed in 64 bits from the scenario alone.
+std::int64_t estimate_ops(const ir::Scenario& scenario, std::string_view schedule, int slices = 0);
+
 /// Builds the plan of `schedule` for `scenario`; `slices` = 0 takes the
 /// scenario's (tdpipe only; other schedules use 1). Throws tdpipe::Error when the
-/// schedule cannot run this scenario (e.g. layers not divisible by p·v).
-BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, int slices = 0);
+/// schedule cannot run this scenario (e.g. layers not divisible by p·v) or when
+/// estimate_ops exceeds `max_ops` (naming the estimate, its memory and the limit).
+BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, int slices = 0,
+                     std::int64_t max_ops = kDefaultMaxOps);
 
 }  // namespace tdpipe::planner

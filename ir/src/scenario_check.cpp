@@ -1,0 +1,200 @@
+// scenario_check.cpp — the rules every Scenario meets (see scenario_check.hpp).
+//
+// The YAML reader checks each scalar as it converts it (so its message can say what
+// the key means) and then runs these rules, mapping the field back to its line; the
+// JSON reader has no lines and relies on these rules alone. Either way a scenario that
+// reaches the planner has passed find_problem, so no consumer divides by a zero count.
+#include "tdpipe/ir/scenario_check.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+#include <fmt/format.h>
+
+namespace tdpipe::ir {
+namespace {
+
+/// Collects the first problem; later checks are skipped once one is found.
+class Rules {
+ public:
+  bool ok() const { return !problem_; }
+  std::optional<ScenarioProblem> take() { return std::move(problem_); }
+
+  void fail(std::string field, std::string what) {
+    if (!problem_) problem_ = ScenarioProblem{std::move(field), std::move(what)};
+  }
+  void count(const std::string& field, long long v, std::string_view meaning) {
+    if (ok() && v < 1) fail(field, fmt::format("expected a positive integer ({}), got {}", meaning, v));
+  }
+  void positive(const std::string& field, double v, std::string_view meaning) {
+    if (ok() && !(std::isfinite(v) && v > 0))
+      fail(field, fmt::format("expected a positive finite number ({}), got {}", meaning, v));
+  }
+  void non_negative(const std::string& field, double v, std::string_view meaning) {
+    if (ok() && !(std::isfinite(v) && v >= 0))
+      fail(field, fmt::format("expected a finite number ≥ 0 ({}), got {}", meaning, v));
+  }
+  void member(const std::string& field, const std::string& v, const std::vector<std::string>& known) {
+    if (ok() && std::find(known.begin(), known.end(), v) == known.end())
+      fail(field, fmt::format("expected one of {}, got \"{}\"", fmt::join(known, ", "), v));
+  }
+
+ private:
+  std::optional<ScenarioProblem> problem_;
+};
+
+/// Interleaving assigns micro-batches to chunks in groups of p (Megatron), so m % p = 0.
+void check_interleaving(Rules& r, const std::string& field, int chunks, long long m, int p) {
+  if (r.ok() && chunks > 1 && m % p != 0)
+    r.fail(field, fmt::format("interleaving {} chunks needs the micro-batch count ({}) to be a "
+                              "multiple of the pipeline stages ({})",
+                              chunks, m, p));
+}
+
+void check_gpu(Rules& r, const std::string& at, const GpuSpec& g) {
+  if (r.ok() && g.name.empty()) r.fail(at + ".name", "expected the GPU's name, got an empty string");
+  r.positive(at + ".peak_flops", g.peak_flops, "dense FLOP/s per GPU");
+  r.positive(at + ".hbm_bytes", g.hbm_bytes, "GPU memory in bytes");
+  r.positive(at + ".hbm_bytes_per_second", g.hbm_bytes_per_second, "HBM bandwidth");
+  r.non_negative(at + ".nvlink_bytes_per_second", g.nvlink_bytes_per_second, "NVLink bytes/s per GPU each way");
+}
+
+void check_cluster(Rules& r, const ClusterConfig& c) {
+  if (r.ok() && c.groups.empty()) r.fail("cluster.groups", "expected at least one group of nodes");
+  for (std::size_t i = 0; i < c.groups.size(); ++i) {
+    const std::string at = fmt::format("cluster.groups[{}]", i);
+    check_gpu(r, at + ".gpu", c.groups[i].gpu);
+    r.count(at + ".nodes", c.groups[i].nodes, "nodes of this GPU");
+  }
+  r.count("cluster.gpus_per_node", c.gpus_per_node, "GPUs per node");
+  r.count("cluster.nics_per_node", c.nics_per_node, "NICs per node");
+  r.non_negative("cluster.nvlink_bytes_per_second", c.nvlink_bytes_per_second, "0: the GPU's own");
+  r.positive("cluster.ib_bytes_per_second_per_nic", c.ib_bytes_per_second_per_nic, "network bytes/s per NIC");
+  r.non_negative("cluster.nvlink_latency_seconds", c.nvlink_latency_seconds, "NVLink latency");
+  r.non_negative("cluster.ib_latency_seconds", c.ib_latency_seconds, "network latency");
+  r.non_negative("cluster.shared_capacity", c.shared_capacity, "0: each rank its own device");
+  r.member("cluster.topology", c.topology, scenario_topologies());
+}
+
+void check_model(Rules& r, const ModelConfig& m) {
+  r.count("model.layers", m.layers, "transformer layers");
+  r.count("model.hidden", m.hidden, "hidden size");
+  r.count("model.heads", m.heads, "attention heads");
+  r.count("model.ffn", m.ffn, "MLP inner size");
+  r.count("model.seq", m.seq, "sequence length in tokens");
+  r.count("model.vocab", m.vocab, "vocabulary size");
+  r.member("model.dtype", m.dtype, scenario_dtypes());
+  if (r.ok() && m.hidden % m.heads != 0)
+    r.fail("model.hidden", fmt::format("expected a multiple of heads ({}), got {}", m.heads, m.hidden));
+}
+
+void check_parallel(Rules& r, const Scenario& s) {
+  const ParallelConfig& p = s.parallel;
+  r.count("parallel.tensor", p.tensor, "tensor-parallel size");
+  r.count("parallel.pipeline", p.pipeline, "pipeline stages");
+  r.count("parallel.data", p.data, "data-parallel replicas");
+  r.count("parallel.chunks", p.chunks, "model chunks per pipeline rank");
+  r.count("parallel.micro_batch", p.micro_batch, "sequences per micro-batch");
+  r.count("parallel.global_batch", p.global_batch, "sequences per iteration");
+  r.count("parallel.slices", p.slices, "temporal slices per micro-batch");
+  if (!r.ok()) return;
+
+  const ModelConfig& model = s.model;
+  const ClusterConfig& cluster = s.cluster;
+  const long long gpus_needed = static_cast<long long>(p.tensor) * p.pipeline * p.data;
+  long long nodes = 0;  // summed in 64 bits: absurd node counts must not overflow
+  for (const auto& g : cluster.groups) nodes += g.nodes;
+  if (gpus_needed != nodes * cluster.gpus_per_node)
+    return r.fail("parallel",
+                  fmt::format("tensor*pipeline*data = {}*{}*{} = {} GPUs, but the cluster has {} ({} nodes "
+                              "x {} GPUs per node); expected them equal",
+                              p.tensor, p.pipeline, p.data, gpus_needed, nodes * cluster.gpus_per_node,
+                              nodes, cluster.gpus_per_node));
+  const long long vstages = static_cast<long long>(p.pipeline) * p.chunks;
+  if (model.layers % vstages != 0)
+    return r.fail("model.layers",
+                  fmt::format("{} layers do not split evenly over pipeline*chunks = {}*{} = {} virtual "
+                              "stages; expected a multiple of {}",
+                              model.layers, p.pipeline, p.chunks, vstages, vstages));
+  // hidden first: with hidden % heads == 0 checked, a heads error implies nothing about hidden.
+  for (auto [key, value] : {std::pair<const char*, int>{"hidden", model.hidden},
+                            {"heads", model.heads}, {"ffn", model.ffn}})
+    if (value % p.tensor != 0)
+      return r.fail(fmt::format("model.{}", key),
+                    fmt::format("{} {} is not divisible by tensor = {}; expected a multiple of {}", key,
+                                value, p.tensor, p.tensor));
+  const long long per_step = static_cast<long long>(p.micro_batch) * p.data;
+  if (p.global_batch % per_step != 0)
+    return r.fail("parallel.global_batch",
+                  fmt::format("expected a multiple of micro_batch*data = {}*{} = {}, got {}", p.micro_batch,
+                              p.data, per_step, p.global_batch));
+  check_interleaving(r, "parallel.chunks", p.chunks, p.global_batch / per_step, p.pipeline);
+  if (r.ok() && p.slices > model.seq)
+    return r.fail("parallel.slices",
+                  fmt::format("expected at most seq = {} slices (each slice needs a token), got {}",
+                              model.seq, p.slices));
+  if (r.ok() && p.sequence_parallel && model.seq % p.tensor != 0)
+    r.fail("parallel.sequence_parallel",
+           fmt::format("sequence parallelism splits seq = {} over tensor = {}; expected seq to be "
+                       "a multiple of tensor",
+                       model.seq, p.tensor));
+}
+
+void check_synthetic(Rules& r, const Scenario& s) {
+  const Synthetic& y = *s.synthetic;
+  r.count("synthetic.stages", y.stages, "pipeline stages p");
+  r.count("synthetic.microbatches", y.microbatches, "micro-batches m");
+  r.count("synthetic.chunks", y.chunks, "model chunks v per rank");
+  r.positive("synthetic.f_seconds", y.f_seconds, "forward time");
+  r.positive("synthetic.b_seconds", y.b_seconds, "input-gradient time");
+  r.non_negative("synthetic.w_seconds", y.w_seconds, "weight-gradient time");
+  r.non_negative("synthetic.p2p_latency_seconds", y.p2p_latency_seconds, "per cross-rank dependency");
+  r.non_negative("synthetic.activation_bytes", y.activation_bytes, "bytes one F keeps alive");
+  r.count("synthetic.slices", s.parallel.slices, "temporal slices per micro-batch");
+  check_interleaving(r, "synthetic.chunks", y.chunks, y.microbatches, y.stages);
+  // The readers mirror the shape into `parallel`; a hand-edited JSON must agree.
+  for (auto [key, mirror, value] : {std::tuple<const char*, int, int>{"pipeline", s.parallel.pipeline, y.stages},
+                                    {"chunks", s.parallel.chunks, y.chunks},
+                                    {"global_batch", s.parallel.global_batch, y.microbatches}})
+    if (r.ok() && mirror != value)
+      r.fail(fmt::format("parallel.{}", key),
+             fmt::format("a synthetic scenario's parallel.{} mirrors its synthetic shape; expected {}, got {}",
+                         key, value, mirror));
+  if (!s.cluster.groups.empty()) check_cluster(r, s.cluster);
+}
+
+}  // namespace
+
+const std::vector<std::string>& scenario_schedule_names() {
+  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved", "zb-h1",
+                                                 "zb-h2", "zb-v", "tdpipe"};
+  return names;
+}
+const std::vector<std::string>& scenario_dtypes() {
+  static const std::vector<std::string> names = {"bf16", "fp16", "fp32"};
+  return names;
+}
+const std::vector<std::string>& scenario_recompute_names() {
+  static const std::vector<std::string> names = {"none", "selective", "full"};
+  return names;
+}
+const std::vector<std::string>& scenario_topologies() {
+  static const std::vector<std::string> names = {"fat-tree", "rail-optimized"};
+  return names;
+}
+
+std::optional<ScenarioProblem> find_problem(const Scenario& s) {
+  Rules r;
+  r.member("schedule", s.schedule, scenario_schedule_names());
+  if (s.synthetic) {
+    check_synthetic(r, s);
+    return r.take();
+  }
+  check_model(r, s.model);
+  check_cluster(r, s.cluster);
+  check_parallel(r, s);
+  return r.take();
+}
+
+}  // namespace tdpipe::ir
