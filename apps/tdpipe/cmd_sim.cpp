@@ -45,23 +45,43 @@ struct SimArgs {
   std::int64_t max_ops = 0;
 };
 
-/// (schedule, slices) pairs to run: one, or every generator (tdpipe at S = 2 and 4,
-/// plus the scenario's S).
-std::vector<std::pair<std::string, int>> runs_for(const SimArgs& a, const ir::Scenario& sc) {
-  std::vector<std::pair<std::string, int>> runs;
+/// One run of the table: a schedule, its slices (0: the scenario's) and, for auto, the
+/// memory budget it is built under ("": the scenario's).
+struct Run {
+  std::string schedule;
+  int slices = 0;
+  std::string budget;
+  std::string label() const {
+    std::string out = schedule;
+    if (!budget.empty()) out += ":" + budget;
+    return out;
+  }
+};
+
+/// Runs: one, or every generator (tdpipe at S = 2 and 4 plus the scenario's S; auto at
+/// S = 1 under the 1f1b and 2x1f1b budgets and the scenario's own, and at the
+/// scenario's S > 1 under its budget).
+std::vector<Run> runs_for(const SimArgs& a, const ir::Scenario& sc) {
+  std::vector<Run> runs;
   if (a.schedule != "all") {
-    runs.emplace_back(a.schedule.empty() ? sc.schedule : a.schedule, a.slices);
+    runs.push_back({a.schedule.empty() ? sc.schedule : a.schedule, a.slices, ""});
     return runs;
   }
+  const int own = a.slices > 0 ? a.slices : sc.parallel.slices;
   for (const auto& name : planner::schedule_names()) {
-    if (name != "tdpipe") {
-      runs.emplace_back(name, 0);
-      continue;
+    if (name == "tdpipe") {
+      std::vector<int> slices = {2, 4};
+      if (own > 1 && own != 2 && own != 4) slices.push_back(own);
+      for (int s : slices) runs.push_back({name, s, ""});
+    } else if (name == "auto") {
+      std::vector<std::string> budgets = {"1f1b", "2x1f1b"};
+      if (sc.parallel.memory_budget != "1f1b" && sc.parallel.memory_budget != "2x1f1b")
+        budgets.push_back(sc.parallel.memory_budget);
+      for (const auto& b : budgets) runs.push_back({name, 1, b});
+      if (own > 1) runs.push_back({name, own, sc.parallel.memory_budget});
+    } else {
+      runs.push_back({name, 0, ""});
     }
-    std::vector<int> slices = {2, 4};
-    const int own = a.slices > 0 ? a.slices : sc.parallel.slices;
-    if (own > 1 && own != 2 && own != 4) slices.push_back(own);
-    for (int s : slices) runs.emplace_back(name, s);
   }
   return runs;
 }
@@ -118,14 +138,14 @@ void print_table(const ir::Scenario& sc, const std::vector<planner::ScheduleRepo
                  sc.cluster.groups[i].gpu.name);
   }
   fmt::print("\nengine: {}\n\n", rows.empty() ? "-" : rows.front().engine);
-  fmt::print("{:<12} {:>2} {:>2} {:>12} {:>8} {:>10} {:>6} {:>14} {:>5}\n", "schedule", "v", "S",
+  fmt::print("{:<14} {:>2} {:>2} {:>12} {:>8} {:>10} {:>6} {:>14} {:>5}\n", "schedule", "v", "S",
              "iteration", "bubble", "tokens/s", "MFU", "peak mem/GPU", "fits");
   for (const auto& r : rows) {
     double peak = 0;
     for (double b : r.peak_memory_bytes_per_rank) peak = std::max(peak, b);
     const std::string iter = r.iteration_seconds >= 1 ? fmt::format("{:.3f} s", r.iteration_seconds)
                                                       : fmt::format("{:.3f} ms", r.iteration_seconds * 1e3);
-    fmt::print("{:<12} {:>2} {:>2} {:>12} {:>7.1f}% {:>10} {:>6} {:>14} {:>5}\n", r.schedule, r.chunks,
+    fmt::print("{:<14} {:>2} {:>2} {:>12} {:>7.1f}% {:>10} {:>6} {:>14} {:>5}\n", r.schedule, r.chunks,
                r.slices, iter, 100 * r.bubble_fraction,
                sc.synthetic ? "-" : fmt::format("{:.0f}", r.tokens_per_second),
                sc.synthetic ? "-" : fmt::format("{:.1f}%", 100 * r.mfu),
@@ -144,9 +164,13 @@ void run_sim(const SimArgs& a) {
   const bool many = runs.size() > 1;
   std::vector<planner::ScheduleReport> rows;
   std::vector<std::pair<std::string, std::string>> failures;
-  for (const auto& [schedule, slices] : runs) {
+  for (const Run& run : runs) {
+    const std::string& schedule = run.schedule;
+    const int slices = run.slices;
     try {
-      planner::BuiltPlan built = planner::build_plan(sc, schedule, slices, a.max_ops);
+      ir::Scenario scenario = sc;
+      if (!run.budget.empty()) scenario.parallel.memory_budget = run.budget;
+      planner::BuiltPlan built = planner::build_plan(scenario, schedule, slices, a.max_ops);
       if (profile) {
         const traces::ProfileApplied applied = traces::apply_profile(*profile, built.lowered, a.profile_ops_only);
         if (applied.ops_kept > 0)
@@ -155,11 +179,12 @@ void run_sim(const SimArgs& a) {
       }
       const traces::Trace trace = predict(built, a);
       if (!a.trace_out.empty())
-        traces::write_trace(trace, trace_path(a.trace_out, schedule, built.lowered.slices, many));
+        traces::write_trace(trace, trace_path(a.trace_out, run.label(), built.lowered.slices, many));
       rows.push_back(planner::make_report(built, trace, a.engine));
+      rows.back().schedule = run.label();
     } catch (const Error& e) {
       if (!many) throw;
-      failures.emplace_back(slices > 1 ? fmt::format("{} S={}", schedule, slices) : schedule, e.what());
+      failures.emplace_back(slices > 1 ? fmt::format("{} S={}", run.label(), slices) : run.label(), e.what());
     }
   }
   if (a.json) {

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -613,6 +614,7 @@ nlohmann::json to_json(const Plan& plan) {
           {"lowered", plan.lowered},
           {"stage_of", plan.stage_of},
           {"slice_tokens", plan.slice_tokens},
+          {"memory_budget_bytes", plan.memory_budget_bytes},
           {"ranks", std::move(ranks)},
           {"scenario", to_json(plan.scenario)}};
 }
@@ -620,7 +622,7 @@ nlohmann::json to_json(const Plan& plan) {
 Plan plan_from_json(const nlohmann::json& j) {
   const JsonObject o(j, "plan",
                      {"schedule", "stages", "microbatches", "chunks", "slices", "data", "lowered",
-                      "stage_of", "slice_tokens", "ranks", "scenario"});
+                      "stage_of", "slice_tokens", "memory_budget_bytes", "ranks", "scenario"});
   Plan plan;
   if (!o.has("ranks")) throw Error("plan.ranks: missing; expected a list of op lists, one per rank");
   const JsonField ranks = o["ranks"];
@@ -662,6 +664,16 @@ Plan plan_from_json(const nlohmann::json& j) {
     plan.stage_of = default_stage_of(plan.stages, plan.chunks);
   }
   if (o.has("slice_tokens")) plan.slice_tokens = int_list(o["slice_tokens"]);
+  if (o.has("memory_budget_bytes")) {
+    const JsonField f = o["memory_budget_bytes"];
+    if (!f.j().is_array()) f.fail("a list of bytes, one per rank");
+    for (std::size_t r = 0; r < f.j().size(); ++r) {
+      const double b = JsonField(f.j()[r], fmt::format("plan.memory_budget_bytes[{}]", r)).number();
+      if (!(b >= 0) || !std::isfinite(b))
+        JsonField(f.j()[r], fmt::format("plan.memory_budget_bytes[{}]", r)).fail("a finite number of bytes ≥ 0");
+      plan.memory_budget_bytes.push_back(b);
+    }
+  }
   if (o.has("scenario")) {
     try {
       plan.scenario = scenario_from_json(j.at("scenario"));

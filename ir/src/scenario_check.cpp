@@ -7,6 +7,7 @@
 #include "tdpipe/ir/scenario_check.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <tuple>
 
@@ -43,6 +44,11 @@ class Rules {
  private:
   std::optional<ScenarioProblem> problem_;
 };
+
+void check_budget(Rules& r, const std::string& field, const std::string& budget) {
+  if (r.ok() && !memory_budget_gib(budget) && budget != "1f1b" && budget != "2x1f1b" && budget != "max")
+    r.fail(field, fmt::format("expected 1f1b, 2x1f1b, max or a positive number of GiB, got \"{}\"", budget));
+}
 
 /// Interleaving assigns micro-batches to chunks in groups of p (Megatron), so m % p = 0.
 void check_interleaving(Rules& r, const std::string& field, int chunks, long long m, int p) {
@@ -98,6 +104,7 @@ void check_parallel(Rules& r, const Scenario& s) {
   r.count("parallel.micro_batch", p.micro_batch, "sequences per micro-batch");
   r.count("parallel.global_batch", p.global_batch, "sequences per iteration");
   r.count("parallel.slices", p.slices, "temporal slices per micro-batch");
+  check_budget(r, "parallel.memory_budget", p.memory_budget);
   if (!r.ok()) return;
 
   const ModelConfig& model = s.model;
@@ -152,6 +159,7 @@ void check_synthetic(Rules& r, const Scenario& s) {
   r.non_negative("synthetic.p2p_latency_seconds", y.p2p_latency_seconds, "per cross-rank dependency");
   r.non_negative("synthetic.activation_bytes", y.activation_bytes, "bytes one F keeps alive");
   r.count("synthetic.slices", s.parallel.slices, "temporal slices per micro-batch");
+  check_budget(r, "synthetic.memory_budget", s.parallel.memory_budget);
   check_interleaving(r, "synthetic.chunks", y.chunks, y.microbatches, y.stages);
   // The readers mirror the shape into `parallel`; a hand-edited JSON must agree.
   for (auto [key, mirror, value] : {std::tuple<const char*, int, int>{"pipeline", s.parallel.pipeline, y.stages},
@@ -166,9 +174,17 @@ void check_synthetic(Rules& r, const Scenario& s) {
 
 }  // namespace
 
+std::optional<double> memory_budget_gib(const std::string& text) {
+  double v = 0;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || ptr != text.data() + text.size() || text.empty() || !std::isfinite(v) || !(v > 0))
+    return std::nullopt;
+  return v;
+}
+
 const std::vector<std::string>& scenario_schedule_names() {
   static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved", "zb-h1",
-                                                 "zb-h2", "zb-v", "tdpipe"};
+                                                 "zb-h2", "zb-v", "tdpipe", "auto"};
   return names;
 }
 const std::vector<std::string>& scenario_dtypes() {

@@ -405,7 +405,7 @@ std::string recompute_name(Recompute r) {
 ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::Mark where) {
   MapReader r(rep, node, "parallel", where,
               {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
-               "sequence_parallel", "slices"});
+               "sequence_parallel", "slices", "memory_budget"});
   ParallelConfig p;
   p.tensor = r.get_int("tensor", 1, 1, "tensor-parallel size");
   p.pipeline = r.get_int("pipeline", 1, 1, "pipeline stages");
@@ -416,6 +416,7 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
   p.recompute = recompute_from(r.get_choice("recompute", "none", "recompute", kRecomputeNames));
   p.sequence_parallel = r.get_bool("sequence_parallel", false);
   p.slices = r.get_int("slices", 1, 1, "temporal slices per micro-batch");
+  p.memory_budget = r.get_string("memory_budget", "max", "1f1b, 2x1f1b, max or GiB for the auto scheduler");
 
   return p;
 }
@@ -423,7 +424,8 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
 Synthetic read_synthetic(const Reporter& rep, const YAML::Node& node, YAML::Mark where,
                          ParallelConfig& parallel) {
   MapReader r(rep, node, "synthetic", where,
-              {"stages", "microbatches", "chunks", "slices", "time", "p2p_latency", "activation_bytes"});
+              {"stages", "microbatches", "chunks", "slices", "time", "p2p_latency", "activation_bytes",
+               "memory_budget"});
   Synthetic s;
   s.stages = r.get_int("stages", std::nullopt, 1, "pipeline stages p");
   s.microbatches = r.get_int("microbatches", std::nullopt, 1, "micro-batches m");
@@ -441,6 +443,7 @@ Synthetic read_synthetic(const Reporter& rep, const YAML::Node& node, YAML::Mark
   parallel.chunks = s.chunks;
   parallel.global_batch = s.microbatches;
   parallel.slices = slices;
+  parallel.memory_budget = r.get_string("memory_budget", "max", "1f1b, 2x1f1b, max or GiB for the auto scheduler");
   return s;
 }
 
@@ -608,7 +611,8 @@ json to_json(const Scenario& s) {
        {{"tensor", s.parallel.tensor}, {"pipeline", s.parallel.pipeline}, {"data", s.parallel.data},
         {"chunks", s.parallel.chunks}, {"micro_batch", s.parallel.micro_batch},
         {"global_batch", s.parallel.global_batch}, {"recompute", recompute_name(s.parallel.recompute)},
-        {"sequence_parallel", s.parallel.sequence_parallel}, {"slices", s.parallel.slices}}},
+        {"sequence_parallel", s.parallel.sequence_parallel}, {"slices", s.parallel.slices},
+        {"memory_budget", s.parallel.memory_budget}}},
       {"synthetic", nullptr},
   };
   if (s.synthetic) {
@@ -655,7 +659,7 @@ Scenario scenario_from_json(const json& j) {
 
   JsonReader p(r.at("parallel"), r.path("parallel"),
                {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
-                "sequence_parallel", "slices"});
+                "sequence_parallel", "slices", "memory_budget"});
   s.parallel.tensor = p.get_int("tensor");
   s.parallel.pipeline = p.get_int("pipeline");
   s.parallel.data = p.get_int("data");
@@ -668,6 +672,7 @@ Scenario scenario_from_json(const json& j) {
   s.parallel.recompute = recompute_from(rc);
   s.parallel.sequence_parallel = p.get_bool("sequence_parallel");
   s.parallel.slices = p.get_int("slices");
+  if (p.has("memory_budget")) s.parallel.memory_budget = p.get_string("memory_budget");  // older files: default
 
   if (r.has("synthetic") && !r.at("synthetic").is_null()) {
     JsonReader y(r.at("synthetic"), r.path("synthetic"),

@@ -370,7 +370,21 @@ class Checker {
     mem.peak_inflight = std::max(mem.peak_inflight, inflight);
     mem.peak_activation_bytes = std::max(mem.peak_activation_bytes, bytes);
   }
-  ValidationReport memory() { return std::move(report_); }
+  ValidationReport memory() {
+    const auto& budget = plan_.memory_budget_bytes;
+    if (!budget.empty() && budget.size() != report_.ranks.size())
+      throw Error(fmt::format("plan.memory_budget_bytes has {} entries for {} ranks; expected one per rank",
+                              budget.size(), report_.ranks.size()));
+    for (std::size_t r = 0; r < budget.size(); ++r) {
+      RankMemory& m = report_.ranks[r];
+      m.budget_bytes = budget[r];
+      if (m.peak_activation_bytes > budget[r] * (1 + 1e-9) + 1e-6)
+        throw Error(fmt::format("rank {}: peak activation memory {:.4g} bytes exceeds the plan's memory budget of "
+                                "{:.4g} bytes",
+                                r, m.peak_activation_bytes, budget[r]));
+    }
+    return std::move(report_);
+  }
 
   const Plan& plan_;
   const ValidateOptions& options_;

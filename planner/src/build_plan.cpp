@@ -1,13 +1,17 @@
 // build_plan.cpp — generate → cost → lower → validate.
 #include "tdpipe/planner/build_plan.hpp"
 
+#include <algorithm>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/lowering.hpp"
+#include "schedule_common.hpp"
+#include "tdpipe/ir/scenario_check.hpp"
 #include "tdpipe/planner/cost_model.hpp"
+#include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/generators.hpp"
 
 namespace tdpipe::planner {
@@ -20,8 +24,75 @@ int chunks_for(std::string_view schedule, const ir::Scenario& scenario) {
 
 namespace {
 
+bool sliced(std::string_view schedule) { return schedule == "tdpipe" || schedule == "auto"; }
+
 int slices_for(std::string_view schedule, const ir::Scenario& scenario, int slices) {
-  return schedule == "tdpipe" ? (slices > 0 ? slices : scenario.parallel.slices) : 1;
+  return sliced(schedule) ? (slices > 0 ? slices : scenario.parallel.slices) : 1;
+}
+
+/// The auto scheduler's cost table: one F, B and W of micro-batch 0 per rank and slice,
+/// costed by apply_costs exactly as the final plan will be; link times from the
+/// analytic engine's placement; each rank's budget from parallel.memory_budget.
+AutoCosts auto_costs(const ir::Scenario& sc, const ScheduleParams& params) {
+  const int p = params.stages, S = params.slices, m = params.microbatches;
+  ir::Plan probe = detail::plan_skeleton("auto", p, m, 1, S);
+  probe.data = sc.synthetic ? 1 : sc.parallel.data;
+  probe.scenario = sc;
+  for (auto& ops : probe.ranks)
+    for (int s = 0; s < S; ++s)
+      for (ir::OpKind k : {ir::OpKind::F, ir::OpKind::B, ir::OpKind::W}) ops.push_back(detail::compute_op(k, 0, 0, s));
+  apply_costs(probe, sc);
+  AutoCosts c;
+  auto table = [&] { return std::vector<std::vector<double>>(p, std::vector<double>(S, 0.0)); };
+  c.f_seconds = c.b_seconds = c.w_seconds = c.f_bytes = c.b_bytes = c.w_bytes = table();
+  for (int r = 0; r < p; ++r)
+    for (const ir::Op& op : probe.ranks[r]) {
+      auto& sec = op.kind == ir::OpKind::F ? c.f_seconds : op.kind == ir::OpKind::B ? c.b_seconds : c.w_seconds;
+      auto& mem = op.kind == ir::OpKind::F ? c.f_bytes : op.kind == ir::OpKind::B ? c.b_bytes : c.w_bytes;
+      sec[r][op.slice] = op.est_seconds;
+      mem[r][op.slice] = op.mem_bytes;
+    }
+  // A synthetic scenario without activation_bytes counts memory in slices held (F to B).
+  bool no_bytes = true;
+  for (const auto& row : c.f_bytes)
+    for (double b : row) no_bytes = no_bytes && !(b > 0);
+  if (no_bytes) {
+    if (ir::memory_budget_gib(sc.parallel.memory_budget))
+      throw Error(fmt::format("{}: parallel.memory_budget {} GiB needs activation sizes, which this scenario "
+                              "does not have (synthetic.activation_bytes); use 1f1b, 2x1f1b or max",
+                              sc.name, sc.parallel.memory_budget));
+    c.f_bytes = table();
+    c.b_bytes = table();
+    for (int r = 0; r < p; ++r)
+      for (int s = 0; s < S; ++s) c.f_bytes[r][s] = 1, c.b_bytes[r][s] = -1;
+  }
+  const ir::LoweringOptions lowering = lowering_options(probe, sc);
+  for (int r = 0; r + 1 < p; ++r) {
+    double worst = 0;  // the longest slice's transfer: a bound for every slice
+    for (const ir::Op& op : probe.ranks[r])
+      if (op.kind == ir::OpKind::F) worst = std::max(worst, p2p_seconds(probe, r, r + 1, lowering.p2p_bytes(op)));
+    c.p2p_seconds.push_back(worst);
+  }
+  const std::string& budget = sc.parallel.memory_budget;
+  const std::vector<MemoryEstimate> memory = memory_per_rank(probe, sc);
+  for (int r = 0; r < p; ++r) {
+    double per_mb = 0;
+    for (int s = 0; s < S; ++s) per_mb += c.f_bytes[r][s];
+    double b = 0;
+    if (budget == "1f1b") b = std::min(p, m) * per_mb;
+    else if (budget == "2x1f1b") b = 2.0 * std::min(p, m) * per_mb;
+    else if (auto gib = ir::memory_budget_gib(budget)) b = *gib * double(1u << 30);
+    else if (sc.synthetic || no_bytes) b = m * per_mb;  // "max" without a device: everything
+    else b = gpu_of_rank(sc, r).hbm_bytes - memory[r].weights_bytes - memory[r].grads_bytes -
+             memory[r].optimizer_bytes;
+    if (!(b >= per_mb))
+      throw Error(fmt::format("{}: parallel.memory_budget {}: rank {} may hold {:.2f} GiB of activations but one "
+                              "micro-batch needs {:.2f} GiB; expected a larger budget (or more pipeline stages, "
+                              "recompute, a smaller micro_batch)",
+                              sc.name, budget, r, b / double(1u << 30), per_mb / double(1u << 30)));
+    c.budget_bytes.push_back(b);
+  }
+  return c;
 }
 
 }  // namespace
@@ -40,8 +111,8 @@ BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, in
   params.microbatches = scenario.microbatches();
   params.chunks = chunks_for(schedule, scenario);
   params.slices = slices_for(schedule, scenario, slices);
-  if (slices > 1 && schedule != "tdpipe")
-    throw Error(fmt::format("--slices {}: temporal slices apply to the tdpipe schedule only, not {}",
+  if (slices > 1 && !sliced(schedule))
+    throw Error(fmt::format("--slices {}: temporal slices apply to the tdpipe and auto schedules only, not {}",
                             slices, schedule));
   if (const std::int64_t ops = estimate_ops(scenario, schedule, slices); ops > max_ops) {
     // Both copies (compute-only and lowered) are held while planning.
@@ -62,7 +133,12 @@ BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, in
   // cost given its prefix, which is what the tdpipe list scheduler then assumes.
 
   BuiltPlan out;
+  if (schedule == "auto") params.auto_costs = auto_costs(scenario, params);
   out.compute_only = make_schedule(schedule, params);
+  // Activation bytes are checked against the budget by the validator (no budget in
+  // slice units: a synthetic scenario without activation sizes has 0-byte ops).
+  if (schedule == "auto" && (!scenario.synthetic || scenario.synthetic->activation_bytes > 0))
+    out.compute_only.memory_budget_bytes = params.auto_costs.budget_bytes;
   out.compute_only.data = scenario.synthetic ? 1 : scenario.parallel.data;
   out.compute_only.scenario = scenario;
   apply_costs(out.compute_only, scenario);

@@ -21,7 +21,7 @@ struct Generator {
   ir::Plan (*make)(const ScheduleParams&);
 };
 
-constexpr std::array<Generator, 7> kGenerators = {{
+constexpr std::array<Generator, 8> kGenerators = {{
     {"gpipe", detail::make_gpipe},
     {"1f1b", detail::make_1f1b},
     {"interleaved", detail::make_interleaved},
@@ -29,6 +29,7 @@ constexpr std::array<Generator, 7> kGenerators = {{
     {"zb-h2", detail::make_zb_h2},
     {"zb-v", detail::make_zb_v},
     {"tdpipe", detail::make_tdpipe},
+    {"auto", detail::make_auto},
 }};
 
 }  // namespace

@@ -48,5 +48,6 @@ ir::Plan make_zb_h1(const ScheduleParams& params);
 ir::Plan make_zb_h2(const ScheduleParams& params);
 ir::Plan make_zb_v(const ScheduleParams& params);
 ir::Plan make_tdpipe(const ScheduleParams& params);
+ir::Plan make_auto(const ScheduleParams& params);
 
 }  // namespace tdpipe::planner::detail

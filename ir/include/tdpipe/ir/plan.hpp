@@ -26,6 +26,9 @@ struct Plan {
   /// Tokens in each temporal slice (size S, sums to the sequence length);
   /// empty when not sliced.
   std::vector<int> slice_tokens;
+  /// Activation bytes each rank may hold (size p), when the schedule was built under a
+  /// memory budget (`auto`); empty: none. validate() checks every rank's peak against it.
+  std::vector<double> memory_budget_bytes;
 
   std::vector<std::vector<Op>> ranks;  ///< ops per rank, in issue order
 

@@ -68,6 +68,10 @@ struct ParallelConfig {
   Recompute recompute = Recompute::None;
   bool sequence_parallel = false;
   int slices = 1;        ///< TD-Pipe temporal slices per micro-batch
+  /// Activation memory the `auto` scheduler may use per rank: "1f1b" (p micro-batches,
+  /// 1F1B's peak), "2x1f1b", "max" (HBM less weights, gradients and optimizer state) or
+  /// a number of GiB.
+  std::string memory_budget = "max";
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 
   /// Micro-batches per pipeline per iteration: global_batch / (micro_batch · data).

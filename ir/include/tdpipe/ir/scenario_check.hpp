@@ -24,6 +24,10 @@ struct ScenarioProblem {
 /// divisible by t, the batch by micro_batch·d, interleaving's m % p, slices ≤ seq.
 std::optional<ScenarioProblem> find_problem(const Scenario& scenario);
 
+/// parallel.memory_budget as GiB when it is a positive number ("40", "12.5"), else nullopt
+/// (the named budgets 1f1b, 2x1f1b, max).
+std::optional<double> memory_budget_gib(const std::string& text);
+
 /// Names a scenario's schedule may take, dtypes, recompute modes, topologies.
 const std::vector<std::string>& scenario_schedule_names();
 const std::vector<std::string>& scenario_dtypes();

@@ -10,6 +10,7 @@ namespace tdpipe::ir {
 struct RankMemory {
   int peak_inflight = 0;               ///< activations alive at once (F done, its B/BW not yet)
   double peak_activation_bytes = 0;    ///< from ops' mem_bytes
+  double budget_bytes = 0;             ///< the plan's memory budget for this rank (0: none)
 };
 
 struct ValidationReport {
@@ -18,7 +19,8 @@ struct ValidationReport {
 
 /// Checks: every compute op of every (mb, virtual stage, slice) exactly once, B/BW
 /// after its F, W after its B, slice order, every SEND has its RECV (peer, payload,
-/// ids, bytes), and that the blocking order cannot deadlock (via replay()).
+/// ids, bytes), that the blocking order cannot deadlock (via replay()), and, where the
+/// plan has a memory budget, that no rank's peak activation bytes exceed it.
 /// Throws tdpipe::Error naming the ranks and ops involved.
 ValidationReport validate(const Plan& plan);
 

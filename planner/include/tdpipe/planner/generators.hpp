@@ -9,6 +9,19 @@
 
 namespace tdpipe::planner {
 
+/// What the `auto` scheduler schedules with, per pipeline rank r and slice s: op
+/// seconds, the activation bytes each op adds (F > 0) or frees (B, W ≤ 0), the time a
+/// dependency between ranks r and r+1 costs, and each rank's activation budget.
+/// Empty: unit costs (F = B = W = 1), F holds one unit until its B, no latency, and a
+/// budget of p micro-batches (1F1B's peak) on every rank.
+struct AutoCosts {
+  std::vector<std::vector<double>> f_seconds, b_seconds, w_seconds;  ///< [rank][slice]
+  std::vector<std::vector<double>> f_bytes, b_bytes, w_bytes;        ///< [rank][slice]
+  std::vector<double> p2p_seconds;   ///< [r], r < p−1: between rank r and r+1
+  std::vector<double> budget_bytes;  ///< [rank]
+  bool split_backward = true;        ///< false: fused BW (B + W as one op)
+};
+
 struct ScheduleParams {
   int stages = 1;        ///< p
   int microbatches = 1;  ///< m
@@ -19,9 +32,10 @@ struct ScheduleParams {
   /// (0 = 1F1B's p − r, in slice units ×S).
   std::vector<double> slice_costs;
   int max_inflight = 0;
+  AutoCosts auto_costs;  ///< auto only
 };
 
-/// All generator names: gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, tdpipe.
+/// All generator names: gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, tdpipe, auto.
 const std::vector<std::string>& schedule_names();
 
 /// Builds the compute-only plan of a schedule (plan.lowered == false, no costs).
