@@ -227,6 +227,36 @@ void full_path(const char* label, const ir::Scenario& scenario) {
               static_cast<double>(makespan) * 1e-9);
 }
 
+/// The auto scheduler: planner::build_plan("auto") (its cost table, the scheduler's
+/// policy passes, lowering, validation), its peak RSS, and the predicted iteration
+/// beside ZB-H1 / ZB-H2 under the same op times, at the 1F1B and twice-1F1B budgets.
+void auto_scheduler(int p, int m, int S) {
+  const std::string yaml = "name: bench-auto\nsynthetic: {stages: " + std::to_string(p) +
+                           ", microbatches: " + std::to_string(m) + ", slices: " + std::to_string(S) +
+                           ", time: {F: 18522, B: 18086, W: 9337}, p2p_latency: 601}\n";
+  ir::Scenario sc = ir::parse_scenario(yaml, "bench-auto");
+  auto iteration = [](const planner::BuiltPlan& built) {
+    return static_cast<double>(ir::replay(built.lowered, planner::analytic_durations(built.lowered)).makespan_ns) * 1e-9;
+  };
+  for (const char* budget : {"1f1b", "2x1f1b"}) {
+    sc.parallel.memory_budget = budget;
+    reset_peak_rss();
+    const double rss0 = rss_mib("VmRSS:");
+    const double w0 = wall_now(), c0 = rusage_cpu();
+    const planner::BuiltPlan built = planner::build_plan(sc, "auto", S);
+    const double wall = wall_now() - w0, cpu = rusage_cpu() - c0;
+    const double peak = rss_mib("VmHWM:");
+    const double t_auto = iteration(built);
+    const double t_ref = S == 1 ? iteration(planner::build_plan(sc, std::string(budget) == "1f1b" ? "zb-h1" : "zb-h2"))
+                                : iteration(planner::build_plan(sc, "tdpipe", S));
+    std::printf("  p=%-3d m=%-5d S=%d budget %-7s build_plan wall %7.1f ms cpu %7.1f ms  peak RSS %6.1f MiB "
+                "(%.1f before)  %zu ops  iteration %.4f s vs %s %.4f s (%.2f%%)\n",
+                p, m, S, budget, wall * 1e3, cpu * 1e3, peak, rss0, count_ops(built.compute_only), t_auto,
+                S == 1 ? (std::string(budget) == "1f1b" ? "zb-h1" : "zb-h2") : "tdpipe (fused BW, 1F1B cap)", t_ref,
+                100 * (t_auto / t_ref - 1));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -235,6 +265,12 @@ int main(int argc, char** argv) {
               fresh_memory_ms_per_100mib());
   const bool phases_only = argc > 1 && std::strcmp(argv[1], "--phases-only") == 0;
   const bool build_plan_only = argc > 1 && std::strcmp(argv[1], "--build-plan-only") == 0;
+  std::printf("auto scheduler on the zero-bubble paper's op times (F 18.5, B 18.1, W 9.3 ms, link 0.6 ms):\n");
+  auto_scheduler(64, 1024, 1);
+  auto_scheduler(16, 64, 8);
+  auto_scheduler(8, 24, 1);
+  if (argc > 1 && std::strcmp(argv[1], "--auto-only") == 0) return 0;
+  std::printf("\n");
   if (!phases_only) {
     std::printf("Full planning path, interleaved p=64 m=1024 v=4 (planner::build_plan, then planner::evaluate;\n"
                 "cpu = getrusage user+sys, peak RSS = VmHWM reset before each step):\n");

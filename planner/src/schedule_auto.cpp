@@ -22,11 +22,17 @@
 // free, so the bound in 2 is a true lower bound and the rank never idles past work it
 // could have started. Once F and B are used up only W's remain, which run back to back:
 // the paper's tail fill. The paper grid-searches two binary knobs of its heuristic; here
-// the four (B-first / F-first) × (W when it fits / W greedily) schedules are all built
-// and the one with the shortest makespan is kept (the first on a tie): deterministic.
+// every combination of (B-first / F-first) × (W when it fits, greedily, or trailing
+// its B by r or 2r backward steps as ZB-H1 / ZB-H2 do) × (forward cap: the byte budget
+// alone, 1F1B's, ZB-H2's) is built — on all cores — and the one with the shortest
+// makespan is kept (the first in that order on a tie): deterministic.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <deque>
 #include <limits>
@@ -314,21 +320,65 @@ ir::Plan make_auto(const ScheduleParams& params) {
         if (!costs.split_backward && w != WMode::Fit) continue;  // no W to place
         policies.push_back({backward_first, w, cap});
       }
-  Schedule best;
-  best.makespan = kInf;
-  for (const Policy& policy : policies) {
+  // Each policy's passes are independent of the others': build them on the machine's
+  // cores, each worker keeping its best, then keep the shortest, the earliest policy on
+  // a tie (the same choice on any machine).
+  struct Best {
+    std::size_t policy = 0;
+    Schedule schedule;
+  };
+  auto better = [](const Best& a, const Best& b) {
+    return a.schedule.makespan < b.schedule.makespan ||
+           (a.schedule.makespan == b.schedule.makespan && a.policy < b.policy);
+  };
+  auto build = [&](std::size_t i, Best& best) {
+    const Policy& policy = policies[i];
     // Pass 0 forecasts gaps by lower bounds only; each further pass by the input times
     // the previous pass saw, so a W goes where the last pass had a gap it fits.
     Schedule previous;
     for (int pass = 0; pass < kPasses; ++pass) {
-      Schedule s = AutoScheduler(p, m, S, costs, policy, pass ? &previous : nullptr).run();
-      if (s.makespan < best.makespan) best = s;
-      previous = std::move(s);
-      if (policy.w != WMode::Fit) break;  // only a fitted W reads forecasts
+      Best candidate{i, AutoScheduler(p, m, S, costs, policy, pass ? &previous : nullptr).run()};
+      const bool last = pass + 1 == kPasses || policy.w != WMode::Fit;  // only a fitted W reads forecasts
+      if (better(candidate, best)) {
+        if (last) {
+          best = std::move(candidate);
+        } else {
+          best.policy = candidate.policy;
+          best.schedule.ranks = candidate.schedule.ranks;
+          best.schedule.makespan = candidate.schedule.makespan;
+        }
+      }
+      if (last) break;
+      previous = std::move(candidate.schedule);
     }
-  }
+  };
+  const std::size_t workers =
+      std::min<std::size_t>(policies.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<Best> bests(workers);
+  for (auto& b : bests) b.schedule.makespan = kInf;
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto worker = [&](std::size_t w) {
+    for (std::size_t i; (i = next++) < policies.size();) {
+      try {
+        build(i, bests[w]);
+      } catch (...) {
+        std::lock_guard lock(error_mu);
+        if (!error) error = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(worker, w);
+  worker(0);
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+  Best* best = &bests[0];
+  for (auto& b : bests)
+    if (better(b, *best)) best = &b;
   ir::Plan plan = plan_skeleton("auto", p, m, 1, S);
-  plan.ranks = std::move(best.ranks);
+  plan.ranks = std::move(best->schedule.ranks);
   return plan;
 }
 
