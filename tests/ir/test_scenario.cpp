@@ -374,7 +374,7 @@ TEST_CASE("bad scenarios are rejected with file:line: field: what was expected",
                             Contains("expected one of: bf16, fp16, fp32"));
     REQUIRE_THROWS_WITH(parse(base_with({{23, "schedule: 1f1f"}})),
                         "bad.yaml:23: schedule: unknown schedule '1f1f'; did you mean '1f1b'? expected one of: "
-                        "gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, tdpipe");
+                        "gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, tdpipe, auto");
     REQUIRE_THROWS_WITH(parse(base_with({{13, "  gpus_per_node: 8\n  topology: torus"}})),
                         Contains("bad.yaml:14: cluster.topology: unknown topology 'torus'"));
   }
