@@ -140,6 +140,17 @@ TEST_CASE("other shipped scenarios: 530B interleaved, mixed groups, tiny CPU", "
   CHECK(c.model.vocab == 96);
 }
 
+TEST_CASE("Llama-2 and long-context scenarios: GQA - SwiGLU - flash attention", "[scenario]") {
+  const Scenario l = load_scenario((kScenarioDir / "llama2-70b-a100-4x8.yaml").string());
+  CHECK(l.model == ModelConfig{"llama2-70b", 80, 8192, 28672, 64, 4096, 32000, "bf16", 8, "swiglu", "flash"});
+  CHECK(l.model.kv_heads_or_heads() == 8);
+  // Megatron's published runs keep the unfused attention they were measured with.
+  for (const char* megatron : {"gpt3-175b-a100-8x8", "turing-530b-a100-35x8", "megatron-22b-a100-1x8"}) {
+    INFO(megatron);
+    CHECK(load_scenario((kScenarioDir / (std::string(megatron) + ".yaml")).string()).model.attention == "standard");
+  }
+}
+
 TEST_CASE("model keys kv_heads - mlp - attention: defaults and what they accept", "[scenario]") {
   const Scenario d = parse(text_of(kBase));
   CHECK(d.model.kv_heads == 0);  // left out: as many as heads
@@ -496,7 +507,9 @@ TEST_CASE("scenario JSON round trips exactly and names bad fields", "[scenario]"
   const nlohmann::json j = to_json(load_scenario((kScenarioDir / "mixed-a100-h100.yaml").string()));
   CHECK(j["cluster"]["groups"][1]["gpu"]["name"] == "h100-80g");
   CHECK(j["synthetic"].is_null());
-  CHECK(j["parallel"]["recompute"] == "selective");
+  CHECK(j["parallel"]["recompute"] == "none");
+  CHECK(to_json(load_scenario((kScenarioDir / "gpt3-175b-a100-8x8.yaml").string()))["parallel"]["recompute"] ==
+        "selective");
 
   auto broken = j;
   broken["parallel"]["tensor"] = "8";
@@ -531,9 +544,7 @@ TEST_CASE("scenario JSON round trips exactly and names bad fields", "[scenario]"
 }
 
 TEST_CASE("scenario JSON: kv_heads - mlp - attention round trip and default when absent", "[scenario]") {
-  Scenario l = load_scenario((kScenarioDir / "mixed-a100-h100.yaml").string());
-  l.model.kv_heads = 8;
-  l.model.mlp = "swiglu";
+  const Scenario l = load_scenario((kScenarioDir / "llama2-70b-a100-4x8.yaml").string());
   const nlohmann::json j = to_json(l);
   CHECK(j["model"]["kv_heads"] == 8);
   CHECK(j["model"]["mlp"] == "swiglu");
