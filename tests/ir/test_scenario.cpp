@@ -81,7 +81,7 @@ Scenario parse(const std::string& text) { return parse_scenario(text, "bad.yaml"
 
 TEST_CASE("every shipped scenario loads and is what its name says", "[scenario]") {
   const auto files = shipped_scenarios();
-  REQUIRE(files.size() >= 9);
+  REQUIRE(files.size() >= 12);
   for (const auto& f : files) {
     INFO(f.string());
     Scenario s;
@@ -148,6 +148,20 @@ TEST_CASE("Llama-2 and long-context scenarios: GQA - SwiGLU - flash attention", 
   for (const char* megatron : {"gpt3-175b-a100-8x8", "turing-530b-a100-35x8", "megatron-22b-a100-1x8"}) {
     INFO(megatron);
     CHECK(load_scenario((kScenarioDir / (std::string(megatron) + ".yaml")).string()).model.attention == "standard");
+  }
+  // Llama-2 7B at 32k, 64k and 128k tokens on 4–8 DGX A100 nodes, tensor 8 with SP.
+  const std::pair<const char*, int> long_context[] = {
+      {"llama7b-32k-a100-4x8", 32768}, {"llama7b-64k-a100-8x8", 65536}, {"llama7b-128k-a100-8x8", 131072}};
+  for (auto [stem, seq] : long_context) {
+    INFO(stem);
+    const Scenario s = load_scenario((kScenarioDir / (std::string(stem) + ".yaml")).string());
+    CHECK(s.model == ModelConfig{"llama2-7b", 32, 4096, 11008, 32, seq, 32000, "bf16", 32, "swiglu", "flash"});
+    CHECK(s.cluster.groups[0].gpu.name == "a100-80g");
+    CHECK(s.cluster.gpus() >= 32);
+    CHECK(s.cluster.gpus() <= 64);
+    CHECK(s.parallel.tensor == 8);
+    CHECK(s.parallel.sequence_parallel);
+    CHECK(s.microbatches() <= 16);
   }
 }
 
