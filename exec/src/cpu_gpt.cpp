@@ -316,10 +316,9 @@ std::pair<int, int> stage_layers(int layers, int stage, int stages) {
 
 GptConfig GptConfig::from_scenario(const ir::Scenario& sc) {
   const auto& m = sc.model;
+  const std::string where = sc.source_file.empty() ? sc.name : sc.source_file;
   auto need = [&](bool ok, const char* field, const std::string& what) {
-    if (!ok)
-      throw Error(fmt::format("{}: model.{}: {} (the CPU executor's GPT)",
-                              sc.source_file.empty() ? sc.name : sc.source_file, field, what));
+    if (!ok) throw Error(fmt::format("{}: model.{}: {} (the CPU executor's GPT)", where, field, what));
   };
   need(m.layers >= 1, "layers", "expected ≥ 1");
   need(m.hidden >= 1, "hidden", "expected ≥ 1");
@@ -327,6 +326,15 @@ GptConfig GptConfig::from_scenario(const ir::Scenario& sc) {
        fmt::format("expected a divisor of hidden = {}", m.hidden));
   need(m.seq >= 1, "seq", "expected ≥ 1");
   need(m.vocab >= 2, "vocab", "expected ≥ 2");
+  // The executor's maths is a GeLU MLP with multi-head attention; flash vs standard
+  // attention is a kernel choice with the same result, so either is accepted.
+  if (m.mlp != "gelu")
+    throw Error(fmt::format("{}: model.mlp: expected gelu, got \"{}\"; the CPU executor runs GeLU "
+                            "multi-head attention only (drop mlp or set mlp: gelu)", where, m.mlp));
+  if (m.kv_heads_or_heads() != m.heads)
+    throw Error(fmt::format("{}: model.kv_heads: expected heads = {}, got {}; the CPU executor runs GeLU "
+                            "multi-head attention only, not grouped-query attention (drop kv_heads)",
+                            where, m.heads, m.kv_heads));
   GptConfig c;
   c.layers = m.layers;
   c.hidden = m.hidden;

@@ -91,8 +91,16 @@ void check_model(Rules& r, const ModelConfig& m) {
   r.count("model.seq", m.seq, "sequence length in tokens");
   r.count("model.vocab", m.vocab, "vocabulary size");
   r.member("model.dtype", m.dtype, scenario_dtypes());
+  r.member("model.mlp", m.mlp, scenario_mlp_names());
+  r.member("model.attention", m.attention, scenario_attention_names());
   if (r.ok() && m.hidden % m.heads != 0)
     r.fail("model.hidden", fmt::format("expected a multiple of heads ({}), got {}", m.heads, m.hidden));
+  // 0 is the in-code default ("as many as heads"); files give kv_heads ≥ 1 or leave it out.
+  if (r.ok() && m.kv_heads < 0)
+    r.fail("model.kv_heads", fmt::format("expected an integer ≥ 0 (key/value heads; 0: as many as heads), got {}",
+                                         m.kv_heads));
+  if (r.ok() && m.kv_heads > 0 && m.heads % m.kv_heads != 0)
+    r.fail("model.kv_heads", fmt::format("expected a divisor of heads ({}), got {}", m.heads, m.kv_heads));
 }
 
 void check_parallel(Rules& r, const Scenario& s) {
@@ -125,8 +133,11 @@ void check_parallel(Rules& r, const Scenario& s) {
                               "stages; expected a multiple of {}",
                               model.layers, p.pipeline, p.chunks, vstages, vstages));
   // hidden first: with hidden % heads == 0 checked, a heads error implies nothing about hidden.
+  // kv_heads after heads: each TP rank holds whole K/V groups (Megatron's rule for
+  // num_query_groups), so t divides kv_heads; left out, it is heads, checked just before.
   for (auto [key, value] : {std::pair<const char*, int>{"hidden", model.hidden},
-                            {"heads", model.heads}, {"ffn", model.ffn}})
+                            {"heads", model.heads}, {"kv_heads", model.kv_heads_or_heads()},
+                            {"ffn", model.ffn}})
     if (value % p.tensor != 0)
       return r.fail(fmt::format("model.{}", key),
                     fmt::format("{} {} is not divisible by tensor = {}; expected a multiple of {}", key,
@@ -189,6 +200,14 @@ const std::vector<std::string>& scenario_schedule_names() {
 }
 const std::vector<std::string>& scenario_dtypes() {
   static const std::vector<std::string> names = {"bf16", "fp16", "fp32"};
+  return names;
+}
+const std::vector<std::string>& scenario_mlp_names() {
+  static const std::vector<std::string> names = {"gelu", "swiglu"};
+  return names;
+}
+const std::vector<std::string>& scenario_attention_names() {
+  static const std::vector<std::string> names = {"flash", "standard"};
   return names;
 }
 const std::vector<std::string>& scenario_recompute_names() {

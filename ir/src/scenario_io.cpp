@@ -41,6 +41,8 @@ using nlohmann::json;
 
 const std::vector<std::string>& kScheduleNames = scenario_schedule_names();
 const std::vector<std::string>& kDtypes = scenario_dtypes();
+const std::vector<std::string>& kMlpNames = scenario_mlp_names();
+const std::vector<std::string>& kAttentionNames = scenario_attention_names();
 const std::vector<std::string>& kRecomputeNames = scenario_recompute_names();
 const std::vector<std::string>& kTopologies = scenario_topologies();
 
@@ -317,8 +319,8 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
   return a;
 }
 
-const std::vector<std::string> kModelKeys = {"name", "layers", "hidden", "ffn",
-                                             "heads", "seq", "vocab", "dtype"};
+const std::vector<std::string> kModelKeys = {"name", "layers", "hidden", "ffn", "heads", "seq",
+                                             "vocab", "dtype", "kv_heads", "mlp", "attention"};
 
 ModelConfig read_model(const MapReader& r) {
   ModelConfig m;
@@ -333,6 +335,11 @@ ModelConfig read_model(const MapReader& r) {
   m.seq = r.get_int("seq", std::nullopt, 1, "sequence length in tokens");
   m.vocab = r.get_int("vocab", std::nullopt, 1, "vocabulary size");
   m.dtype = r.get_choice("dtype", "bf16", "dtype", kDtypes);
+  // Left out, kv_heads stays 0 (= heads), as a ModelConfig built in code has it.
+  if (r.has("kv_heads"))
+    m.kv_heads = r.get_int("kv_heads", std::nullopt, 1, "key/value heads; default heads");
+  m.mlp = r.get_choice("mlp", "gelu", "mlp", kMlpNames);
+  m.attention = r.get_choice("attention", "flash", "attention", kAttentionNames);
   return m;
 }
 
@@ -596,7 +603,8 @@ json to_json(const Scenario& s) {
       {"model",
        {{"name", s.model.name}, {"layers", s.model.layers}, {"hidden", s.model.hidden},
         {"ffn", s.model.ffn}, {"heads", s.model.heads}, {"seq", s.model.seq},
-        {"vocab", s.model.vocab}, {"dtype", s.model.dtype}}},
+        {"vocab", s.model.vocab}, {"dtype", s.model.dtype}, {"kv_heads", s.model.kv_heads},
+        {"mlp", s.model.mlp}, {"attention", s.model.attention}}},
       {"cluster",
        {{"groups", groups},
         {"gpus_per_node", s.cluster.gpus_per_node},
@@ -634,9 +642,15 @@ Scenario scenario_from_json(const json& j) {
   s.source_file = r.get_string("source_file");
   s.schedule = r.get_string("schedule");
 
-  JsonReader m(r.at("model"), r.path("model"), {"name", "layers", "hidden", "ffn", "heads", "seq", "vocab", "dtype"});
+  JsonReader m(r.at("model"), r.path("model"),
+               {"name", "layers", "hidden", "ffn", "heads", "seq", "vocab", "dtype", "kv_heads", "mlp",
+                "attention"});
   s.model = {m.get_string("name"), m.get_int("layers"), m.get_int("hidden"), m.get_int("ffn"),
              m.get_int("heads"), m.get_int("seq"), m.get_int("vocab"), m.get_string("dtype")};
+  // Optional, with the YAML defaults: JSON written before these keys existed still loads.
+  if (m.has("kv_heads")) s.model.kv_heads = m.get_int("kv_heads");
+  if (m.has("mlp")) s.model.mlp = m.get_string("mlp");
+  if (m.has("attention")) s.model.attention = m.get_string("attention");
 
   JsonReader c(r.at("cluster"), r.path("cluster"),
                {"groups", "gpus_per_node", "nvlink_bytes_per_second", "ib_bytes_per_second_per_nic",

@@ -19,6 +19,15 @@
 //  - optimizer_bytes_per_param 36: one fused Adam step reads the fp32 gradient, master
 //    weight and two moments, writes the three fp32 states and the 16-bit weight, then
 //    zeroes the gradient buffer (4+4+4+4 read, 4+4+4+2 write, 4 zero, ≈2 for the norm).
+//  - flash_attention 0.60: FlashAttention-2 (Dao 2023, arXiv 2307.08691) reaches 50–73 %
+//    of A100 peak, counting the causal half of the score block and its backward as 2.5×
+//    forward (the counts used here); its best cases are ~73 % forward and ~63 % backward,
+//    i.e. ~65 % for forward + backward (3.5 units of work in 1/0.73 + 2.5/0.63 units of
+//    time). 0.60 sits a little below that for the causal kernel's ragged diagonal tiles
+//    and the few heads per GPU left under tensor parallelism. Chosen from the paper's
+//    stated range, not fitted to any measured iteration time; calibration can replace it.
+//    Not size-dependent: the kernel spreads batch × heads × query tiles over the SMs, and
+//    at the lengths tdpipe plans (thousands of tokens) that fills an A100.
 // With them the model reproduces Korthikanti et al. 2022 Table 5 (22B, 175B, 530B, 1T,
 // full recompute and sequence parallel + selective) within 3.2% in closed form
 // ((m + (p−1)/v) micro-batch periods with exposed pipeline transfers; see
@@ -54,6 +63,9 @@ struct LayerCostD {
 struct Shape {
   double b, h, ffn, a, t, e;
   bool sp;
+  double kv;    // width of K and of V: kv_heads · head size (= h for multi-head attention)
+  bool swiglu;  // three hidden×ffn matrices (gate, up, down) instead of two
+  bool flash;   // fused attention kernel: no seq×seq activations, recomputes scores in backward
 };
 
 Shape shape_of(const ir::Scenario& sc) {
@@ -62,9 +74,15 @@ Shape shape_of(const ir::Scenario& sc) {
     throw Error(fmt::format("{}: model: hidden, ffn, heads and layers must be positive for the "
                             "cost model (got hidden {}, ffn {}, heads {}, layers {})",
                             sc.name, m.hidden, m.ffn, m.heads, m.layers));
+  const int kv_heads = m.kv_heads_or_heads();
+  if (kv_heads <= 0 || m.heads % kv_heads != 0)
+    throw Error(fmt::format("{}: model.kv_heads: expected a divisor of heads ({}) for the cost model, got {}",
+                            sc.name, m.heads, kv_heads));
+  // h·g/a rather than g·(h/a): exact in doubles, so kv = h bit for bit when g = a.
   return Shape{double(std::max(1, sc.parallel.micro_batch)), double(m.hidden), double(m.ffn),
                double(m.heads), double(std::max(1, sc.parallel.tensor)), elem_bytes(sc),
-               sc.parallel.sequence_parallel};
+               sc.parallel.sequence_parallel, double(m.hidden) * kv_heads / m.heads,
+               m.mlp == "swiglu", m.attention == "flash"};
 }
 
 // Time of one GEMM (or `batch` of them) on `gpu`.
@@ -86,10 +104,13 @@ LayerCostD layer_cost_d(const ir::Scenario& sc, const ir::GpuSpec& gpu, double l
   const double heads = s.b * s.a / s.t;  // attention heads on this TP rank
   const double e = s.e;
 
-  // GEMMs with weights: QKV, output projection, MLP up, MLP down (forward shapes m×k·k×n).
+  // GEMMs with weights (forward shapes m×k·k×n): QKV (Q h wide, K and V kv wide each: GQA
+  // shares one K/V head among heads/kv_heads query heads), output projection, MLP up (SwiGLU:
+  // gate and up fused into one 2·ffn-wide GEMM, as Megatron's fc1), MLP down.
   struct G { double m, n, k; };
-  const G gemms[] = {{T, 3 * s.h / s.t, s.h}, {T, s.h, s.h / s.t},
-                     {T, s.ffn / s.t, s.h}, {T, s.h, s.ffn / s.t}};
+  const double up = s.swiglu ? 2 * s.ffn : s.ffn;
+  const G gemms[] = {{T, (s.h + 2 * s.kv) / s.t, s.h}, {T, s.h, s.h / s.t},
+                     {T, up / s.t, s.h}, {T, s.h, s.ffn / s.t}};
   double gemm_flops = 0, f_gemm = 0, b_gemm = 0, w_gemm = 0;
   for (const G& g : gemms) {
     gemm_flops += 2 * g.m * g.n * g.k;
@@ -97,20 +118,35 @@ LayerCostD layer_cost_d(const ir::Scenario& sc, const ir::GpuSpec& gpu, double l
     b_gemm += gemm_seconds(g.m, g.k, g.n, gpu, 1, e);  // dX = dY·Wᵀ
     w_gemm += gemm_seconds(g.k, g.n, g.m, gpu, 1, e);  // dW = Xᵀ·dY
   }
-  // Attention core: scores QKᵀ (len×d·d×K) and values P·V (len×K·K×d) per head.
+  // Attention core: scores QKᵀ (len×d·d×K) and values P·V (len×K·K×d) per query head (GQA
+  // changes nothing here: every query head still meets K keys). These are model FLOPs, the
+  // same for both kernels: Megatron's convention counts the full block and no recompute.
   const double attn_flops = 4 * T * K * s.h / s.t;
-  const double f_attn = gemm_seconds(len, K, d, gpu, heads, e) + gemm_seconds(len, d, K, gpu, heads, e);
-  // Backward: dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q.
-  const double b_attn = gemm_seconds(len, K, d, gpu, heads, e) + gemm_seconds(K, d, len, gpu, heads, e) +
-                        gemm_seconds(len, d, K, gpu, heads, e) + gemm_seconds(K, d, len, gpu, heads, e);
+  double f_attn, b_attn;
+  if (s.flash) {
+    // FlashAttention-2's causal kernel skips the score tiles above the diagonal, so it
+    // runs len·(prefix + len/2) of the len×K block; its backward recomputes QKᵀ before
+    // dV, dP, dQ, dK: 5 products for the forward's 2, hence 2.5× (the FLOP count
+    // flash-attention's own benchmarks use). Those executed FLOPs run at flash_attention
+    // of peak; the recomputed QKᵀ costs time but is not in op.flops (model FLOPs).
+    const double executed = 4 * T * (prefix + 0.5 * len) * s.h / s.t;
+    f_attn = executed / (gpu.peak_flops * default_efficiencies().flash_attention);
+    b_attn = 2.5 * f_attn;
+  } else {
+    f_attn = gemm_seconds(len, K, d, gpu, heads, e) + gemm_seconds(len, d, K, gpu, heads, e);
+    // Backward: dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q.
+    b_attn = gemm_seconds(len, K, d, gpu, heads, e) + gemm_seconds(K, d, len, gpu, heads, e) +
+             gemm_seconds(len, d, K, gpu, heads, e) + gemm_seconds(K, d, len, gpu, heads, e);
+  }
 
   // Memory-bound element-wise work, forward, bytes per TP rank: two LayerNorms (read +
   // write), two bias-dropout-residual adds (read 2, write 1, 1-byte mask) — split by t
-  // only with sequence parallelism —, bias+GeLU on the ffn activations, and
-  // scale-mask-softmax + dropout over the len×K scores (read/write each, 1-byte mask).
+  // only with sequence parallelism —, bias+GeLU on the ffn activations (SwiGLU: read gate
+  // and up, write their product), and scale-mask-softmax + dropout over the len×K scores
+  // (read/write each, 1-byte mask), which flash attention does inside its kernel.
   const double ew_replicated = T * (10 * e * s.h + 2 * s.h) / (s.sp ? s.t : 1.0);
-  const double ew_mlp = T * 2 * e * s.ffn / s.t;
-  const double ew_attn = T * K * s.a * (4 * e + 1) / s.t;
+  const double ew_mlp = T * (s.swiglu ? 3 : 2) * e * s.ffn / s.t;
+  const double ew_attn = s.flash ? 0.0 : T * K * s.a * (4 * e + 1) / s.t;
   const double f_ew = hbm_seconds(ew_replicated + ew_mlp + ew_attn, gpu);
   const double attn_ew = hbm_seconds(ew_attn, gpu);
 
@@ -145,6 +181,10 @@ LayerCostD layer_cost_d(const ir::Scenario& sc, const ir::GpuSpec& gpu, double l
       c.b.seconds += c.f.seconds;
       break;
     case ir::Recompute::Selective:
+      // Selective recompute drops the seq×seq activations, which flash attention never
+      // keeps: nothing to redo (Megatron-LM checkpoints core attention only when it does
+      // not use flash attention).
+      if (s.flash) break;
       c.b.flops += attn_flops;
       c.b.seconds += f_attn + attn_ew;
       break;
@@ -154,14 +194,24 @@ LayerCostD layer_cost_d(const ir::Scenario& sc, const ir::GpuSpec& gpu, double l
   return c;
 }
 
-// Activation bytes of one layer for a slice, per TP rank (Korthikanti et al. 2022,
+// Activation bytes of one layer for a slice, per TP rank (Korthikanti et al. 2022 §4.1,
 // generalised: the s² term becomes len·(prefix+len); 2-byte figures scaled by dtype).
+// Per token, in their 2-byte units: replicated across TP ranks unless SP, 10h — the two
+// LayerNorm inputs 4h, the QKV and fc1 inputs 2h each, two 1-byte dropout masks 2h —; split
+// by t, Q 2h, K and V 2·kv each, the projection input 2h, and the MLP's fc1 output and fc2
+// input: GeLU 2·ffn + 2·ffn, SwiGLU 4·ffn (gate and up) + 2·ffn (their product). With
+// ffn = 4h and kv = h that is Korthikanti's 10h + 24h/t (34h/t with SP). Standard attention
+// adds the seq×seq terms; flash attention keeps only Q, K, V, its output (the projection
+// input, already counted) and an fp32 log-sum-exp per row and head (4·a bytes per token,
+// < 0.1 % of the rest for head size ≥ 64: left out), and regenerates its dropout mask.
 double layer_activation_bytes(const ir::Scenario& sc, double len, double prefix) {
   const Shape s = shape_of(sc);
   const double T = s.b * len, K = prefix + len;
   const double scale = s.e / 2;
-  const double scores = (2 * s.e + 1) * s.a * T * K / s.t;  // softmax out, its dropout and mask
-  const double linear = s.sp ? T * s.h * 34 * scale / s.t : T * s.h * (10 + 24 / s.t) * scale;
+  const double scores = s.flash ? 0.0 : (2 * s.e + 1) * s.a * T * K / s.t;  // softmax out, its dropout and mask
+  // In units of h, so that GPT shapes give Korthikanti's 24 (and 34) exactly.
+  const double split = 4 + 4 * s.kv / s.h + (s.swiglu ? 6 : 4) * s.ffn / s.h;
+  const double linear = s.sp ? T * s.h * (10 + split) * scale / s.t : T * s.h * (10 + split / s.t) * scale;
   switch (sc.parallel.recompute) {
     case ir::Recompute::Full: return T * s.h * s.e / (s.sp ? s.t : 1.0);  // the layer input only
     case ir::Recompute::Selective: return linear;
@@ -179,9 +229,13 @@ double layer_w_bytes(const ir::Scenario& sc, double len) {
 
 double params_per_layer(const ir::Scenario& sc) {
   const Shape s = shape_of(sc);
-  // Weights split by t: QKV, projection, MLP; biases of the column-parallel GEMMs split,
-  // the others and both LayerNorms replicated.
-  return (4 * s.h * s.h + 2 * s.h * s.ffn + 3 * s.h + s.ffn) / s.t + 6 * s.h;
+  // Weights split by t: Q and projection h² each, K and V h·kv each, MLP 2 (GeLU) or 3
+  // (SwiGLU) h·ffn; biases of the column-parallel GEMMs (QKV, fc1) split, the others and
+  // both LayerNorms replicated. GPT's biases and LayerNorms for every model (Llama has no
+  // biases and RMSNorm: < 0.02 % of its parameters).
+  const double mats = s.swiglu ? 3 : 2;
+  return (2 * s.h * s.h + 2 * s.h * s.kv + mats * s.h * s.ffn + (s.h + 2 * s.kv) + (mats - 1) * s.ffn) / s.t +
+         6 * s.h;
 }
 
 // Embedding (virtual stage 0) and final LayerNorm + LM head + loss (last stage) costs.

@@ -135,4 +135,26 @@ TEST_CASE("corpus sampling is deterministic and replica-aware", "[exec][gpt]") {
                     Catch::Contains("/nonexistent/corpus.txt") && Catch::Contains("cannot read"));
 }
 
+TEST_CASE("from_scenario refuses SwiGLU and grouped-query attention - accepts either attention kernel",
+          "[exec][gpt]") {
+  ir::Scenario sc = test::small_scenario(2, 1, 2, 1);
+  for (const char* attention : {"flash", "standard"}) {
+    sc.model.attention = attention;
+    CHECK(GptConfig::from_scenario(sc).heads == 2);
+  }
+  sc.model.kv_heads = 2;  // = heads: still multi-head attention
+  CHECK_NOTHROW(GptConfig::from_scenario(sc));
+
+  ir::Scenario swiglu = sc;
+  swiglu.model.mlp = "swiglu";
+  CHECK_THROWS_WITH(GptConfig::from_scenario(swiglu),
+                    Catch::Contains("scenarios/tiny-gpt-cpu.yaml: model.mlp: expected gelu, got \"swiglu\"") &&
+                        Catch::Contains("the CPU executor runs GeLU multi-head attention only"));
+  ir::Scenario gqa = sc;
+  gqa.model.kv_heads = 1;
+  CHECK_THROWS_WITH(GptConfig::from_scenario(gqa),
+                    Catch::Contains("scenarios/tiny-gpt-cpu.yaml: model.kv_heads: expected heads = 2, got 1") &&
+                        Catch::Contains("the CPU executor runs GeLU multi-head attention only"));
+}
+
 }  // namespace tdpipe::exec::cpu

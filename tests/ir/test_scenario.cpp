@@ -81,7 +81,7 @@ Scenario parse(const std::string& text) { return parse_scenario(text, "bad.yaml"
 
 TEST_CASE("every shipped scenario loads and is what its name says", "[scenario]") {
   const auto files = shipped_scenarios();
-  REQUIRE(files.size() >= 9);
+  REQUIRE(files.size() >= 12);
   for (const auto& f : files) {
     INFO(f.string());
     Scenario s;
@@ -99,7 +99,8 @@ TEST_CASE("every shipped scenario loads and is what its name says", "[scenario]"
 
 TEST_CASE("the default GPT-3 scenario has the issue's layout in SI units", "[scenario]") {
   const Scenario s = load_scenario((kScenarioDir / "gpt3-175b-a100-8x8.yaml").string());
-  CHECK(s.model == ModelConfig{"gpt3-175b", 96, 12288, 49152, 96, 2048, 51200, "bf16"});
+  // Megatron's published run: multi-head attention, GeLU, no flash attention.
+  CHECK(s.model == ModelConfig{"gpt3-175b", 96, 12288, 49152, 96, 2048, 51200, "bf16", 0, "gelu", "standard"});
   REQUIRE(s.cluster.groups.size() == 1);
   CHECK(s.cluster.groups[0].gpu == gpu_preset("a100-80g"));
   CHECK(s.cluster.groups[0].nodes == 8);
@@ -137,6 +138,70 @@ TEST_CASE("other shipped scenarios: 530B interleaved, mixed groups, tiny CPU", "
   CHECK(c.cluster.gpus() == 2);
   CHECK(c.microbatches() == 4);
   CHECK(c.model.vocab == 96);
+}
+
+TEST_CASE("Llama-2 and long-context scenarios: GQA - SwiGLU - flash attention", "[scenario]") {
+  const Scenario l = load_scenario((kScenarioDir / "llama2-70b-a100-4x8.yaml").string());
+  CHECK(l.model == ModelConfig{"llama2-70b", 80, 8192, 28672, 64, 4096, 32000, "bf16", 8, "swiglu", "flash"});
+  CHECK(l.model.kv_heads_or_heads() == 8);
+  // Megatron's published runs keep the unfused attention they were measured with.
+  for (const char* megatron : {"gpt3-175b-a100-8x8", "turing-530b-a100-35x8", "megatron-22b-a100-1x8"}) {
+    INFO(megatron);
+    CHECK(load_scenario((kScenarioDir / (std::string(megatron) + ".yaml")).string()).model.attention == "standard");
+  }
+  // Llama-2 7B at 32k, 64k and 128k tokens on 4–8 DGX A100 nodes, tensor 8 with SP.
+  const std::pair<const char*, int> long_context[] = {
+      {"llama7b-32k-a100-4x8", 32768}, {"llama7b-64k-a100-8x8", 65536}, {"llama7b-128k-a100-8x8", 131072}};
+  for (auto [stem, seq] : long_context) {
+    INFO(stem);
+    const Scenario s = load_scenario((kScenarioDir / (std::string(stem) + ".yaml")).string());
+    CHECK(s.model == ModelConfig{"llama2-7b", 32, 4096, 11008, 32, seq, 32000, "bf16", 32, "swiglu", "flash"});
+    CHECK(s.cluster.groups[0].gpu.name == "a100-80g");
+    CHECK(s.cluster.gpus() >= 32);
+    CHECK(s.cluster.gpus() <= 64);
+    CHECK(s.parallel.tensor == 8);
+    CHECK(s.parallel.sequence_parallel);
+    CHECK(s.microbatches() <= 16);
+  }
+}
+
+TEST_CASE("model keys kv_heads - mlp - attention: defaults and what they accept", "[scenario]") {
+  const Scenario d = parse(text_of(kBase));
+  CHECK(d.model.kv_heads == 0);  // left out: as many as heads
+  CHECK(d.model.kv_heads_or_heads() == 4);
+  CHECK(d.model.mlp == "gelu");
+  CHECK(d.model.attention == "flash");
+  const Scenario g = parse(base_with({{9, "  dtype: bf16\n  kv_heads: 2\n  mlp: swiglu\n  attention: standard"}}));
+  CHECK(g.model.kv_heads == 2);
+  CHECK(g.model.kv_heads_or_heads() == 2);
+  CHECK(g.model.mlp == "swiglu");
+  CHECK(g.model.attention == "standard");
+  CHECK(parse(base_with({{9, "  dtype: bf16\n  kv_heads: 4"}})).model.kv_heads == 4);  // = heads: MHA
+  // Multi-query attention (one K/V head) without tensor parallelism.
+  CHECK(parse(base_with({{9, "  dtype: bf16\n  kv_heads: 1"}, {15, "  tensor: 1"}, {16, "  pipeline: 8"}}))
+            .model.kv_heads == 1);
+}
+
+TEST_CASE("bad kv_heads - mlp - attention are rejected with file:line: field:", "[scenario]") {
+  // kBase: heads 4, tensor 2; the new key goes on line 10.
+  REQUIRE_THROWS_WITH(parse(base_with({{9, "  dtype: bf16\n  kv_heads: 3"}})),
+                      "bad.yaml:10: model.kv_heads: expected a divisor of heads (4), got 3");
+  REQUIRE_THROWS_WITH(parse(base_with({{9, "  dtype: bf16\n  kv_heads: 8"}})),
+                      "bad.yaml:10: model.kv_heads: expected a divisor of heads (4), got 8");
+  REQUIRE_THROWS_WITH(parse(base_with({{9, "  dtype: bf16\n  kv_heads: 1"}})),
+                      "bad.yaml:10: model.kv_heads: kv_heads 1 is not divisible by tensor = 2; expected a "
+                      "multiple of 2");
+  REQUIRE_THROWS_WITH(parse(base_with({{9, "  dtype: bf16\n  kv_heads: 0"}})),
+                      "bad.yaml:10: model.kv_heads: expected a positive integer (key/value heads; default heads), "
+                      "got 0");
+  REQUIRE_THROWS_WITH(parse(base_with({{9, "  dtype: bf16\n  kv_heads: eight"}})),
+                      StartsWith("bad.yaml:10: model.kv_heads: expected a positive integer"));
+  REQUIRE_THROWS_WITH(parse(base_with({{9, "  dtype: bf16\n  mlp: relu"}})),
+                      "bad.yaml:10: model.mlp: unknown mlp 'relu'; did you mean 'gelu'? expected one of: gelu, swiglu");
+  REQUIRE_THROWS_WITH(parse(base_with({{9, "  dtype: bf16\n  attention: sparse"}})),
+                      "bad.yaml:10: model.attention: unknown attention 'sparse'; expected one of: flash, standard");
+  REQUIRE_THROWS_WITH(parse(base_with({{9, "  dtype: bf16\n  attentoin: flash"}})),
+                      StartsWith("bad.yaml:10: model.attentoin: unknown key; did you mean 'attention'?"));
 }
 
 TEST_CASE("synthetic scenarios: microseconds become seconds, shape mirrored", "[scenario]") {
@@ -456,7 +521,9 @@ TEST_CASE("scenario JSON round trips exactly and names bad fields", "[scenario]"
   const nlohmann::json j = to_json(load_scenario((kScenarioDir / "mixed-a100-h100.yaml").string()));
   CHECK(j["cluster"]["groups"][1]["gpu"]["name"] == "h100-80g");
   CHECK(j["synthetic"].is_null());
-  CHECK(j["parallel"]["recompute"] == "selective");
+  CHECK(j["parallel"]["recompute"] == "none");
+  CHECK(to_json(load_scenario((kScenarioDir / "gpt3-175b-a100-8x8.yaml").string()))["parallel"]["recompute"] ==
+        "selective");
 
   auto broken = j;
   broken["parallel"]["tensor"] = "8";
@@ -468,7 +535,43 @@ TEST_CASE("scenario JSON round trips exactly and names bad fields", "[scenario]"
   broken["model"]["layer"] = 3;
   REQUIRE_THROWS_WITH(scenario_from_json(broken), StartsWith("scenario.model.layer: unknown key"));
   broken = j;
+  broken["model"]["kv_heads"] = 48;
+  REQUIRE_THROWS_WITH(scenario_from_json(broken), "scenario.model.kv_heads: expected a divisor of heads (64), got 48");
+  broken["model"]["kv_heads"] = 4;  // divides 64, but tensor = 8 does not divide it
+  REQUIRE_THROWS_WITH(scenario_from_json(broken),
+                      "scenario.model.kv_heads: kv_heads 4 is not divisible by tensor = 8; expected a multiple of 8");
+  broken["model"]["kv_heads"] = -8;
+  REQUIRE_THROWS_WITH(scenario_from_json(broken), StartsWith("scenario.model.kv_heads: expected an integer ≥ 0"));
+  broken["model"]["kv_heads"] = "8";
+  REQUIRE_THROWS_WITH(scenario_from_json(broken), "scenario.model.kv_heads: expected an integer, got \"8\"");
+  broken = j;
+  broken["model"]["mlp"] = "relu";
+  REQUIRE_THROWS_WITH(scenario_from_json(broken), "scenario.model.mlp: expected one of gelu, swiglu, got \"relu\"");
+  broken = j;
+  broken["model"]["attention"] = "sparse";
+  REQUIRE_THROWS_WITH(scenario_from_json(broken),
+                      "scenario.model.attention: expected one of flash, standard, got \"sparse\"");
+  broken = j;
   broken["parallel"]["recompute"] = "some";
   REQUIRE_THROWS_WITH(scenario_from_json(broken), StartsWith("scenario.parallel.recompute: expected one of none"));
   REQUIRE_THROWS_WITH(scenario_from_json(nlohmann::json::array()), "scenario: expected an object, got array");
+}
+
+TEST_CASE("scenario JSON: kv_heads - mlp - attention round trip and default when absent", "[scenario]") {
+  const Scenario l = load_scenario((kScenarioDir / "llama2-70b-a100-4x8.yaml").string());
+  const nlohmann::json j = to_json(l);
+  CHECK(j["model"]["kv_heads"] == 8);
+  CHECK(j["model"]["mlp"] == "swiglu");
+  CHECK(j["model"]["attention"] == "flash");
+  const Scenario back = scenario_from_json(nlohmann::json::parse(j.dump()));
+  CHECK(back.model == l.model);
+  CHECK(back == l);
+  // JSON written before these keys existed: multi-head attention, GeLU, flash attention.
+  nlohmann::json old = to_json(load_scenario((kScenarioDir / "mixed-a100-h100.yaml").string()));
+  for (const char* key : {"kv_heads", "mlp", "attention"}) old["model"].erase(key);
+  const Scenario o = scenario_from_json(old);
+  CHECK(o.model.kv_heads == 0);
+  CHECK(o.model.kv_heads_or_heads() == 64);
+  CHECK(o.model.mlp == "gelu");
+  CHECK(o.model.attention == "flash");
 }

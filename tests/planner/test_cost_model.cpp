@@ -1,5 +1,6 @@
 // test_cost_model.cpp — FLOP counts against Narayanan et al., iteration times against
-// Korthikanti et al. 2022 Table 5, the slice solver, op costs and memory.
+// Korthikanti et al. 2022 Table 5, GQA / SwiGLU / flash attention closed forms and the
+// Llama-2 parameter counts, the slice solver, op costs and memory.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -23,12 +24,14 @@ ir::GpuSpec a100() {
   return ir::GpuSpec{"a100-80g", 312e12, 80.0 * (1ull << 30), 2039e9, 300e9};
 }
 
-// A Megatron GPT on DGX A100 nodes (HDR InfiniBand, one 200 Gb/s NIC per GPU).
+// A Megatron GPT on DGX A100 nodes (HDR InfiniBand, one 200 Gb/s NIC per GPU), with
+// Megatron's unfused attention as in its published runs.
 ir::Scenario megatron(int hidden, int heads, int layers, int t, int p, int v, int global_batch,
                       int micro_batch, ir::Recompute recompute, bool sp) {
   ir::Scenario sc;
   sc.name = "megatron";
   sc.model = {"gpt", layers, hidden, 4 * hidden, heads, 2048, 51200, "fp16"};
+  sc.model.attention = "standard";
   sc.cluster.groups = {{a100(), t * p / 8}};
   sc.cluster.gpus_per_node = 8;
   sc.cluster.ib_bytes_per_second_per_nic = 25e9;
@@ -115,6 +118,147 @@ TEST_CASE("Per-layer split: B ≈ F plus the attention backward, W = the weight 
   // Times are positive and W (weight GEMMs only) is cheaper than B.
   REQUIRE(c.f.seconds > 0);
   REQUIRE(c.w.seconds < c.b.seconds);
+}
+
+namespace {
+
+// A Llama-2 shape (Touvron et al. 2023; the released configs) on DGX A100 nodes:
+// SwiGLU, flash attention, vocab 32000; t·p GPUs.
+ir::Scenario llama2(int layers, int hidden, int heads, int kv_heads, int ffn, int t, int p) {
+  ir::Scenario sc = megatron(hidden, heads, layers, t, p, 1, 8, 1, ir::Recompute::None, false);
+  sc.name = "llama2";
+  sc.model.ffn = ffn;
+  sc.model.kv_heads = kv_heads;
+  sc.model.mlp = "swiglu";
+  sc.model.attention = "flash";
+  sc.model.vocab = 32000;
+  sc.model.seq = 4096;
+  sc.model.dtype = "bf16";
+  sc.cluster.groups = {{a100(), std::max(1, t * p / 8)}};
+  return sc;
+}
+
+// Parameters of the whole model: t = 1, summed over the p stages.
+double model_params(const ir::Scenario& sc) {
+  const int p = sc.parallel.pipeline, layers = sc.model.layers / p;
+  double sum = 0;
+  for (int vs = 0; vs < p; ++vs) sum += planner::params_of_chunk(sc, vs, p, layers);
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("GQA and SwiGLU: per-layer FLOPs equal the hand formula", "[cost_model][model_shapes]") {
+  // Llama-2 70B: 64 query heads share 8 K/V heads (kv = 8·128 = 1024 wide), SwiGLU 28672.
+  auto sc = llama2(80, 8192, 64, 8, 28672, 8, 4);
+  sc.parallel.micro_batch = 2;
+  const double b = 2, s = 4096, h = 8192, kv = 1024, f = 28672, t = 8;
+  // Q and projection h² each, K and V h·kv each, gate, up and down h·ffn each.
+  const double gemms = 2 * b * s * (2 * h * h + 2 * h * kv + 3 * h * f) / t;
+  const double attn = 4 * b * s * s * h / t;  // model FLOPs: unchanged by GQA and by flash
+  for (const char* attention : {"flash", "standard"}) {
+    sc.model.attention = attention;
+    const auto c = planner::layer_cost(sc, a100(), 4096, 0);
+    CAPTURE(attention);
+    REQUIRE(c.f.flops == gemms + attn);
+    REQUIRE(c.b.flops == gemms + 2 * attn);
+    REQUIRE(c.w.flops == gemms);
+  }
+  // GeLU with GQA: two hidden×ffn matrices; SwiGLU without GQA: 4h² + 3h·ffn.
+  auto gelu = sc;
+  gelu.model.mlp = "gelu";
+  REQUIRE(planner::layer_cost(gelu, a100(), 4096, 0).w.flops == 2 * b * s * (2 * h * h + 2 * h * kv + 2 * h * f) / t);
+  auto mha = sc;
+  mha.model.kv_heads = 0;  // = heads
+  REQUIRE(planner::layer_cost(mha, a100(), 4096, 0).w.flops == 2 * b * s * (4 * h * h + 3 * h * f) / t);
+  // A slice of 1024 tokens after 3072: the GEMMs see its tokens, attention all 4096 keys.
+  const auto sl = planner::layer_cost(sc, a100(), 1024, 3072);
+  REQUIRE(sl.f.flops == 2 * b * 1024 * (2 * h * h + 2 * h * kv + 3 * h * f) / t + 4 * b * 1024 * 4096 * h / t);
+}
+
+TEST_CASE("Llama-2 parameter counts: 7B 6.74e9 and 70B 68.98e9 within 0.5 %", "[cost_model][model_shapes]") {
+  // t = 1, p = 2: the last stage's copy of the word embedding stands for Llama's untied
+  // output layer (same size); the learned position table (seq·h) Llama does not have is
+  // 0.25 % of 7B at seq 4096.
+  const auto l7 = llama2(32, 4096, 32, 32, 11008, 1, 2);
+  const auto l70 = llama2(80, 8192, 64, 8, 28672, 1, 2);
+  CHECK(model_params(l7) == Approx(6.74e9).epsilon(0.005));
+  CHECK(model_params(l70) == Approx(68.98e9).epsilon(0.005));
+  // Without GQA the 70B would have 2·(h + 1)·(h − kv) more per layer (K and V weights and
+  // biases): 9.4e9 in all.
+  auto l70_mha = l70;
+  l70_mha.model.kv_heads = 64;
+  CHECK(model_params(l70_mha) - model_params(l70) == 80 * 2.0 * (8192 + 1) * (8192 - 1024));
+  // Per TP rank, exactly: matrices and column-parallel biases ÷ t, 6h replicated.
+  const auto t8 = llama2(80, 8192, 64, 8, 28672, 8, 4);
+  const double h = 8192, kv = 1024, f = 28672;
+  const double layer = (2 * h * h + 2 * h * kv + 3 * h * f + (h + 2 * kv) + 2 * f) / 8 + 6 * h;
+  REQUIRE(planner::params_of_chunk(t8, 1, 4, 20) == 20 * layer);
+  REQUIRE(planner::params_of_chunk(t8, 0, 4, 20) == 20 * layer + 32000 * h / 8 + 4096 * h);
+  // The shipped scenario is the real Llama-2 70B.
+  auto shipped = ir::load_scenario(TDPIPE_SOURCE_DIR "/scenarios/llama2-70b-a100-4x8.yaml");
+  REQUIRE(shipped.model.kv_heads == 8);
+  REQUIRE(shipped.model.mlp == "swiglu");
+  REQUIRE(shipped.model.attention == "flash");
+  shipped.parallel.tensor = 1;
+  shipped.parallel.pipeline = 2;
+  CHECK(model_params(shipped) == Approx(68.98e9).epsilon(0.005));
+}
+
+TEST_CASE("Flash vs standard attention: activations differ by exactly the seq-squared terms",
+          "[cost_model][model_shapes]") {
+  auto flash = llama2(80, 8192, 64, 8, 28672, 8, 4);
+  flash.parallel.micro_batch = 2;
+  auto standard = flash;
+  standard.model.attention = "standard";
+  const double b = 2, h = 8192, a = 64, kv = 1024, f = 28672, t = 8, e = 2;
+  for (auto [len, prefix] : {std::pair{4096, 0}, std::pair{1024, 3072}}) {
+    CAPTURE(len, prefix);
+    const double T = b * len, K = double(prefix) + len;
+    const double std_bytes = planner::activation_bytes(standard, 1, 4, 20, len, prefix);
+    const double flash_bytes = planner::activation_bytes(flash, 1, 4, 20, len, prefix);
+    // Softmax output and dropout output (e bytes each) and the dropout mask (1 byte).
+    REQUIRE(std_bytes - flash_bytes == Approx(20 * (2 * e + 1) * a * T * K / t).epsilon(1e-12));
+    // Flash: Korthikanti's linear terms generalised, per token in 2-byte units: 10h
+    // replicated; Q 2h, K and V 2·kv each, projection input 2h, SwiGLU 4·ffn + 2·ffn, ÷ t.
+    REQUIRE(flash_bytes == Approx(20 * T * (10 * h + (4 * h + 4 * kv + 6 * f) / t)).epsilon(1e-12));
+    auto sp = flash;
+    sp.parallel.sequence_parallel = true;
+    REQUIRE(planner::activation_bytes(sp, 1, 4, 20, len, prefix) ==
+            Approx(20 * T * (14 * h + 4 * kv + 6 * f) / t).epsilon(1e-12));
+  }
+  // Selective recompute drops exactly what flash never keeps, and costs flash nothing.
+  auto std_sel = standard, flash_sel = flash;
+  std_sel.parallel.recompute = flash_sel.parallel.recompute = ir::Recompute::Selective;
+  REQUIRE(planner::activation_bytes(std_sel, 1, 4, 20, 4096, 0) ==
+          Approx(planner::activation_bytes(flash, 1, 4, 20, 4096, 0)).epsilon(1e-12));
+  REQUIRE(planner::activation_bytes(flash_sel, 1, 4, 20, 4096, 0) ==
+          planner::activation_bytes(flash, 1, 4, 20, 4096, 0));
+  const auto c = planner::layer_cost(flash, a100(), 4096, 0), cs = planner::layer_cost(flash_sel, a100(), 4096, 0);
+  REQUIRE(cs.b.flops == c.b.flops);
+  REQUIRE(cs.b.seconds == c.b.seconds);
+}
+
+TEST_CASE("Flash attention time: the causal half at flash_attention of peak - backward 2.5x",
+          "[cost_model][model_shapes]") {
+  // Everything but the attention core depends on the slice's own tokens only, so moving a
+  // slice's prefix isolates the kernel: Δ forward = 4·b·len·Δprefix·h/t / (peak · eff).
+  const auto sc = llama2(32, 4096, 32, 32, 11008, 8, 4);
+  const double h = 4096, t = 8, len = 4096, eff = planner::default_efficiencies().flash_attention;
+  const auto near = planner::layer_cost(sc, a100(), 4096, 8192), far = planner::layer_cost(sc, a100(), 4096, 28672);
+  const double df = 4 * len * (28672 - 8192) * h / t / (312e12 * eff);
+  REQUIRE(far.f.seconds - near.f.seconds == Approx(df).epsilon(1e-9));
+  REQUIRE(far.b.seconds - near.b.seconds == Approx(2.5 * df).epsilon(1e-9));
+  REQUIRE(far.w.seconds == Approx(near.w.seconds).epsilon(1e-12));
+  // At 32k tokens flash beats Megatron's unfused path (which also streams the scores).
+  auto standard = sc;
+  standard.model.attention = "standard";
+  const auto fl = planner::layer_cost(sc, a100(), 32768, 0), st = planner::layer_cost(standard, a100(), 32768, 0);
+  REQUIRE(fl.f.flops == st.f.flops);
+  REQUIRE(fl.f.seconds < st.f.seconds);
+  REQUIRE(fl.b.seconds < st.b.seconds);
+  REQUIRE(eff > 0.5);
+  REQUIRE(eff < 0.73);  // FlashAttention-2's range on A100
 }
 
 TEST_CASE("GEMM efficiency saturates with size and respects the HBM roofline", "[cost_model]") {

@@ -26,7 +26,15 @@ struct ModelConfig {
   int seq = 0;      ///< sequence length in tokens
   int vocab = 0;
   std::string dtype = "bf16";  ///< bf16 | fp16 | fp32
+  /// Key/value heads: grouped-query attention (Llama-2 70B: 8 for 64 heads), 1 = multi-query;
+  /// 0 = heads (multi-head attention). Must divide heads, and tensor must divide it.
+  int kv_heads = 0;
+  std::string mlp = "gelu";         ///< gelu (up, down) | swiglu (gate, up, down: three hidden×ffn matrices)
+  std::string attention = "flash";  ///< flash (no seq×seq activations kept) | standard (Megatron's softmax path)
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
+
+  /// K/V heads in use: kv_heads, or heads when kv_heads is 0.
+  int kv_heads_or_heads() const { return kv_heads > 0 ? kv_heads : heads; }
 };
 
 /// A set of identical nodes. A homogeneous cluster has one group.

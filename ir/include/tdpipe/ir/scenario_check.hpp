@@ -20,17 +20,21 @@ struct ScenarioProblem {
 
 /// The first broken rule of `scenario`, or nullopt: every count positive, every
 /// bandwidth and FLOP rate positive and finite, latencies ≥ 0, names from their lists,
-/// t·p·d equal to the cluster's GPUs, layers split evenly over p·v, hidden/heads/ffn
-/// divisible by t, the batch by micro_batch·d, interleaving's m % p, slices ≤ seq.
+/// t·p·d equal to the cluster's GPUs, layers split evenly over p·v, kv_heads a divisor of
+/// heads, hidden/heads/kv_heads/ffn divisible by t, the batch by micro_batch·d,
+/// interleaving's m % p, slices ≤ seq.
 std::optional<ScenarioProblem> find_problem(const Scenario& scenario);
 
 /// parallel.memory_budget as GiB when it is a positive number ("40", "12.5"), else nullopt
 /// (the named budgets 1f1b, 2x1f1b, max).
 std::optional<double> memory_budget_gib(const std::string& text);
 
-/// Names a scenario's schedule may take, dtypes, recompute modes, topologies.
+/// Names a scenario's schedule may take, dtypes, MLP kinds, attention kernels, recompute
+/// modes, topologies.
 const std::vector<std::string>& scenario_schedule_names();
 const std::vector<std::string>& scenario_dtypes();
+const std::vector<std::string>& scenario_mlp_names();
+const std::vector<std::string>& scenario_attention_names();
 const std::vector<std::string>& scenario_recompute_names();
 const std::vector<std::string>& scenario_topologies();
 

@@ -4,14 +4,21 @@
 // Conventions (all per tensor-parallel rank, one micro-batch of b sequences, one
 // temporal slice of `tokens` tokens after a prefix of `prefix` tokens; a whole
 // sequence is tokens = seq, prefix = 0):
-//  - GEMMs with weights (QKV, projection, MLP up/down): forward 2·b·len·(4h² + 2h·ffn)/t
-//    FLOPs; input gradient B the same; weight gradient W the same.
-//  - Attention core (QKᵀ and attention·V, no weights): forward 4·b·len·(prefix+len)·h/t.
-//    Each slice computes its full len × (prefix+len) score block, as Megatron does for
-//    the whole sequence (no causal halving), so S = 1 gives Megatron's 4·b·s²·h. Its
-//    backward (four products) is 2× forward and belongs to B only.
+//  - GEMMs with weights (QKV, projection, MLP up/down): forward
+//    2·b·len·(2h² + 2h·kv + n·h·ffn)/t FLOPs, kv = kv_heads·h/heads (the width of K and of
+//    V; = h without GQA), n = 2 for GeLU, 3 for SwiGLU (gate, up, down) — GPT: 4h² + 2h·ffn;
+//    input gradient B the same; weight gradient W the same.
+//  - Attention core (QKᵀ and attention·V, no weights): forward 4·b·len·(prefix+len)·h/t
+//    model FLOPs, whatever kv_heads and the kernel. Each slice counts its full len ×
+//    (prefix+len) score block, as Megatron does for the whole sequence (no causal halving),
+//    so S = 1 gives Megatron's 4·b·s²·h. Its backward (four products) is 2× forward and
+//    belongs to B only. Time: standard attention runs the block as batched GEMMs plus an
+//    element-wise softmax; flash attention (model.attention, the default) runs the causal
+//    half, len·(prefix + len/2), at Efficiencies::flash_attention of peak, its backward
+//    2.5× that (it recomputes QKᵀ; the recompute is in the time, not in the FLOPs).
 //  - Recompute: full — B pays one more whole forward (its FLOPs, memory traffic and TP
-//    collectives); selective — B pays the attention core again.
+//    collectives); selective — B pays the attention core again (standard attention only:
+//    flash keeps no seq×seq activations to drop).
 //  - Embedding on virtual stage 0 (memory-bound gather; gradient in W); final LayerNorm,
 //    LM head (2·b·len·h·V/t forward) and cross-entropy on the last virtual stage.
 //  - Memory-bound element-wise work (LayerNorm, bias+GeLU, softmax, dropout, residual)
@@ -23,7 +30,8 @@
 //    Ring algorithm over NVLink when t ≤ gpus_per_node, else over InfiniBand.
 //  - Time = Σ FLOPs / (peak × gemm_efficiency) + element-wise time + collective time.
 //  - mem_bytes: F adds the slice's activation bytes (Korthikanti et al. 2022, per
-//    recompute mode); BW frees all of it; split B frees all but the GEMM inputs W still
+//    recompute mode, generalised to kv_heads and SwiGLU; no seq×seq terms with flash
+//    attention — see layer_activation_bytes in cost_model.cpp); BW frees all of it; split B frees all but the GEMM inputs W still
 //    needs, W frees those. Over a micro-batch the sum is exactly zero.
 #pragma once
 
@@ -60,6 +68,7 @@ struct Efficiencies {
   double nvlink = 0.65;              ///< NCCL ring bus bandwidth / NVLink per-direction bandwidth
   double network = 0.90;             ///< same for InfiniBand
   double optimizer_bytes_per_param = 36;  ///< HBM traffic of one mixed-precision Adam step per parameter
+  double flash_attention = 0.60;     ///< fused attention kernel's fraction of peak (FlashAttention-2 on A100: 50–73 %)
 };
 /// The defaults above.
 const Efficiencies& default_efficiencies();
