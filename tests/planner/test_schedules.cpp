@@ -214,7 +214,7 @@ std::vector<int> peak_inflight(const Plan& plan) {
 TEST_CASE("schedule_names lists every generator", "[schedules]") {
   REQUIRE(tdpipe::planner::schedule_names() ==
           std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v",
-                                   "tdpipe"});
+                                   "tdpipe", "auto"});
   for (const auto& name : tdpipe::planner::schedule_names()) {
     const Plan plan = make_schedule(name, params(2, 4, 2, 2));
     REQUIRE(plan.schedule == name);
