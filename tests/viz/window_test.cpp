@@ -149,6 +149,22 @@ TEST_CASE("tdpipe-view --render: exit status and message name the problem", "[gu
   REQUIRE(proc.waitForFinished(60'000));
   CHECK(proc.exitCode() == 2);
   CHECK(QString::fromLocal8Bit(proc.readAllStandardError()).contains("--width"));
+
+  // An image that cannot be written whole is an error, and an old image stays as it was.
+  const QString good = dir.filePath("good.json");
+  tdpipe::traces::write_trace(make_1f1b({}), good.toStdString());
+  proc.start(QStringLiteral(TDPIPE_VIEW_EXE), {"--render", "/dev/full", good});
+  REQUIRE(proc.waitForFinished(60'000));
+  CHECK(proc.exitCode() == 2);
+  CHECK(QString::fromLocal8Bit(proc.readAllStandardError()).contains("cannot write image '/dev/full'"));
+  proc.start(QStringLiteral(TDPIPE_VIEW_EXE), {"--render", dir.filePath("no/such/dir/x.png"), good});
+  REQUIRE(proc.waitForFinished(60'000));
+  CHECK(proc.exitCode() == 2);
+  proc.start(QStringLiteral(TDPIPE_VIEW_EXE), {"--render", dir.filePath("ok.png"), good});
+  REQUIRE(proc.waitForFinished(60'000));
+  CHECK(proc.exitCode() == 0);
+  CHECK(QImage(dir.filePath("ok.png")).width() > 0);
+  CHECK(QDir(dir.path()).entryList(QDir::Files | QDir::Hidden).filter("ok.png").size() == 1);  // no temporary
 }
 
 #endif

@@ -9,6 +9,7 @@
 #include <QLabel>
 #include <QMenuBar>
 #include <QMessageBox>
+#include <QSaveFile>
 #include <QPainter>
 #include <QSplitter>
 #include <QStatusBar>
@@ -16,6 +17,7 @@
 #include <QToolBar>
 #include <QVBoxLayout>
 #include <exception>
+#include <functional>
 
 #ifdef TDPIPE_VIZ_HAVE_SVG
 #include <QSvgGenerator>
@@ -296,20 +298,53 @@ void ViewerWindow::export_dialog(bool svg) {
 
 QImage ViewerWindow::render_image() { return grab().toImage(); }
 
-bool ViewerWindow::export_png(const QString& path) { return render_image().save(path, "PNG"); }
+namespace {
+
+// Exports go through QSaveFile (a temporary beside the file, renamed on commit), so a
+// failed or interrupted export never leaves half an image where the old one was. A
+// path that exists and is not a regular file (/dev/stdout, a FIFO, /dev/full) is
+// written in place, unbuffered so every failed write is seen: renaming over a device
+// node would replace it (as root, QSaveFile would happily do so).
+bool write_output(const QString& path, const std::function<bool(QIODevice&)>& write) {
+  const QFileInfo info(path);
+  if (info.exists() && !info.isFile()) {
+    if (info.isDir()) return false;
+    QFile file(path);
+    if (!file.open(QIODevice::WriteOnly | QIODevice::Unbuffered)) return false;
+    const bool ok = write(file) && file.error() == QFileDevice::NoError;
+    file.close();
+    return ok && file.error() == QFileDevice::NoError;
+  }
+  QSaveFile file(path);
+  if (!file.open(QIODevice::WriteOnly)) return false;
+  if (!write(file) || !file.flush()) {
+    file.cancelWriting();
+    return false;
+  }
+  return file.commit();
+}
+
+}  // namespace
+
+bool ViewerWindow::export_png(const QString& path) {
+  const QImage image = render_image();
+  return write_output(path, [&](QIODevice& out) { return image.save(&out, "PNG"); });
+}
 
 bool ViewerWindow::export_svg(const QString& path) {
 #ifdef TDPIPE_VIZ_HAVE_SVG
-  QSvgGenerator gen;
-  gen.setFileName(path);
-  gen.setSize(size());
-  gen.setViewBox(rect());
-  gen.setTitle(windowTitle());
-  QPainter painter;
-  if (!painter.begin(&gen)) return false;
-  render(&painter);
-  painter.end();
-  return QFileInfo(path).size() > 0;
+  return write_output(path, [&](QIODevice& out) {
+    QSvgGenerator gen;
+    gen.setOutputDevice(&out);
+    gen.setSize(size());
+    gen.setViewBox(rect());
+    gen.setTitle(windowTitle());
+    QPainter painter;
+    if (!painter.begin(&gen)) return false;
+    render(&painter);
+    painter.end();
+    return out.pos() > 0;
+  });
 #else
   (void)path;
   return false;
