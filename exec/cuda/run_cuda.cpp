@@ -85,9 +85,7 @@ std::int64_t minimum_bytes(const cpu::GptConfig& c, const ir::Plan& plan, int ra
   for (int stage : plan.stage_of.at(static_cast<std::size_t>(rank))) {
     auto [a, b] = cpu::stage_layers(c.layers, stage, plan.virtual_stages());
     blocks += b - a;
-    params += std::int64_t(b - a) * (4LL * c.hidden * c.hidden + 2LL * c.hidden * c.ffn + 6LL * c.hidden + c.ffn);
-    if (stage == 0) params += std::int64_t(c.vocab + c.seq) * c.hidden;
-    if (stage == plan.virtual_stages() - 1) params += std::int64_t(c.hidden + 1) * c.vocab + 2LL * c.hidden;
+    params += cpu::stage_parameter_count(c, stage, plan.virtual_stages());
   }
   const std::int64_t n = std::int64_t(c.micro_batch) * c.seq;
   const std::int64_t per_block = n * (40LL * c.hidden + 6LL * c.ffn) + 2LL * c.micro_batch * c.heads * c.seq * c.seq;

@@ -314,6 +314,15 @@ std::pair<int, int> stage_layers(int layers, int stage, int stages) {
   return {start(stage), start(stage + 1)};
 }
 
+std::int64_t stage_parameter_count(const GptConfig& c, int stage, int stages) {
+  const auto [first, last] = stage_layers(c.layers, stage, stages);
+  std::int64_t n = std::int64_t(last - first) *
+                   (4LL * c.hidden * c.hidden + 2LL * c.hidden * c.ffn + 6LL * c.hidden + c.ffn);
+  if (stage == 0) n += std::int64_t(c.vocab + c.seq) * c.hidden;
+  if (stage == stages - 1) n += std::int64_t(c.hidden + 1) * c.vocab + 2LL * c.hidden;
+  return n;
+}
+
 GptConfig GptConfig::from_scenario(const ir::Scenario& sc) {
   const auto& m = sc.model;
   const std::string where = sc.source_file.empty() ? sc.name : sc.source_file;

@@ -46,9 +46,7 @@ double cpu_memory_bytes(const GptConfig& c, const ir::Plan& plan) {
     for (int stage : plan.stage_of.at(static_cast<std::size_t>(r))) {
       auto [a, b] = stage_layers(c.layers, stage, plan.virtual_stages());
       max_blocks = std::max(max_blocks, double(b - a));
-      params += double(b - a) * (4.0 * c.hidden * c.hidden + 2.0 * c.hidden * c.ffn + 6.0 * c.hidden + c.ffn);
-      if (stage == 0) params += double(c.vocab + c.seq) * c.hidden;
-      if (stage == plan.virtual_stages() - 1) params += double(c.hidden + 1) * c.vocab + 2.0 * c.hidden;
+      params += double(stage_parameter_count(c, stage, plan.virtual_stages()));
     }
     int live = 0, peak = 0;
     for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(r)]) {

@@ -197,7 +197,6 @@ class MapReader {
     auto it = entries_.find(key);
     return it == entries_.end() ? where_ : it->second.key_mark;
   }
-  YAML::Mark map_mark() const { return where_; }
   const Reporter& reporter() const { return rep_; }
 
   [[noreturn]] void missing(const std::string& key, std::string_view expected) const {

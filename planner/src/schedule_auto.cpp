@@ -178,8 +178,9 @@ class AutoScheduler {
   /// (kInf: nothing left).
   double step(int r, double t, std::vector<ir::Op>& ops) {
     const bool has_f = next_f_[r] < n_;
-    const bool f_fits = has_f && next_f_[r] - next_b_[r] < caps_[r] &&
-                        live_[r] + c_.f_bytes[r][next_f_[r] % S_] <= c_.budget_bytes[r] * (1 + 1e-12);
+    const bool f_bytes_fit =
+        has_f && live_[r] + c_.f_bytes[r][next_f_[r] % S_] <= c_.budget_bytes[r] * (1 + 1e-12);
+    const bool f_fits = f_bytes_fit && next_f_[r] - next_b_[r] < caps_[r];
     // The templates' W: due once `trail` more B's ran after its own (in slice units).
     if (trail_[r] >= 0 && static_cast<int>(pending_w_[r].size()) > trail_[r] * S_) return place_w(r, t, ops);
     const bool has_b = next_b_[r] < n_;
@@ -195,8 +196,7 @@ class AutoScheduler {
       const double expected = std::min(f_fits ? forecast(f, false, r) : kInf, has_b ? forecast(b, true, r) : kInf);
       const bool gap = policy_.w == WMode::Fit ? expected >= t + w : !(next < kInf);  // trail: only the tail
       if (policy_.w == WMode::Greedy || gap) return place_w(r, t, ops);
-      if (has_f && !f_fits && live_[r] + c_.f_bytes[r][next_f_[r] % S_] > c_.budget_bytes[r] * (1 + 1e-12))
-        return place_w(r, t, ops);  // memory blocks the F: a W frees some
+      if (has_f && !f_bytes_fit) return place_w(r, t, ops);  // memory blocks the F: a W frees some
     }
     if (!(next < kInf)) return kInf;  // nothing left here, or stuck (run() reports it)
     return next > t ? next : std::nextafter(t, kInf);

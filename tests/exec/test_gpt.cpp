@@ -157,4 +157,20 @@ TEST_CASE("from_scenario refuses SwiGLU and grouped-query attention - accepts ei
                         Catch::Contains("the CPU executor runs GeLU multi-head attention only"));
 }
 
+TEST_CASE("stage_parameter_count is what a built stage holds", "[exec][gpt]") {
+  GptConfig c;
+  c.layers = 5;
+  c.hidden = 24;
+  c.heads = 3;
+  c.ffn = 40;
+  c.seq = 12;
+  c.vocab = 30;
+  for (int stages : {1, 2, 3, 7})
+    for (int stage = 0; stage < stages; ++stage) {
+      INFO(stages << " stages, stage " << stage);
+      GptStage built(c, stage, stages);
+      CHECK(stage_parameter_count(c, stage, stages) == static_cast<std::int64_t>(built.params().size()));
+    }
+}
+
 }  // namespace tdpipe::exec::cpu

@@ -53,6 +53,11 @@ struct AdamConfig {
 /// earlier stages get the remainder last; a stage may hold none when stages > layers).
 std::pair<int, int> stage_layers(int layers, int stage, int stages);
 
+/// Parameters GptStage(config, stage, stages) holds — its blocks, plus the embeddings on
+/// stage 0 and the final LayerNorm and LM head on the last — without building it (both
+/// backends' memory checks size a model with it before allocating).
+std::int64_t stage_parameter_count(const GptConfig& config, int stage, int stages);
+
 /// Parameters by name ("embed.tok", "block3.wq", "head.out", …), flattened row-major.
 using ParamMap = std::map<std::string, std::vector<double>>;
 
