@@ -108,7 +108,7 @@ void add_calibrate_command(CLI::App& app) {
   cmd->add_option("-o,--output", args->output, "Profile to write (JSON)")->required();
   cmd->add_option("--schedule", args->schedule, "Schedule whose layout (chunks, slices) is measured")
       ->check(CLI::IsMember(planner::schedule_names()));
-  cmd->add_option("--slices", args->slices, "Temporal slices S (tdpipe)")->check(CLI::PositiveNumber);
+  add_slices_option(cmd, args->slices);
   cmd->add_option("--steps", args->steps, "Measured steps")->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", args->warmup, "Unmeasured steps first")->check(CLI::NonNegativeNumber);
   cmd->add_option("--corpus", args->corpus, "Training text (default: data/tiny_corpus.txt)");

@@ -94,7 +94,7 @@ void add_exec_command(CLI::App& app) {
   cmd->add_option("--backend", args->backend, "Executor backend")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--schedule", args->schedule, "Schedule (default: the scenario's)")
       ->check(CLI::IsMember(planner::schedule_names()));
-  cmd->add_option("--slices", args->slices, "Temporal slices S (tdpipe)")->check(CLI::PositiveNumber);
+  add_slices_option(cmd, args->slices);
   cmd->add_option("--steps", args->steps, "Optimizer steps")->check(CLI::NonNegativeNumber);
   cmd->add_option("--lr", args->lr, "Adam learning rate");
   cmd->add_option("--seed", args->seed, "Data sampling seed");

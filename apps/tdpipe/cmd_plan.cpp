@@ -55,7 +55,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("scenario", args->scenario, "Scenario file (YAML)")->required();
   cmd->add_option("--schedule", args->schedule, "Schedule (default: the scenario's)")
       ->check(CLI::IsMember(planner::schedule_names()));
-  cmd->add_option("--slices", args->slices, "Temporal slices S (tdpipe)")->check(CLI::PositiveNumber);
+  add_slices_option(cmd, args->slices);
   cmd->add_option("--format", args->format, "Output form")->check(CLI::IsMember({"text", "json"}));
   cmd->add_option("-o,--output", args->output, "Write to FILE instead of stdout");
   cmd->add_flag("--compute-only", args->compute_only,

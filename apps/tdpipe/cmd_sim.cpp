@@ -51,27 +51,27 @@ struct Run {
   std::string schedule;
   int slices = 0;
   std::string budget;
-  std::string label() const {
-    std::string out = schedule;
-    if (!budget.empty()) out += ":" + budget;
-    return out;
-  }
+  std::string label() const { return file_label() + (slices == planner::kAutoSlices ? " S=auto" : ""); }
+  /// Schedule and budget, for trace file names (the plan's S is added to them).
+  std::string file_label() const { return budget.empty() ? schedule : schedule + ":" + budget; }
 };
 
-/// Runs: one, or every generator (tdpipe at S = 2 and 4 plus the scenario's S; auto at
-/// S = 1 under the 1f1b and 2x1f1b budgets and the scenario's own, and at the
-/// scenario's S > 1 under its budget).
+/// Runs: one, or every generator (tdpipe at S = 2 and 4, the scenario's S and, for
+/// model scenarios, TeraPipe's S; auto at S = 1 under the 1f1b and 2x1f1b budgets and
+/// the scenario's own, and at the scenario's S > 1 and TeraPipe's S under its budget).
 std::vector<Run> runs_for(const SimArgs& a, const ir::Scenario& sc) {
   std::vector<Run> runs;
   if (a.schedule != "all") {
     runs.push_back({a.schedule.empty() ? sc.schedule : a.schedule, a.slices, ""});
     return runs;
   }
-  const int own = a.slices > 0 ? a.slices : sc.parallel.slices;
+  const int own = a.slices > 0 ? a.slices : sc.parallel.slices_auto ? 1 : sc.parallel.slices;
+  const bool terapipe = !sc.synthetic;  // TeraPipe's cuts need tokens
   for (const auto& name : planner::schedule_names()) {
     if (name == "tdpipe") {
       std::vector<int> slices = {2, 4};
       if (own > 1 && own != 2 && own != 4) slices.push_back(own);
+      if (terapipe) slices.push_back(planner::kAutoSlices);
       for (int s : slices) runs.push_back({name, s, ""});
     } else if (name == "auto") {
       std::vector<std::string> budgets = {"1f1b", "2x1f1b"};
@@ -79,6 +79,7 @@ std::vector<Run> runs_for(const SimArgs& a, const ir::Scenario& sc) {
         budgets.push_back(sc.parallel.memory_budget);
       for (const auto& b : budgets) runs.push_back({name, 1, b});
       if (own > 1) runs.push_back({name, own, sc.parallel.memory_budget});
+      if (terapipe) runs.push_back({name, planner::kAutoSlices, sc.parallel.memory_budget});
     } else {
       runs.push_back({name, 0, ""});
     }
@@ -138,14 +139,14 @@ void print_table(const ir::Scenario& sc, const std::vector<planner::ScheduleRepo
                  sc.cluster.groups[i].gpu.name);
   }
   fmt::print("\nengine: {}\n\n", rows.empty() ? "-" : rows.front().engine);
-  fmt::print("{:<14} {:>2} {:>2} {:>12} {:>8} {:>10} {:>6} {:>14} {:>5}\n", "schedule", "v", "S",
+  fmt::print("{:<18} {:>2} {:>3} {:>12} {:>8} {:>10} {:>6} {:>14} {:>5}\n", "schedule", "v", "S",
              "iteration", "bubble", "tokens/s", "MFU", "peak mem/GPU", "fits");
   for (const auto& r : rows) {
     double peak = 0;
     for (double b : r.peak_memory_bytes_per_rank) peak = std::max(peak, b);
     const std::string iter = r.iteration_seconds >= 1 ? fmt::format("{:.3f} s", r.iteration_seconds)
                                                       : fmt::format("{:.3f} ms", r.iteration_seconds * 1e3);
-    fmt::print("{:<14} {:>2} {:>2} {:>12} {:>7.1f}% {:>10} {:>6} {:>14} {:>5}\n", r.schedule, r.chunks,
+    fmt::print("{:<18} {:>2} {:>3} {:>12} {:>7.1f}% {:>10} {:>6} {:>14} {:>5}\n", r.schedule, r.chunks,
                r.slices, iter, 100 * r.bubble_fraction,
                sc.synthetic ? "-" : fmt::format("{:.0f}", r.tokens_per_second),
                sc.synthetic ? "-" : fmt::format("{:.1f}%", 100 * r.mfu),
@@ -179,7 +180,7 @@ void run_sim(const SimArgs& a) {
       }
       const traces::Trace trace = predict(built, a);
       if (!a.trace_out.empty())
-        traces::write_trace(trace, trace_path(a.trace_out, run.label(), built.lowered.slices, many));
+        traces::write_trace(trace, trace_path(a.trace_out, run.file_label() + (slices == planner::kAutoSlices ? "-terapipe" : ""), built.lowered.slices, many));
       rows.push_back(planner::make_report(built, trace, a.engine));
       rows.back().schedule = run.label();
     } catch (const Error& e) {
@@ -210,7 +211,7 @@ void add_sim_command(CLI::App& app) {
   names.push_back("all");
   cmd->add_option("--schedule", args->schedule, "Schedule, or `all` (default: the scenario's)")
       ->check(CLI::IsMember(names));
-  cmd->add_option("--slices", args->slices, "Temporal slices S (tdpipe)")->check(CLI::PositiveNumber);
+  add_slices_option(cmd, args->slices);
   CLI::Option* profile = cmd->add_option("--profile", args->profile,
                   "Calibration profile (from `tdpipe calibrate`): its op times and, unless --profile-ops-only, "
                   "its transport replace the cost model's (either engine)")

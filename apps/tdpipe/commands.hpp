@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -15,6 +17,32 @@ inline void add_max_ops_option(CLI::App* cmd, std::int64_t& max_ops) {
   cmd->add_option("--max-ops", max_ops, "Refuse plans estimated to have more ops than this (memory guard)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+}
+
+/// --slices N|auto on a command that builds plans: N ≥ 1 temporal slices, or `auto`
+/// (planner::kAutoSlices: TeraPipe's cuts). Left out: the scenario's.
+inline void add_slices_option(CLI::App* cmd, int& slices) {
+  cmd->add_option_function<std::string>(
+         "--slices",
+         [&slices](const std::string& text) {
+           if (text == "auto") {
+             slices = planner::kAutoSlices;
+             return;
+           }
+           int v = 0;
+           try {
+             std::size_t used = 0;
+             v = std::stoi(text, &used);
+             if (used != text.size()) v = 0;
+           } catch (const std::exception&) {
+             v = 0;
+           }
+           if (v < 1) throw CLI::ValidationError("--slices", "expected a positive integer or auto, got " + text);
+           slices = v;
+         },
+         "Temporal slices S for tdpipe and auto: a count, or `auto` (TeraPipe's dynamic programme picks S "
+         "and the cuts)")
+      ->type_name("N|auto");
 }
 
 void add_plan_command(CLI::App& app);     // cmd_plan.cpp

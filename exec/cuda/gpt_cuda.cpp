@@ -284,7 +284,7 @@ GptStageCuda::GptStageCuda(const cpu::GptConfig& config, int stage, int stages, 
   I.stages = stages;
   I.stream = stream;
   I.cublas = cublas;
-  std::tie(I.first_block, I.last_block) = cpu::stage_layers(config.layers, stage, stages);
+  std::tie(I.first_block, I.last_block) = cpu::stage_layers(config, stage, stages);
   I.build_specs();
   // Same initial weights as the CPU model, and a check that its layout is still ours.
   cpu::GptStage host(config, stage, stages);

@@ -83,7 +83,7 @@ namespace {
 std::int64_t minimum_bytes(const cpu::GptConfig& c, const ir::Plan& plan, int rank) {
   std::int64_t params = 0, blocks = 0;
   for (int stage : plan.stage_of.at(static_cast<std::size_t>(rank))) {
-    auto [a, b] = cpu::stage_layers(c.layers, stage, plan.virtual_stages());
+    auto [a, b] = cpu::stage_layers(c, stage, plan.virtual_stages());
     blocks += b - a;
     params += cpu::stage_parameter_count(c, stage, plan.virtual_stages());
   }
@@ -108,7 +108,7 @@ DeviceSetup set_up_device(int device, const ir::Plan& plan, const cpu::TrainOpti
                           const std::vector<int>& ranks, int replicas) {
   TDPIPE_CUDA_CHECK(cudaSetDevice(device));
   keep_pool_memory(device);
-  DeviceSetup s{cpu::model_config(plan.scenario, train), cpu::training_corpus(train)};
+  DeviceSetup s{cpu::model_config(plan, train), cpu::training_corpus(train)};
   std::int64_t need = 0;
   for (int r : ranks) need += replicas * minimum_bytes(s.config, plan, r);
   size_t free_b = 0, total_b = 0;

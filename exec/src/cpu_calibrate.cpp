@@ -169,7 +169,7 @@ std::vector<traces::ProfileOp> profile_ops(const ir::Plan& plan, const std::vect
     op.kind = static_cast<ir::OpKind>(std::get<0>(key));
     op.virtual_stage = std::get<1>(key);
     op.slice = std::get<2>(key);
-    const auto [a, b] = stage_layers(plan.scenario.model.layers, op.virtual_stage, plan.virtual_stages());
+    const auto [a, b] = ir::layer_range(plan.stage_layers, plan.scenario.model.layers, op.virtual_stage, plan.virtual_stages());
     op.layers = b - a;
     // The mean, not the median: an iteration is a sum of op times, whose expectation is
     // the sum of their means; on a shared machine preemption skews durations right, and

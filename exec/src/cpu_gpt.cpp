@@ -8,6 +8,7 @@
 
 #include "tdpipe/exec/cpu/gpt.hpp"
 #include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/plan.hpp"
 
 namespace tdpipe::exec::cpu {
 namespace {
@@ -305,17 +306,12 @@ struct GptStage::Impl {
   }
 };
 
-std::pair<int, int> stage_layers(int layers, int stage, int stages) {
-  const int base = layers / stages, extra = layers % stages;
-  // The last `extra` stages get one more block: the first stage carries the
-  // embedding and the last the head, so middle-to-late stages absorb the remainder
-  // as evenly as a contiguous split allows.
-  auto start = [&](int s) { return s * base + std::max(0, s - (stages - extra)); };
-  return {start(stage), start(stage + 1)};
+std::pair<int, int> stage_layers(const GptConfig& c, int stage, int stages) {
+  return ir::layer_range(c.partition, c.layers, stage, stages);
 }
 
 std::int64_t stage_parameter_count(const GptConfig& c, int stage, int stages) {
-  const auto [first, last] = stage_layers(c.layers, stage, stages);
+  const auto [first, last] = stage_layers(c, stage, stages);
   std::int64_t n = std::int64_t(last - first) *
                    (4LL * c.hidden * c.hidden + 2LL * c.hidden * c.ffn + 6LL * c.hidden + c.ffn);
   if (stage == 0) n += std::int64_t(c.vocab + c.seq) * c.hidden;
@@ -361,7 +357,7 @@ GptStage::GptStage(const GptConfig& config, int stage, int stages) : impl_(std::
   impl_->cfg = config;
   impl_->stage = stage;
   impl_->stages = stages;
-  std::tie(impl_->first_block, impl_->last_block) = stage_layers(config.layers, stage, stages);
+  std::tie(impl_->first_block, impl_->last_block) = stage_layers(config, stage, stages);
   impl_->build();
 }
 GptStage::~GptStage() = default;

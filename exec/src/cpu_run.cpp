@@ -44,7 +44,7 @@ double cpu_memory_bytes(const GptConfig& c, const ir::Plan& plan) {
   for (int r = 0; r < plan.num_ranks(); ++r) {
     double params = 0, max_blocks = 0;
     for (int stage : plan.stage_of.at(static_cast<std::size_t>(r))) {
-      auto [a, b] = stage_layers(c.layers, stage, plan.virtual_stages());
+      auto [a, b] = stage_layers(c, stage, plan.virtual_stages());
       max_blocks = std::max(max_blocks, double(b - a));
       params += double(stage_parameter_count(c, stage, plan.virtual_stages()));
     }
@@ -99,7 +99,7 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   check_runnable(plan);
   const int p = plan.num_ranks();
   const int d = std::max(1, plan.data);
-  const GptConfig config = model_config(plan.scenario, options.train);
+  const GptConfig config = model_config(plan, options.train);
   check_cpu_memory(config, plan);
   const Corpus corpus = training_corpus(options.train);
 
@@ -172,7 +172,8 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
 
 RunResult run_reference(const ir::Scenario& scenario, int data, int microbatches,
                         const TrainOptions& options) {
-  const GptConfig config = model_config(scenario, options);
+  GptConfig config = GptConfig::from_scenario(scenario);  // one stage: every layer
+  config.seed = options.init_seed;
   const Corpus corpus = training_corpus(options);
   if (corpus.vocab() > config.vocab)
     throw Error(fmt::format("model.vocab = {} is smaller than the corpus's {} characters",

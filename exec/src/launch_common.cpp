@@ -106,9 +106,10 @@ traces::Trace run_trace_header(const std::string& origin, const ir::Plan& plan, 
 
 namespace cpu {
 
-GptConfig model_config(const ir::Scenario& scenario, const TrainOptions& options) {
-  GptConfig c = GptConfig::from_scenario(scenario);
+GptConfig model_config(const ir::Plan& plan, const TrainOptions& options) {
+  GptConfig c = GptConfig::from_scenario(plan.scenario);
   c.seed = options.init_seed;
+  c.partition = plan.stage_layers;
   return c;
 }
 

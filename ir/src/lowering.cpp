@@ -73,6 +73,7 @@ class Lowerer {
     out.lowered = true;
     out.stage_of = plan_.stage_of;
     out.slice_tokens = plan_.slice_tokens;
+    out.stage_layers = plan_.stage_layers;
     out.memory_budget_bytes = plan_.memory_budget_bytes;
     out.scenario = plan_.scenario;
     out.ranks.resize(plan_.ranks.size());

@@ -291,7 +291,7 @@ struct Header {
   std::optional<std::string> schedule;
   std::optional<int> p, m, v, S, d;
   std::optional<bool> lowered;
-  std::optional<std::vector<int>> slice_tokens;
+  std::optional<std::vector<int>> slice_tokens, stage_layers;
   std::optional<std::vector<std::vector<int>>> stage_of;
 };
 
@@ -308,7 +308,8 @@ Header parse_header(std::string_view s, int line) {
     const std::size_t ws = s.find_first_of(" \t", i);
     if (eq == std::string_view::npos || (ws != std::string_view::npos && ws < eq))
       TextError(line, s.substr(i, ws == std::string_view::npos ? s.npos : ws - i))
-          .fail("key=value in the plan header (schedule, p, m, v, S, d, lowered, slice_tokens, stage_of)");
+          .fail("key=value in the plan header (schedule, p, m, v, S, d, lowered, slice_tokens, stage_layers, "
+                "stage_of)");
     const std::string_view key = s.substr(i, eq - i);
     std::size_t j = eq + 1;
     if (j < s.size() && s[j] == '"') {  // JSON string: up to the closing unescaped quote
@@ -365,11 +366,13 @@ Header parse_header(std::string_view s, int line) {
     } else if (key == "lowered") {
       if (value != "0" && value != "1") err.fail("lowered=0 or lowered=1");
       h.lowered = value == "1";
-    } else if (key == "slice_tokens" || key == "stage_of") {
+    } else if (key == "slice_tokens" || key == "stage_layers" || key == "stage_of") {
       const json j = as_json();
       try {  // strict: 1.5 or 1e12 are errors, not silently converted
         if (key == "slice_tokens") {
           h.slice_tokens = int_list(JsonField(j, "slice_tokens"));
+        } else if (key == "stage_layers") {
+          h.stage_layers = int_list(JsonField(j, "stage_layers"));
         } else {
           if (!j.is_array()) throw Error("not a list");
           std::vector<std::vector<int>> rows;
@@ -377,11 +380,12 @@ Header parse_header(std::string_view s, int line) {
           h.stage_of = std::move(rows);
         }
       } catch (const Error&) {
-        err.fail(key == "slice_tokens" ? "a JSON list of integers, e.g. slice_tokens=[1024,512,512]"
-                                       : "a JSON list of lists of integers, e.g. stage_of=[[0,7],[1,6]]");
+        err.fail(key == "slice_tokens"   ? "a JSON list of integers, e.g. slice_tokens=[1024,512,512]"
+                 : key == "stage_layers" ? "a JSON list of integers, e.g. stage_layers=[7,8,8,7]"
+                                         : "a JSON list of lists of integers, e.g. stage_of=[[0,7],[1,6]]");
       }
     } else {
-      err.fail("a header key: schedule, p, m, v, S, d, lowered, slice_tokens or stage_of");
+      err.fail("a header key: schedule, p, m, v, S, d, lowered, slice_tokens, stage_layers or stage_of");
     }
     i = j;
     skip_ws();
@@ -512,6 +516,7 @@ std::string to_text(const Plan& plan) {
                  plan.stages, plan.microbatches, plan.chunks, plan.slices, plan.data);
   if (plan.lowered) out += " lowered=1";
   if (!plan.slice_tokens.empty()) out += " slice_tokens=" + json(plan.slice_tokens).dump();
+  if (!plan.stage_layers.empty()) out += " stage_layers=" + json(plan.stage_layers).dump();
   if (plan.stage_of != default_stage_of(plan.stages, plan.chunks))
     out += " stage_of=" + json(plan.stage_of).dump();
   out += '\n';
@@ -594,6 +599,7 @@ Plan plan_from_text(std::string_view text) {
   plan.data = h.d.value_or(1);
   plan.lowered = h.lowered.value_or(header ? false : in.comm);
   plan.slice_tokens = h.slice_tokens.value_or(std::vector<int>{});
+  plan.stage_layers = h.stage_layers.value_or(std::vector<int>{});
   plan.stage_of = h.stage_of.value_or(default_stage_of(plan.stages, plan.chunks));
   return plan;
 }
@@ -614,6 +620,7 @@ nlohmann::json to_json(const Plan& plan) {
           {"lowered", plan.lowered},
           {"stage_of", plan.stage_of},
           {"slice_tokens", plan.slice_tokens},
+          {"stage_layers", plan.stage_layers},
           {"memory_budget_bytes", plan.memory_budget_bytes},
           {"ranks", std::move(ranks)},
           {"scenario", to_json(plan.scenario)}};
@@ -622,7 +629,7 @@ nlohmann::json to_json(const Plan& plan) {
 Plan plan_from_json(const nlohmann::json& j) {
   const JsonObject o(j, "plan",
                      {"schedule", "stages", "microbatches", "chunks", "slices", "data", "lowered",
-                      "stage_of", "slice_tokens", "memory_budget_bytes", "ranks", "scenario"});
+                      "stage_of", "slice_tokens", "stage_layers", "memory_budget_bytes", "ranks", "scenario"});
   Plan plan;
   if (!o.has("ranks")) throw Error("plan.ranks: missing; expected a list of op lists, one per rank");
   const JsonField ranks = o["ranks"];
@@ -664,6 +671,16 @@ Plan plan_from_json(const nlohmann::json& j) {
     plan.stage_of = default_stage_of(plan.stages, plan.chunks);
   }
   if (o.has("slice_tokens")) plan.slice_tokens = int_list(o["slice_tokens"]);
+  if (o.has("stage_layers")) {
+    const JsonField f = o["stage_layers"];
+    plan.stage_layers = int_list(f);
+    if (!plan.stage_layers.empty() && static_cast<long long>(plan.stage_layers.size()) !=
+                                          static_cast<long long>(plan.stages) * plan.chunks)
+      f.fail(fmt::format("one layer count per virtual stage (stages*chunks = {}*{} = {} entries)", plan.stages,
+                         plan.chunks, static_cast<long long>(plan.stages) * plan.chunks));
+    for (int n : plan.stage_layers)
+      if (n < 0) f.fail("layer counts ≥ 0");
+  }
   if (o.has("memory_budget_bytes")) {
     const JsonField f = o["memory_budget_bytes"];
     if (!f.j().is_array()) f.fail("a list of bytes, one per rank");
@@ -680,8 +697,34 @@ Plan plan_from_json(const nlohmann::json& j) {
     } catch (const Error& e) {
       throw Error(fmt::format("plan.{}", e.what()));  // scenario paths start with "scenario"
     }
+    long long sum = 0;
+    for (int n : plan.stage_layers) sum += n;
+    if (!plan.stage_layers.empty() && !plan.scenario.synthetic && sum != plan.scenario.model.layers)
+      throw Error(fmt::format("plan.stage_layers: the stages hold {} layers in all; expected the scenario's "
+                              "model.layers = {}", sum, plan.scenario.model.layers));
   }
   return plan;
+}
+
+std::pair<int, int> layer_range(const std::vector<int>& partition, int layers, int stage, int stages) {
+  if (stages < 1 || stage < 0 || stage >= stages)
+    throw Error(fmt::format("layer_range: stage {} of {} is out of range", stage, stages));
+  if (partition.empty()) {
+    const int base = layers / stages, extra = layers % stages;
+    auto start = [&](int s) { return s * base + std::max(0, s - (stages - extra)); };
+    return {start(stage), start(stage + 1)};
+  }
+  long long sum = 0, first = 0;
+  bool ok = static_cast<int>(partition.size()) == stages;
+  for (std::size_t s = 0; ok && s < partition.size(); ++s) {
+    ok = partition[s] >= 0;
+    if (static_cast<int>(s) < stage) first += partition[s];
+    sum += partition[s];
+  }
+  if (!ok || sum != layers)
+    throw Error(fmt::format("stage_layers {}: expected {} layer counts ≥ 0 summing to the model's {} layers",
+                            json(partition).dump(), stages, layers));
+  return {static_cast<int>(first), static_cast<int>(first + partition[static_cast<std::size_t>(stage)])};
 }
 
 }  // namespace tdpipe::ir

@@ -127,11 +127,33 @@ void check_parallel(Rules& r, const Scenario& s) {
                               p.tensor, p.pipeline, p.data, gpus_needed, nodes * cluster.gpus_per_node,
                               nodes, cluster.gpus_per_node));
   const long long vstages = static_cast<long long>(p.pipeline) * p.chunks;
-  if (model.layers % vstages != 0)
+  if (!p.layers_per_stage.empty()) {
+    if (static_cast<long long>(p.layers_per_stage.size()) != vstages)
+      return r.fail("parallel.layers_per_stage",
+                    fmt::format("expected one entry per virtual stage, pipeline*chunks = {}*{} = {}, got {}",
+                                p.pipeline, p.chunks, vstages, p.layers_per_stage.size()));
+    long long sum = 0;
+    for (std::size_t i = 0; i < p.layers_per_stage.size(); ++i) {
+      if (p.layers_per_stage[i] < 1)
+        return r.fail(fmt::format("parallel.layers_per_stage[{}]", i),
+                      fmt::format("expected at least 1 layer on every stage, got {}", p.layers_per_stage[i]));
+      sum += p.layers_per_stage[i];
+    }
+    if (sum != model.layers)
+      return r.fail("parallel.layers_per_stage",
+                    fmt::format("the stages hold {} layers in all; expected model.layers = {}", sum, model.layers));
+  } else if (p.layers_per_stage_auto) {
+    if (model.layers < vstages)
+      return r.fail("parallel.layers_per_stage",
+                    fmt::format("auto needs at least one layer per virtual stage: model.layers = {} < "
+                                "pipeline*chunks = {}", model.layers, vstages));
+  } else if (model.layers % vstages != 0) {
     return r.fail("model.layers",
                   fmt::format("{} layers do not split evenly over pipeline*chunks = {}*{} = {} virtual "
-                              "stages; expected a multiple of {}",
+                              "stages; expected a multiple of {} (or give parallel.layers_per_stage: a list "
+                              "or auto)",
                               model.layers, p.pipeline, p.chunks, vstages, vstages));
+  }
   // hidden first: with hidden % heads == 0 checked, a heads error implies nothing about hidden.
   // kv_heads after heads: each TP rank holds whole K/V groups (Megatron's rule for
   // num_query_groups), so t divides kv_heads; left out, it is heads, checked just before.
@@ -148,7 +170,7 @@ void check_parallel(Rules& r, const Scenario& s) {
                   fmt::format("expected a multiple of micro_batch*data = {}*{} = {}, got {}", p.micro_batch,
                               p.data, per_step, p.global_batch));
   check_interleaving(r, "parallel.chunks", p.chunks, p.global_batch / per_step, p.pipeline);
-  if (r.ok() && p.slices > model.seq)
+  if (r.ok() && !p.slices_auto && p.slices > model.seq)
     return r.fail("parallel.slices",
                   fmt::format("expected at most seq = {} slices (each slice needs a token), got {}",
                               model.seq, p.slices));

@@ -411,7 +411,7 @@ std::string recompute_name(Recompute r) {
 ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::Mark where) {
   MapReader r(rep, node, "parallel", where,
               {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
-               "sequence_parallel", "slices", "memory_budget"});
+               "sequence_parallel", "slices", "memory_budget", "layers_per_stage"});
   ParallelConfig p;
   p.tensor = r.get_int("tensor", 1, 1, "tensor-parallel size");
   p.pipeline = r.get_int("pipeline", 1, 1, "pipeline stages");
@@ -421,9 +421,39 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
   p.global_batch = r.get_int("global_batch", std::nullopt, 1, "sequences per iteration");
   p.recompute = recompute_from(r.get_choice("recompute", "none", "recompute", kRecomputeNames));
   p.sequence_parallel = r.get_bool("sequence_parallel", false);
-  p.slices = r.get_int("slices", 1, 1, "temporal slices per micro-batch");
+  if (r.has("slices") && is_plain_scalar(r.node("slices")) && r.node("slices").Scalar() == "auto")
+    p.slices_auto = true;
+  else
+    p.slices = r.get_int("slices", 1, 1, "temporal slices per micro-batch, or auto");
   p.memory_budget = r.get_string("memory_budget", "max", "1f1b, 2x1f1b, max or GiB for the auto scheduler");
-
+  if (r.has("layers_per_stage")) {
+    const YAML::Node& n = r.node("layers_per_stage");
+    const std::string expected = "auto or a list of layer counts, one per virtual stage (pipeline*chunks)";
+    if (is_plain_scalar(n) && n.Scalar() == "auto") {
+      p.layers_per_stage_auto = true;
+    } else if (n.IsSequence()) {
+      for (std::size_t i = 0; i < n.size(); ++i) {
+        const std::string at = fmt::format("parallel.layers_per_stage[{}]", i);
+        const YAML::Node item = n[i];
+        rep.remember(at, item.Mark());
+        long long v = 0;
+        bool ok = is_plain_scalar(item);
+        if (ok) {
+          const std::string& text = item.Scalar();
+          auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+          ok = ec == std::errc() && ptr == text.data() + text.size() && !text.empty() && v >= 1 &&
+               v <= std::numeric_limits<int>::max();
+        }
+        if (!ok) rep.fail(item.Mark(), at, fmt::format("expected a positive integer (layers), got {}", describe(item)));
+        p.layers_per_stage.push_back(static_cast<int>(v));
+      }
+      if (p.layers_per_stage.empty()) rep.fail(r.mark("layers_per_stage"), "parallel.layers_per_stage",
+                                               fmt::format("expected {}, got an empty list", expected));
+    } else {
+      rep.fail(r.mark("layers_per_stage"), "parallel.layers_per_stage",
+               fmt::format("expected {}, got {}", expected, describe(n)));
+    }
+  }
   return p;
 }
 
@@ -618,8 +648,11 @@ json to_json(const Scenario& s) {
        {{"tensor", s.parallel.tensor}, {"pipeline", s.parallel.pipeline}, {"data", s.parallel.data},
         {"chunks", s.parallel.chunks}, {"micro_batch", s.parallel.micro_batch},
         {"global_batch", s.parallel.global_batch}, {"recompute", recompute_name(s.parallel.recompute)},
-        {"sequence_parallel", s.parallel.sequence_parallel}, {"slices", s.parallel.slices},
-        {"memory_budget", s.parallel.memory_budget}}},
+        {"sequence_parallel", s.parallel.sequence_parallel},
+        {"slices", s.parallel.slices_auto ? json("auto") : json(s.parallel.slices)},
+        {"memory_budget", s.parallel.memory_budget},
+        {"layers_per_stage",
+         s.parallel.layers_per_stage_auto ? json("auto") : json(s.parallel.layers_per_stage)}}},
       {"synthetic", nullptr},
   };
   if (s.synthetic) {
@@ -672,7 +705,7 @@ Scenario scenario_from_json(const json& j) {
 
   JsonReader p(r.at("parallel"), r.path("parallel"),
                {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
-                "sequence_parallel", "slices", "memory_budget"});
+                "sequence_parallel", "slices", "memory_budget", "layers_per_stage"});
   s.parallel.tensor = p.get_int("tensor");
   s.parallel.pipeline = p.get_int("pipeline");
   s.parallel.data = p.get_int("data");
@@ -684,8 +717,27 @@ Scenario scenario_from_json(const json& j) {
     throw Error(fmt::format("{}: expected one of {}, got \"{}\"", p.path("recompute"), join(kRecomputeNames), rc));
   s.parallel.recompute = recompute_from(rc);
   s.parallel.sequence_parallel = p.get_bool("sequence_parallel");
-  s.parallel.slices = p.get_int("slices");
+  if (p.at("slices") == "auto")
+    s.parallel.slices_auto = true;
+  else
+    s.parallel.slices = p.get_int("slices");
   if (p.has("memory_budget")) s.parallel.memory_budget = p.get_string("memory_budget");  // older files: default
+  if (p.has("layers_per_stage")) {  // older files: even
+    const json& l = p.at("layers_per_stage");
+    if (l == "auto") {
+      s.parallel.layers_per_stage_auto = true;
+    } else if (l.is_array()) {
+      for (std::size_t i = 0; i < l.size(); ++i) {
+        if (!l[i].is_number_integer() || l[i].get<long long>() < 1 || l[i].get<long long>() > std::numeric_limits<int>::max())
+          throw Error(fmt::format("{}[{}]: expected a positive integer (layers), got {}", p.path("layers_per_stage"),
+                                  i, quote_json(l[i])));
+        s.parallel.layers_per_stage.push_back(l[i].get<int>());
+      }
+    } else {
+      throw Error(fmt::format("{}: expected \"auto\" or a list of layer counts, got {}", p.path("layers_per_stage"),
+                              quote_json(l)));
+    }
+  }
 
   if (r.has("synthetic") && !r.at("synthetic").is_null()) {
     JsonReader y(r.at("synthetic"), r.path("synthetic"),

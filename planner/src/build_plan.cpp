@@ -2,6 +2,8 @@
 #include "tdpipe/planner/build_plan.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <utility>
 
 #include <fmt/format.h>
@@ -26,7 +28,12 @@ namespace {
 
 bool sliced(std::string_view schedule) { return schedule == "tdpipe" || schedule == "auto"; }
 
+bool wants_auto_slices(std::string_view schedule, const ir::Scenario& scenario, int slices) {
+  return sliced(schedule) && (slices == kAutoSlices || (slices == 0 && scenario.parallel.slices_auto));
+}
+
 int slices_for(std::string_view schedule, const ir::Scenario& scenario, int slices) {
+  if (wants_auto_slices(schedule, scenario, slices)) return 1;  // until solved (build_plan)
   return sliced(schedule) ? (slices > 0 ? slices : scenario.parallel.slices) : 1;
 }
 
@@ -38,6 +45,7 @@ AutoCosts auto_costs(const ir::Scenario& sc, const ScheduleParams& params) {
   ir::Plan probe = detail::plan_skeleton("auto", p, m, 1, S);
   probe.data = sc.synthetic ? 1 : sc.parallel.data;
   probe.scenario = sc;
+  probe.slice_tokens = params.slice_tokens;
   for (auto& ops : probe.ranks)
     for (int s = 0; s < S; ++s)
       for (ir::OpKind k : {ir::OpKind::F, ir::OpKind::B, ir::OpKind::W}) ops.push_back(detail::compute_op(k, 0, 0, s));
@@ -97,6 +105,50 @@ AutoCosts auto_costs(const ir::Scenario& sc, const ScheduleParams& params) {
 
 }  // namespace
 
+std::vector<int> auto_slice_tokens(const ir::Scenario& sc, int max_units) {
+  if (sc.synthetic)
+    throw Error(fmt::format("{}: slices auto cuts a sequence by the cost model; a synthetic scenario has no "
+                            "tokens (give synthetic.slices or --slices N)", sc.name));
+  const int p = sc.stages(), m = sc.microbatches();
+  // One stage's slice = the bottleneck stage's cost at that length and prefix (the stage
+  // whose full-sequence F+B+W is largest), as the pipeline runs at its pace.
+  ir::Plan probe = detail::plan_skeleton("auto", p, m, 1, 1);
+  probe.scenario = sc;
+  probe.data = sc.parallel.data;
+  for (auto& ops : probe.ranks)
+    for (ir::OpKind k : {ir::OpKind::F, ir::OpKind::B, ir::OpKind::W}) ops.push_back(detail::compute_op(k, 0, 0, 0));
+  apply_costs(probe, sc);
+  int worst = 0;
+  double worst_seconds = -1;
+  for (int r = 0; r < p; ++r) {
+    double sec = 0;
+    for (const ir::Op& op : probe.ranks[r]) sec += op.est_seconds;
+    if (sec > worst_seconds) worst_seconds = sec, worst = r;
+  }
+  const int layers = probe.stage_layers.at(static_cast<std::size_t>(worst));
+  const ir::GpuSpec gpu = gpu_of_rank(sc, worst);
+  auto compute = [&](double tokens, double prefix) {
+    double sec = 0;
+    for (ir::OpKind k : {ir::OpKind::F, ir::OpKind::B, ir::OpKind::W})
+      sec += chunk_cost(sc, gpu, k, worst, p, layers, static_cast<int>(tokens), static_cast<int>(prefix)).seconds;
+    return sec;
+  };
+  // Activations forward and gradients back cross the slowest link once each.
+  const double bytes_per_token =
+      double(lowering_options(probe, sc).p2p_bytes(detail::compute_op(ir::OpKind::F, 0, 0, 0))) / sc.model.seq;
+  std::map<int, double> transfer_of;  // by length: few distinct ones on the grid
+  auto transfer = [&](double tokens) {
+    if (p == 1) return 0.0;
+    const int len = static_cast<int>(tokens);
+    if (auto it = transfer_of.find(len); it != transfer_of.end()) return it->second;
+    const auto bytes = static_cast<std::int64_t>(std::llround(bytes_per_token * len));
+    double worst_link = 0;
+    for (int r = 0; r + 1 < p; ++r) worst_link = std::max(worst_link, p2p_seconds(probe, r, r + 1, bytes));
+    return transfer_of[len] = 2 * worst_link;
+  };
+  return solve_slices_terapipe(sc.model.seq, p, m, max_units, compute, transfer);
+}
+
 std::int64_t estimate_ops(const ir::Scenario& scenario, std::string_view schedule, int slices) {
   const std::int64_t per_unit = 3 + 4;  // F, B, W; SEND/RECV of activation and gradient
   const std::int64_t units = std::int64_t{scenario.microbatches()} * chunks_for(schedule, scenario) *
@@ -111,9 +163,14 @@ BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, in
   params.microbatches = scenario.microbatches();
   params.chunks = chunks_for(schedule, scenario);
   params.slices = slices_for(schedule, scenario, slices);
-  if (slices > 1 && !sliced(schedule))
+  if ((slices > 1 || slices == kAutoSlices) && !sliced(schedule))
     throw Error(fmt::format("--slices {}: temporal slices apply to the tdpipe and auto schedules only, not {}",
-                            slices, schedule));
+                            slices == kAutoSlices ? "auto" : std::to_string(slices), schedule));
+  if (wants_auto_slices(schedule, scenario, slices)) {
+    params.slice_tokens = auto_slice_tokens(scenario);
+    params.slices = static_cast<int>(params.slice_tokens.size());
+    slices = params.slices;
+  }
   if (const std::int64_t ops = estimate_ops(scenario, schedule, slices); ops > max_ops) {
     // Both copies (compute-only and lowered) are held while planning.
     const double gib = 2.0 * static_cast<double>(ops) * sizeof(ir::Op) / double(1u << 30);
@@ -123,18 +180,32 @@ BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, in
         scenario.name, schedule, ops, params.stages, params.microbatches, params.chunks, params.slices, gib,
         max_ops));
   }
-  if (!scenario.synthetic && scenario.model.layers % (params.stages * params.chunks) != 0)
+  if (!scenario.synthetic && scenario.parallel.layers_per_stage.empty() && !scenario.parallel.layers_per_stage_auto &&
+      scenario.model.layers % (params.stages * params.chunks) != 0)
     throw Error(fmt::format(
         "{}: schedule {} runs {} chunk(s) on each of {} stages, so model.layers ({}) must be "
-        "divisible by {}",
+        "divisible by {} (or give parallel.layers_per_stage: a list or auto)",
         scenario.name, schedule, params.chunks, params.stages, scenario.model.layers,
         params.stages * params.chunks));
-  // params.slice_costs stays empty (equal): solve_slices gives every slice the same
-  // cost given its prefix, which is what the tdpipe list scheduler then assumes.
+  // Equal-cost slices (solve_slices) leave params.slice_costs empty: every slice costs the
+  // same given its prefix, which the tdpipe list scheduler then assumes. TeraPipe's cuts
+  // are not equal: their relative costs go to the scheduler.
+  if (!params.slice_tokens.empty() && params.slices > 1) {
+    ir::Plan probe = detail::plan_skeleton(schedule, params.stages, 1, 1, params.slices);
+    probe.scenario = scenario;
+    probe.slice_tokens = params.slice_tokens;
+    for (int j = 0; j < params.slices; ++j)
+      for (ir::OpKind k : {ir::OpKind::F, ir::OpKind::B, ir::OpKind::W})
+        probe.ranks[0].push_back(detail::compute_op(k, 0, 0, j));
+    apply_costs(probe, scenario);
+    params.slice_costs.assign(static_cast<std::size_t>(params.slices), 0.0);
+    for (const ir::Op& op : probe.ranks[0]) params.slice_costs[static_cast<std::size_t>(op.slice)] += op.est_seconds;
+  }
 
   BuiltPlan out;
   if (schedule == "auto") params.auto_costs = auto_costs(scenario, params);
   out.compute_only = make_schedule(schedule, params);
+  out.compute_only.slice_tokens = params.slice_tokens;
   // Activation bytes are checked against the budget by the validator (no budget in
   // slice units: a synthetic scenario without activation sizes has 0-byte ops).
   if (schedule == "auto" && (!scenario.synthetic || scenario.synthetic->activation_bytes > 0))

@@ -302,11 +302,15 @@ OpCost pick(const LayerCostD& c, OpKind kind) {
                           ir::to_string(kind)));
 }
 
-int layers_per_chunk(const ir::Scenario& sc, int vstages) {
-  if (vstages <= 0 || sc.model.layers % vstages != 0)
-    throw Error(fmt::format("{}: model.layers ({}) must be divisible by the {} virtual stages of the plan",
-                            sc.name, sc.model.layers, vstages));
-  return sc.model.layers / vstages;
+/// Layers of each virtual stage of `plan`: plan.stage_layers (checked against the model).
+std::vector<int> chunk_layers(const ir::Plan& plan, const ir::Scenario& sc) {
+  const int vstages = plan.virtual_stages();
+  std::vector<int> out(static_cast<std::size_t>(std::max(0, vstages)));
+  for (int vs = 0; vs < vstages; ++vs) {
+    const auto [a, b] = ir::layer_range(plan.stage_layers, sc.model.layers, vs, vstages);
+    out[static_cast<std::size_t>(vs)] = b - a;
+  }
+  return out;
 }
 
 }  // namespace
@@ -495,6 +499,128 @@ std::vector<int> solve_slices(const ir::Scenario& sc, int slices) {
   });
 }
 
+std::vector<int> partition_by(int layers, const std::vector<double>& per_layer, const std::vector<double>& fixed) {
+  const int V = static_cast<int>(per_layer.size());
+  if (V < 1 || static_cast<int>(fixed.size()) != V || layers < V)
+    throw Error(fmt::format("partition: {} layers over {} stages; expected at least one layer per stage", layers, V));
+  auto cost = [&](int k, int n) { return n * per_layer[k] + fixed[k]; };
+  // g[k][i]: the least bottleneck of stages k … V−1 holding layers i … L−1.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> g(V + 1, std::vector<double>(layers + 1, inf));
+  g[V][layers] = 0;
+  for (int k = V - 1; k >= 0; --k)
+    for (int i = k; i <= layers - (V - k); ++i)
+      for (int n = 1; i + n <= layers - (V - k - 1); ++n)
+        g[k][i] = std::min(g[k][i], std::max(cost(k, n), g[k + 1][i + n]));
+  // Among the partitions with that bottleneck, the most even (least Σ cost², so the
+  // stages other than the bottleneck are not starved), then the lexicographically first:
+  // earlier stages — which hold the most in-flight micro-batches under 1F1B — lighter.
+  const double best = g[0][0];
+  std::vector<std::vector<double>> h(V + 1, std::vector<double>(layers + 1, inf));
+  h[V][layers] = 0;
+  for (int k = V - 1; k >= 0; --k)
+    for (int i = k; i <= layers - (V - k); ++i)
+      for (int n = 1; i + n <= layers - (V - k - 1); ++n)
+        if (cost(k, n) <= best && h[k + 1][i + n] < inf)
+          h[k][i] = std::min(h[k][i], cost(k, n) * cost(k, n) + h[k + 1][i + n]);
+  std::vector<int> out;
+  for (int k = 0, i = 0; k < V; ++k) {
+    int n = 1;
+    while (!(cost(k, n) <= best && cost(k, n) * cost(k, n) + h[k + 1][i + n] <= h[k][i])) ++n;
+    out.push_back(n);
+    i += n;
+  }
+  return out;
+}
+
+std::vector<int> partition_layers(const ir::Scenario& sc, const std::vector<std::vector<int>>& stage_of,
+                                  int vstages) {
+  const ir::ParallelConfig& par = sc.parallel;
+  const int L = sc.model.layers;
+  if (!par.layers_per_stage.empty()) {
+    if (static_cast<int>(par.layers_per_stage.size()) != vstages)
+      throw Error(fmt::format("{}: parallel.layers_per_stage lists {} stages but this schedule runs {} virtual "
+                              "stages ({} ranks x {} chunks); give {} entries or `auto`",
+                              sc.name, par.layers_per_stage.size(), vstages, stage_of.size(),
+                              stage_of.empty() ? 0 : stage_of[0].size(), vstages));
+    (void)ir::layer_range(par.layers_per_stage, L, 0, vstages);  // sums to the layers
+    return par.layers_per_stage;
+  }
+  if (!par.layers_per_stage_auto) {
+    if (vstages <= 0 || L % vstages != 0)
+      throw Error(fmt::format("{}: model.layers ({}) must be divisible by the {} virtual stages of the plan "
+                              "(or give parallel.layers_per_stage: a list or auto)",
+                              sc.name, L, vstages));
+    return std::vector<int>(static_cast<std::size_t>(vstages), L / vstages);
+  }
+  // auto: one full-sequence F + B + W per stage, on the GPU of the rank that runs it.
+  std::vector<double> per_layer(static_cast<std::size_t>(vstages), 0.0), fixed(per_layer);
+  for (int r = 0; r < static_cast<int>(stage_of.size()); ++r) {
+    const ir::GpuSpec gpu = gpu_of_rank(sc, r);
+    const LayerCostD layer = layer_cost_d(sc, gpu, sc.model.seq, 0);
+    for (int vs : stage_of[r]) {
+      if (vs < 0 || vs >= vstages)
+        throw Error(fmt::format("partition: stage_of[{}] names virtual stage {} of {}", r, vs, vstages));
+      const LayerCostD ends = ends_cost(sc, gpu, vs, vstages, sc.model.seq, 0);
+      per_layer[vs] = layer.f.seconds + layer.b.seconds + layer.w.seconds;
+      fixed[vs] = ends.f.seconds + ends.b.seconds + ends.w.seconds;
+    }
+  }
+  if (L < vstages)
+    throw Error(fmt::format("{}: parallel.layers_per_stage: auto needs at least one layer per virtual stage; "
+                            "model.layers = {} < {}", sc.name, L, vstages));
+  return partition_by(L, per_layer, fixed);
+}
+
+std::vector<int> solve_slices_terapipe(int seq, int stages, int microbatches, int max_units,
+                                       const std::function<double(double tokens, double prefix)>& compute,
+                                       const std::function<double(double tokens)>& transfer) {
+  if (seq < 1 || stages < 1 || microbatches < 1 || max_units < 1)
+    throw Error(fmt::format("slices auto: seq = {}, p = {}, m = {}, units = {}; expected all ≥ 1", seq, stages,
+                            microbatches, max_units));
+  // Cut points on a grid of G units (the last unit takes the remainder), as TeraPipe does.
+  const int G = std::min(seq, max_units);
+  std::vector<int> at(static_cast<std::size_t>(G) + 1);
+  for (int u = 0; u <= G; ++u) at[u] = static_cast<int>(static_cast<long long>(seq) * u / G);
+  const std::size_t n = static_cast<std::size_t>(G) + 1;
+  std::vector<double> c(n * n, 0.0), t(n * n, 0.0);  // [a][b]: slice of units a … b−1
+  std::vector<double> candidates;
+  for (int a = 0; a < G; ++a)
+    for (int b = a + 1; b <= G; ++b) {
+      const double len = at[b] - at[a];
+      c[a * n + b] = compute(len, at[a]);
+      t[a * n + b] = c[a * n + b] + transfer(len);
+      candidates.push_back(t[a * n + b]);
+    }
+  std::sort(candidates.begin(), candidates.end());
+  candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+  if (stages == 1) candidates.erase(candidates.begin(), candidates.end() - 1);  // no fill: no bound
+  // For each bound on the longest slice (ascending), the least total under it; the
+  // pipeline takes m·Σcᵢ + (p−1)·max tⱼ. Stop once (p−1)·bound alone is no better.
+  const double inf = std::numeric_limits<double>::infinity();
+  double best = inf;
+  std::vector<int> best_cut;
+  std::vector<double> f(n);
+  std::vector<int> from(n);
+  for (double bound : candidates) {
+    if (best < inf && (stages - 1) * bound >= best) break;
+    std::fill(f.begin(), f.end(), inf);
+    f[0] = 0;
+    for (int b = 1; b <= G; ++b)
+      for (int a = 0; a < b; ++a)
+        if (f[a] < inf && t[a * n + b] <= bound && f[a] + c[a * n + b] < f[b]) f[b] = f[a] + c[a * n + b], from[b] = a;
+    if (f[G] == inf) continue;
+    const double total = microbatches * f[G] + (stages - 1) * bound;
+    if (total < best) {
+      best = total;
+      best_cut.clear();
+      for (int b = G; b > 0; b = from[b]) best_cut.push_back(at[b] - at[from[b]]);
+      std::reverse(best_cut.begin(), best_cut.end());
+    }
+  }
+  return best_cut;
+}
+
 void apply_costs(ir::Plan& plan, const ir::Scenario& sc) {
   const int S = std::max(1, plan.slices);
   if (sc.synthetic) {
@@ -519,10 +645,11 @@ void apply_costs(ir::Plan& plan, const ir::Scenario& sc) {
     return;
   }
   const int vstages = plan.virtual_stages();
-  const int layers = layers_per_chunk(sc, vstages);
   if (int(plan.stage_of.size()) != plan.num_ranks())
     throw Error(fmt::format("apply_costs: plan has {} ranks but stage_of lists {} (expected one entry per rank)",
                             plan.num_ranks(), plan.stage_of.size()));
+  if (plan.stage_layers.empty()) plan.stage_layers = partition_layers(sc, plan.stage_of, vstages);
+  const std::vector<int> layers = chunk_layers(plan, sc);
   if (S > 1 && int(plan.slice_tokens.size()) != S) plan.slice_tokens = solve_slices(sc, S);
   std::vector<int> tokens(S, sc.model.seq), prefix(S, 0);
   if (S > 1)
@@ -535,7 +662,7 @@ void apply_costs(ir::Plan& plan, const ir::Scenario& sc) {
     const ir::GpuSpec gpu = gpu_of_rank(sc, r);
     double rank_params = 0;
     for (int c = 0; c < int(plan.stage_of.at(r).size()); ++c)
-      rank_params += params_of_chunk(sc, plan.stage_of[r][c], vstages, layers);
+      rank_params += params_of_chunk(sc, plan.stage_of[r][c], vstages, layers.at(plan.stage_of[r][c]));
     // Costs depend on (kind, chunk, slice) only: compute each once per rank.
     const int chunks = int(plan.stage_of[r].size());
     struct Cached {
@@ -561,9 +688,10 @@ void apply_costs(ir::Plan& plan, const ir::Scenario& sc) {
       if (!c.set) {
         const int vs = plan.stage_of[r][op.chunk];
         const int len = tokens[op.slice], pre = prefix[op.slice];
-        c.cost = chunk_cost(sc, gpu, op.kind, vs, vstages, layers, len, pre);
-        const double act = activation_bytes(sc, vs, vstages, layers, len, pre);
-        const double keep = std::min(act, layers * layer_w_bytes(sc, len));
+        const int n = layers.at(vs);
+        c.cost = chunk_cost(sc, gpu, op.kind, vs, vstages, n, len, pre);
+        const double act = activation_bytes(sc, vs, vstages, n, len, pre);
+        const double keep = std::min(act, n * layer_w_bytes(sc, len));
         switch (op.kind) {
           case OpKind::F: c.mem = act; break;
           case OpKind::B: c.mem = -(act - keep); break;
@@ -595,15 +723,16 @@ ir::LoweringOptions lowering_options(const ir::Plan& plan, const ir::Scenario& s
     return std::llround(s.b * len * s.h * s.e / s.t);
   };
   const int vstages = plan.virtual_stages();
-  const int layers = layers_per_chunk(sc, vstages);
+  const std::vector<int> layers = chunk_layers(plan, sc);
   const auto stage_of = plan.stage_of;
   opt.grad_bytes = [sc, stage_of, vstages, layers, e = s.e](int rank, int chunk) -> std::int64_t {
-    return std::llround(params_of_chunk(sc, stage_of.at(rank).at(chunk), vstages, layers) * e);
+    const int vs = stage_of.at(rank).at(chunk);
+    return std::llround(params_of_chunk(sc, vs, vstages, layers.at(vs)) * e);
   };
   std::vector<double> opt_seconds;
   for (int r = 0; r < int(stage_of.size()); ++r) {
     double params = 0;
-    for (int vs : stage_of[r]) params += params_of_chunk(sc, vs, vstages, layers);
+    for (int vs : stage_of[r]) params += params_of_chunk(sc, vs, vstages, layers.at(vs));
     opt_seconds.push_back(optimizer_seconds(sc, gpu_of_rank(sc, r), params));
   }
   opt.optimizer_seconds = [opt_seconds](int rank) { return opt_seconds.at(rank); };
@@ -613,14 +742,13 @@ ir::LoweringOptions lowering_options(const ir::Plan& plan, const ir::Scenario& s
 std::vector<MemoryEstimate> memory_per_rank(const ir::Plan& plan, const ir::Scenario& sc) {
   std::vector<MemoryEstimate> out(plan.num_ranks());
   const int vstages = plan.virtual_stages();
-  const int layers = sc.synthetic ? 0 : layers_per_chunk(sc, vstages);
+  const std::vector<int> layers = sc.synthetic ? std::vector<int>() : chunk_layers(plan, sc);
   const bool fp32 = elem_bytes(sc) == 4;
   for (int r = 0; r < plan.num_ranks(); ++r) {
     MemoryEstimate& m = out[r];
     if (!sc.synthetic) {
       double params = 0;
-      for (int c = 0; c < int(plan.stage_of.at(r).size()); ++c)
-        params += params_of_chunk(sc, plan.stage_of[r][c], vstages, layers);
+      for (int vs : plan.stage_of.at(r)) params += params_of_chunk(sc, vs, vstages, layers.at(vs));
       m.weights_bytes = params * (fp32 ? 4 : 2);
       m.grads_bytes = params * (fp32 ? 4 : 2);
       m.optimizer_bytes = params * (fp32 ? 8 : 12);

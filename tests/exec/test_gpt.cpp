@@ -108,15 +108,57 @@ TEST_CASE("gradients match central finite differences", "[exec][gpt]") {
 }
 
 TEST_CASE("stage_layers splits contiguously and covers every layer once", "[exec][gpt]") {
-  CHECK(stage_layers(8, 0, 4) == std::pair{0, 2});
-  CHECK(stage_layers(8, 3, 4) == std::pair{6, 8});
+  GptConfig c;
+  c.layers = 8;
+  CHECK(stage_layers(c, 0, 4) == std::pair{0, 2});
+  CHECK(stage_layers(c, 3, 4) == std::pair{6, 8});
   // Remainder goes to the last stages: 5 over 3 → 1, 2, 2.
-  CHECK(stage_layers(5, 0, 3) == std::pair{0, 1});
-  CHECK(stage_layers(5, 1, 3) == std::pair{1, 3});
-  CHECK(stage_layers(5, 2, 3) == std::pair{3, 5});
+  c.layers = 5;
+  CHECK(stage_layers(c, 0, 3) == std::pair{0, 1});
+  CHECK(stage_layers(c, 1, 3) == std::pair{1, 3});
+  CHECK(stage_layers(c, 2, 3) == std::pair{3, 5});
   // More stages than layers: some stages are empty pass-throughs.
-  CHECK(stage_layers(2, 0, 4) == std::pair{0, 0});
-  CHECK(stage_layers(2, 3, 4) == std::pair{1, 2});
+  c.layers = 2;
+  CHECK(stage_layers(c, 0, 4) == std::pair{0, 0});
+  CHECK(stage_layers(c, 3, 4) == std::pair{1, 2});
+  // A given partition (the plan's stage_layers) is followed exactly.
+  c.layers = 7;
+  c.partition = {1, 4, 2};
+  CHECK(stage_layers(c, 0, 3) == std::pair{0, 1});
+  CHECK(stage_layers(c, 1, 3) == std::pair{1, 5});
+  CHECK(stage_layers(c, 2, 3) == std::pair{5, 7});
+  CHECK(stage_parameter_count(c, 1, 3) ==
+        4 * (4LL * c.hidden * c.hidden + 2LL * c.hidden * c.ffn + 6LL * c.hidden + c.ffn));
+  c.partition = {1, 4, 1};
+  CHECK_THROWS_WITH(stage_layers(c, 0, 3), Catch::Contains("[1,4,1]") && Catch::Contains("summing to the model's 7"));
+  c.partition = {3, 4};
+  CHECK_THROWS_WITH(stage_layers(c, 0, 3), Catch::Contains("expected 3 layer counts"));
+}
+
+TEST_CASE("uneven stage partitions give the whole-model gradients", "[exec][gpt]") {
+  GptConfig c = tiny_config();
+  c.layers = 5;
+  const MicroBatch mb = tiny_batch(c);
+  const double scale = 1.0 / (c.micro_batch * c.seq);
+  std::vector<GptStage> whole;
+  whole.emplace_back(c, 0, 1);
+  const double loss_ref = run_sliced(whole, mb, {0, 12}, scale, false);
+  const ParamMap ref = merged_grads(whole);
+  for (const std::vector<int>& partition : {std::vector<int>{1, 4}, {3, 1, 1}, {1, 3, 1}, {2, 1, 1, 1}}) {
+    GptConfig cut = c;
+    cut.partition = partition;
+    const int n = static_cast<int>(partition.size());
+    std::vector<GptStage> stages;
+    for (int s = 0; s < n; ++s) stages.emplace_back(cut, s, n);
+    INFO("partition of " << n << " stages, first " << partition[0]);
+    const double loss = run_sliced(stages, mb, {0, 5, 12}, scale, true);
+    CHECK(loss == Approx(loss_ref).epsilon(1e-12));
+    std::string worst;
+    const double err = test::max_rel_error(merged_grads(stages), ref, &worst);
+    INFO("worst " << worst);
+    CHECK(err < 1e-10);
+    CHECK(merged_grads(stages).size() == ref.size());
+  }
 }
 
 TEST_CASE("corpus sampling is deterministic and replica-aware", "[exec][gpt]") {

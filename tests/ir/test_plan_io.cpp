@@ -359,3 +359,37 @@ TEST_CASE("plan JSON: defaults for omitted fields, errors name the field path", 
   expect_error(b, "plan.lowered: expected true or false, got 1");
   expect_error(nlohmann::json::array(), "plan: expected an object, got []");
 }
+
+TEST_CASE("stage_layers rides in the text header and JSON - checked against the stages and the model", "[plan_io]") {
+  Plan plan = sample_plan();
+  plan.scenario = parse_scenario(
+      "synthetic: {stages: 2, microbatches: 2, chunks: 2, slices: 2, time: {F: 10, B: 20, W: 5}}\n", "s.yaml");
+  plan.stage_layers = {1, 3, 2, 2};
+  const std::string text = to_text(plan);
+  CHECK_THAT(text, StartsWith("# schedule=tdpipe p=2 m=2 v=2 S=2 d=2 lowered=1 slice_tokens=[40,24] "
+                              "stage_layers=[1,3,2,2]\n"));
+  CHECK(plan_from_text(text).stage_layers == plan.stage_layers);
+  CHECK(plan_from_json(to_json(plan)).stage_layers == plan.stage_layers);
+  REQUIRE_THROWS_WITH(plan_from_text("# schedule=1f1b stage_layers=[1,2.5]\n"),
+                      StartsWith("plan text line 1, token 'stage_layers=[1,2.5]': expected a JSON list of integers"));
+  nlohmann::json j = to_json(plan);
+  j["stage_layers"] = {1, 3, 2};
+  REQUIRE_THROWS_WITH(plan_from_json(j), "plan.stage_layers: expected one layer count per virtual stage "
+                                         "(stages*chunks = 2*2 = 4 entries), got [1,3,2]");
+  j["stage_layers"] = {1, 3, -2, 2};
+  REQUIRE_THROWS_WITH(plan_from_json(j), "plan.stage_layers: expected layer counts ≥ 0, got [1,3,-2,2]");
+  // With a model scenario the counts must sum to its layers.
+  plan.scenario = parse_scenario(
+      "model: {name: m, layers: 8, hidden: 64, ffn: 256, heads: 4, seq: 64, vocab: 100}\n"
+      "cluster: {gpu: a100-80g, nodes: 1, gpus_per_node: 2}\n"
+      "parallel: {pipeline: 2, chunks: 2, global_batch: 2}\n",
+      "m.yaml");
+  CHECK(plan_from_json(to_json(plan)) == plan);
+  plan.stage_layers = {1, 3, 2, 3};
+  REQUIRE_THROWS_WITH(plan_from_json(to_json(plan)), "plan.stage_layers: the stages hold 9 layers in all; expected "
+                                                     "the scenario's model.layers = 8");
+  CHECK(layer_range({1, 3, 2, 2}, 8, 1, 4) == std::pair{1, 4});
+  CHECK(layer_range({}, 8, 1, 4) == std::pair{2, 4});
+  CHECK_THROWS_WITH(layer_range({1, 3, 2, 2}, 9, 0, 4), Contains("summing to the model's 9 layers"));
+  CHECK_THROWS_WITH(layer_range({}, 8, 4, 4), Contains("out of range"));
+}

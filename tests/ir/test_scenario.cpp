@@ -575,3 +575,67 @@ TEST_CASE("scenario JSON: kv_heads - mlp - attention round trip and default when
   CHECK(o.model.mlp == "gelu");
   CHECK(o.model.attention == "flash");
 }
+
+TEST_CASE("parallel.layers_per_stage and slices auto: what they accept - errors at their line", "[scenario]") {
+  // kBase: 8 layers, pipeline 4, chunks 1 (line 18), slices on line 22.
+  const Scenario d = parse(text_of(kBase));
+  CHECK(d.parallel.layers_per_stage.empty());
+  CHECK_FALSE(d.parallel.layers_per_stage_auto);
+  CHECK_FALSE(d.parallel.slices_auto);
+  const Scenario l = parse(base_with({{3, "  layers: 9"}, {22, "  slices: auto\n  layers_per_stage: [1, 3, 3, 2]"}}));
+  CHECK(l.parallel.layers_per_stage == std::vector<int>{1, 3, 3, 2});
+  CHECK(l.parallel.slices_auto);
+  CHECK(l.parallel.slices == 1);
+  const Scenario a = parse(base_with({{3, "  layers: 9"}, {22, "  layers_per_stage: auto"}}));
+  CHECK(a.parallel.layers_per_stage_auto);
+  CHECK(a.parallel.layers_per_stage.empty());
+  // Block-style list: an item's error points at its own line.
+  REQUIRE_THROWS_WITH(parse(base_with({{22, "  layers_per_stage:\n    - 2\n    - 2\n    - 0\n    - 4"}})),
+                      "bad.yaml:25: parallel.layers_per_stage[2]: expected a positive integer (layers), got '0'");
+  REQUIRE_THROWS_WITH(parse(base_with({{22, "  layers_per_stage: [2, 2, 2.5, 2]"}})),
+                      "bad.yaml:22: parallel.layers_per_stage[2]: expected a positive integer (layers), got '2.5'");
+  REQUIRE_THROWS_WITH(parse(base_with({{22, "  layers_per_stage: [2, 2, 4]"}})),
+                      "bad.yaml:22: parallel.layers_per_stage: expected one entry per virtual stage, "
+                      "pipeline*chunks = 4*1 = 4, got 3");
+  REQUIRE_THROWS_WITH(parse(base_with({{22, "  layers_per_stage: [2, 2, 2, 3]"}})),
+                      "bad.yaml:22: parallel.layers_per_stage: the stages hold 9 layers in all; expected "
+                      "model.layers = 8");
+  REQUIRE_THROWS_WITH(parse(base_with({{22, "  layers_per_stage: evenly"}})),
+                      "bad.yaml:22: parallel.layers_per_stage: expected auto or a list of layer counts, one per "
+                      "virtual stage (pipeline*chunks), got 'evenly'");
+  REQUIRE_THROWS_WITH(parse(base_with({{22, "  layers_per_stage: []"}})),
+                      StartsWith("bad.yaml:22: parallel.layers_per_stage: expected auto or a list"));
+  REQUIRE_THROWS_WITH(parse(base_with({{3, "  layers: 3"}, {22, "  layers_per_stage: auto"}})),
+                      "bad.yaml:22: parallel.layers_per_stage: auto needs at least one layer per virtual stage: "
+                      "model.layers = 3 < pipeline*chunks = 4");
+  // Without a partition the even split still needs divisibility, and says what to do.
+  REQUIRE_THROWS_WITH(parse(base_with({{3, "  layers: 9"}})),
+                      Contains("bad.yaml:3: model.layers: 9 layers do not split evenly") &&
+                          Contains("parallel.layers_per_stage"));
+  REQUIRE_THROWS_WITH(parse(base_with({{22, "  slices: automatic"}})),
+                      StartsWith("bad.yaml:22: parallel.slices: expected a positive integer (temporal slices per "
+                                 "micro-batch, or auto)"));
+  // JSON: the same keys, the same rules.
+  const nlohmann::json j = to_json(l);
+  CHECK(j["parallel"]["slices"] == "auto");
+  CHECK(j["parallel"]["layers_per_stage"] == nlohmann::json::array({1, 3, 3, 2}));
+  CHECK(scenario_from_json(j) == l);
+  CHECK(scenario_from_json(to_json(a)) == a);
+  CHECK(to_json(a)["parallel"]["layers_per_stage"] == "auto");
+  nlohmann::json broken = j;
+  broken["parallel"]["layers_per_stage"] = {1, 3, 3, 3};
+  REQUIRE_THROWS_WITH(scenario_from_json(broken), "scenario.parallel.layers_per_stage: the stages hold 10 layers in "
+                                                  "all; expected model.layers = 9");
+  broken["parallel"]["layers_per_stage"] = {1, 3, "3", 2};
+  REQUIRE_THROWS_WITH(scenario_from_json(broken),
+                      "scenario.parallel.layers_per_stage[2]: expected a positive integer (layers), got \"3\"");
+  broken["parallel"]["layers_per_stage"] = 4;
+  REQUIRE_THROWS_WITH(scenario_from_json(broken), StartsWith("scenario.parallel.layers_per_stage: expected \"auto\""));
+  broken = j;
+  broken["parallel"]["slices"] = "many";
+  REQUIRE_THROWS_WITH(scenario_from_json(broken), "scenario.parallel.slices: expected an integer, got \"many\"");
+  // JSON written before the key: an even split.
+  nlohmann::json old = to_json(d);
+  old["parallel"].erase("layers_per_stage");
+  CHECK(scenario_from_json(old) == d);
+}

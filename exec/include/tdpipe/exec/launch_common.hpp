@@ -74,8 +74,9 @@ int resolve_trace_step(int trace_step, int steps);
 
 namespace cpu {
 
-/// The model a run trains: the scenario's, initialised from options.init_seed.
-GptConfig model_config(const ir::Scenario& scenario, const TrainOptions& options);
+/// The model a plan trains: its scenario's, cut into the plan's stage_layers,
+/// initialised from options.init_seed.
+GptConfig model_config(const ir::Plan& plan, const TrainOptions& options);
 /// The training text: options.corpus_path, or the bundled corpus when empty.
 Corpus training_corpus(const TrainOptions& options);
 

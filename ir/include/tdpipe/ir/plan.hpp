@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tdpipe/ir/op.hpp"
@@ -26,6 +27,10 @@ struct Plan {
   /// Tokens in each temporal slice (size S, sums to the sequence length);
   /// empty when not sliced.
   std::vector<int> slice_tokens;
+  /// Transformer layers of each virtual stage (size p·v, sums to the model's layers), as
+  /// the planner partitioned them (parallel.layers_per_stage); empty: layer_range's
+  /// near-equal split. Costs, the memory model and the executor's stages all read it.
+  std::vector<int> stage_layers;
   /// Activation bytes each rank may hold (size p), when the schedule was built under a
   /// memory budget (`auto`); empty: none. validate() checks every rank's peak against it.
   std::vector<double> memory_budget_bytes;
@@ -40,5 +45,12 @@ struct Plan {
   int virtual_stages() const { return stages * chunks; }
   const Op& at(OpRef ref) const { return ranks[ref.rank][ref.index]; }
 };
+
+/// Layers [first, last) of virtual stage `stage` of `stages`: by `partition` (layers per
+/// stage, as Plan::stage_layers) when given, else a near-equal contiguous split of
+/// `layers` in which the last `layers % stages` stages get one more (the first stage
+/// carries the embedding and the last the head). Throws tdpipe::Error when the
+/// partition does not have `stages` entries ≥ 0 summing to `layers`.
+std::pair<int, int> layer_range(const std::vector<int>& partition, int layers, int stage, int stages);
 
 }  // namespace tdpipe::ir

@@ -76,6 +76,15 @@ struct ParallelConfig {
   Recompute recompute = Recompute::None;
   bool sequence_parallel = false;
   int slices = 1;        ///< TD-Pipe temporal slices per micro-batch
+  /// `slices: auto`: the planner picks S and the cut points by TeraPipe's dynamic
+  /// programme (planner::solve_slices_auto); `slices` is then 1 until planned.
+  bool slices_auto = false;
+  /// Layers of each virtual stage (p·chunks entries, each ≥ 1, summing to model.layers);
+  /// empty: an even split, which needs layers divisible by p·chunks.
+  std::vector<int> layers_per_stage;
+  /// `layers_per_stage: auto`: a min-max contiguous partition by the cost model
+  /// (planner::partition_layers), embedding on the first stage, LM head + loss on the last.
+  bool layers_per_stage_auto = false;
   /// Activation memory the `auto` scheduler may use per rank: "1f1b" (p micro-batches,
   /// 1F1B's peak), "2x1f1b", "max" (HBM less weights, gradients and optimizer state) or
   /// a number of GiB.

@@ -20,7 +20,8 @@ struct ScenarioProblem {
 
 /// The first broken rule of `scenario`, or nullopt: every count positive, every
 /// bandwidth and FLOP rate positive and finite, latencies ≥ 0, names from their lists,
-/// t·p·d equal to the cluster's GPUs, layers split evenly over p·v, kv_heads a divisor of
+/// t·p·d equal to the cluster's GPUs, layers split evenly over p·v (or a given
+/// layers_per_stage of p·v entries ≥ 1 summing to the layers), kv_heads a divisor of
 /// heads, hidden/heads/kv_heads/ffn divisible by t, the batch by micro_batch·d,
 /// interleaving's m % p, slices ≤ seq.
 std::optional<ScenarioProblem> find_problem(const Scenario& scenario);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "tdpipe/ir/plan.hpp"
 #include "tdpipe/ir/scenario.hpp"
@@ -26,13 +27,22 @@ int chunks_for(std::string_view schedule, const ir::Scenario& scenario);
 /// about 2.5 GiB while planned and take seconds to simulate.
 inline constexpr std::int64_t kDefaultMaxOps = 10'000'000;
 
+/// build_plan's `slices` for "slices auto" (--slices auto): TeraPipe's cuts.
+inline constexpr int kAutoSlices = -1;
+
+/// The slice lengths `slices: auto` runs for this scenario: solve_slices_terapipe over a
+/// grid of `max_units` cut points, with one slice's time = the bottleneck stage's F+B+W
+/// at that length and prefix (cost model) and its transfer = activation and gradient
+/// over the slowest pipeline link (analytic placement). Model scenarios only.
+std::vector<int> auto_slice_tokens(const ir::Scenario& scenario, int max_units = 128);
+
 /// Upper bound on the ops of the lowered plan: per rank and per (micro-batch, chunk,
 /// slice) F, B and W plus at most four SEND/RECV, and a few per rank for the
 /// optimizer and data-parallel buckets. Computed in 64 bits from the scenario alone.
 std::int64_t estimate_ops(const ir::Scenario& scenario, std::string_view schedule, int slices = 0);
 
 /// Builds the plan of `schedule` for `scenario`; `slices` = 0 takes the
-/// scenario's (tdpipe only; other schedules use 1). Throws tdpipe::Error when the
+/// scenario's, kAutoSlices TeraPipe's (tdpipe and auto only; other schedules use 1). Throws tdpipe::Error when the
 /// schedule cannot run this scenario (e.g. layers not divisible by p·v) or when
 /// estimate_ops exceeds `max_ops` (naming the estimate, its memory and the limit).
 BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, int slices = 0,

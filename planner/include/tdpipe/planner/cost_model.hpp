@@ -125,11 +125,36 @@ std::vector<int> solve_slices(const ir::Scenario& scenario, int slices);
 std::vector<int> solve_slices_by(int seq, int slices,
                                  const std::function<double(double tokens, double prefix)>& cost);
 
+/// TeraPipe's dynamic programme (Li et al., ICML 2021, §3.3) for the number and
+/// lengths of slices: cut points on a grid of min(seq, max_units) units; for each
+/// candidate bound on the longest slice time tⱼ = compute + transfer, the cuts of least
+/// Σ computeᵢ with every tⱼ ≤ bound; the answer minimises the pipeline's
+/// m·Σ computeᵢ + (p−1)·max tⱼ (m micro-batches fill the pipeline once). Returns the
+/// slice lengths (≥ 1, summing to seq; one slice when slicing does not pay).
+std::vector<int> solve_slices_terapipe(int seq, int stages, int microbatches, int max_units,
+                                       const std::function<double(double tokens, double prefix)>& compute,
+                                       const std::function<double(double tokens)>& transfer);
+
+/// Min-max contiguous partition of `layers` layers over stages whose cost with n layers
+/// is n·per_layer[k] + fixed[k] (dynamic programme, exact). Among partitions with the
+/// least bottleneck: the least Σ cost² (most even), then the lexicographically first
+/// (earlier stages lighter). Each stage gets at least one layer.
+std::vector<int> partition_by(int layers, const std::vector<double>& per_layer, const std::vector<double>& fixed);
+
+/// Layers per virtual stage for a plan with `stage_of` (rank → chunks' virtual stages):
+/// parallel.layers_per_stage as given (p·v entries), `auto` (partition_by with each
+/// stage's full-sequence F+B+W per layer on its rank's GPU, plus the embedding on the
+/// first stage and the LM head + loss on the last), else an even split (layers must
+/// divide by the virtual stages). Throws tdpipe::Error naming the field otherwise.
+std::vector<int> partition_layers(const ir::Scenario& scenario, const std::vector<std::vector<int>>& stage_of,
+                                  int virtual_stages);
+
 /// Fills flops / est_seconds / mem_bytes of every compute op of a compute-only plan
 /// (synthetic scenarios: the given per-chunk F/B/W times × synthetic.chunks / plan.chunks,
 /// ÷S per slice; BW = B + W;
-/// mem_bytes from synthetic.activation_bytes) and sets plan.slice_tokens (S > 1,
-/// model scenarios). Layers per chunk = layers / (p · plan.chunks).
+/// mem_bytes from synthetic.activation_bytes) and, for model scenarios, sets
+/// plan.slice_tokens (S > 1, solve_slices, unless already S entries) and
+/// plan.stage_layers (partition_layers, unless already set), which the costs then use.
 void apply_costs(ir::Plan& plan, const ir::Scenario& scenario);
 
 /// What lowering needs: p2p bytes = b·len·h·elem_bytes / t (Megatron's scatter/gather

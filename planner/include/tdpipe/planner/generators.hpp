@@ -31,6 +31,9 @@ struct ScheduleParams {
   /// by its list scheduler; and the cap on in-flight activations per rank
   /// (0 = 1F1B's p − r, in slice units ×S).
   std::vector<double> slice_costs;
+  /// Tokens per slice when the planner chose the cuts (slices auto); empty: apply_costs
+  /// cuts equal-cost slices. Not read by the generators.
+  std::vector<int> slice_tokens;
   int max_inflight = 0;
   AutoCosts auto_costs;  ///< auto only
 };

@@ -2,7 +2,7 @@
 // split into virtual stages, with temporal slices and split backward.
 //
 // Stage s of V holds: the token + position embedding (s = 0), decoder blocks
-// stage_layers(L, s, V) (LN → causal MHA → residual, LN → GeLU MLP → residual),
+// stage_layers(config, s, V) (LN → causal MHA → residual, LN → GeLU MLP → residual),
 // and the final LN, LM head and cross-entropy (s = V − 1). An activation of one
 // (micro-batch, slice) is a (b·T) × hidden matrix, rows sequence-major (row i·T + r
 // is token t0 + r of sequence i). Slice j attends to the keys/values of slices ≤ j
@@ -36,6 +36,8 @@ struct GptConfig {
   int micro_batch = 1;  ///< sequences per micro-batch (b)
   double ln_eps = 1e-5;
   std::uint64_t seed = 1234;  ///< weight initialisation
+  /// Layers of each virtual stage (the plan's stage_layers); empty: a near-equal split.
+  std::vector<int> partition;
 
   /// From a scenario's model (layers, hidden, ffn, heads, seq, vocab) and micro_batch.
   /// Throws tdpipe::Error naming the field when the model cannot run (hidden % heads …).
@@ -49,9 +51,10 @@ struct AdamConfig {
   double eps = 1e-8;
 };
 
-/// Blocks [first, last) that virtual stage `stage` of `stages` holds (near-equal split,
-/// earlier stages get the remainder last; a stage may hold none when stages > layers).
-std::pair<int, int> stage_layers(int layers, int stage, int stages);
+/// Blocks [first, last) that virtual stage `stage` of `stages` holds: by
+/// config.partition when given, else a near-equal split (ir::layer_range; a stage may
+/// hold none when stages > layers).
+std::pair<int, int> stage_layers(const GptConfig& config, int stage, int stages);
 
 /// Parameters GptStage(config, stage, stages) holds — its blocks, plus the embeddings on
 /// stage 0 and the final LayerNorm and LM head on the last — without building it (both
