@@ -6,6 +6,7 @@
 //   build/<dir>/bench/bench_planner            (docs/BENCHMARKS.md records a run)
 //   build/<dir>/bench/bench_planner --build-plan-only   (first section only, e.g. under a profiler)
 //   build/<dir>/bench/bench_planner --phases-only       (build_plan's phases one by one)
+//   build/<dir>/bench/bench_planner --partition-only    (layers_per_stage auto, slices auto)
 #include <malloc.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -257,9 +258,61 @@ void auto_scheduler(int p, int m, int S) {
   }
 }
 
+/// Uneven partitions and TeraPipe's slices: the time of each dynamic programme, what it
+/// chose, and the predicted iteration (analytic engine) beside the even split / fixed S.
+void partition_and_slices() {
+  const std::string dir = std::string(TDPIPE_SOURCE_DIR) + "/scenarios/";
+  auto iteration = [](const planner::BuiltPlan& built) {
+    return static_cast<double>(ir::replay(built.lowered, planner::analytic_durations(built.lowered)).makespan_ns) * 1e-9;
+  };
+  auto list = [](const std::vector<int>& v) {
+    std::string out;
+    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+    return out;
+  };
+  struct Case {
+    const char* file;
+    const char* schedule;
+  };
+  std::printf("layers_per_stage: auto (min-max DP) against the even split:\n");
+  for (const Case c : {Case{"gpt3-175b-a100-8x8.yaml", "1f1b"}, Case{"mixed-a100-h100.yaml", "1f1b"},
+                       Case{"turing-530b-a100-35x8.yaml", "interleaved"}, Case{"llama2-70b-a100-4x8.yaml", "1f1b"}}) {
+    ir::Scenario sc = ir::load_scenario(dir + c.file);
+    const double t_even = iteration(planner::build_plan(sc, c.schedule));
+    sc.parallel.layers_per_stage_auto = true;
+    ir::Plan probe = planner::build_plan(sc, c.schedule).compute_only;
+    const double w0 = wall_now();
+    const std::vector<int> parts = planner::partition_layers(sc, probe.stage_of, probe.virtual_stages());
+    const double wall = wall_now() - w0;
+    const double t_auto = iteration(planner::build_plan(sc, c.schedule));
+    std::printf("  %-28s %-11s DP %7.3f ms  [%s]  iteration %.3f s vs even %.3f s (%+.2f%%)\n", c.file, c.schedule,
+                wall * 1e3, list(parts).c_str(), t_auto, t_even, 100 * (t_auto / t_even - 1));
+  }
+  std::printf("slices: auto (TeraPipe's DP, 128-unit grid) against the scenario's S, tdpipe and auto:max:\n");
+  for (const char* file : {"llama7b-32k-a100-4x8.yaml", "llama7b-64k-a100-8x8.yaml", "llama7b-128k-a100-8x8.yaml",
+                           "gpt3-175b-a100-8x8.yaml"}) {
+    ir::Scenario sc = ir::load_scenario(dir + file);
+    sc.parallel.memory_budget = "max";
+    const double w0 = wall_now();
+    const std::vector<int> cuts = planner::auto_slice_tokens(sc);
+    const double wall = wall_now() - w0;
+    for (const char* schedule : {"tdpipe", "auto"}) {
+      const double t_auto = iteration(planner::build_plan(sc, schedule, planner::kAutoSlices));
+      const double t_fixed = iteration(planner::build_plan(sc, schedule, sc.parallel.slices));
+      std::printf("  %-28s %-6s DP %7.1f ms  S=%zu [%s]  iteration %.3f s vs S=%d %.3f s (%+.2f%%)\n", file, schedule,
+                  wall * 1e3, cuts.size(), list(cuts).c_str(), t_auto, sc.parallel.slices, t_fixed,
+                  100 * (t_auto / t_fixed - 1));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--partition-only") == 0) {
+    partition_and_slices();
+    return 0;
+  }
   std::printf("bench_planner — planner and analytic evaluator\n\n");
   std::printf("Fresh memory on this machine: %.1f ms CPU per 100 MiB first touched (page faults).\n\n",
               fresh_memory_ms_per_100mib());

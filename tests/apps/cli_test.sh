@@ -159,6 +159,33 @@ PY
       expect "$out" 'below 1 s the watchdog would fail healthy runs' "watchdog floor"
     fi
     ;;
+  partition-and-slices)
+    # layers_per_stage: auto on a model whose 30 layers do not divide by 8 stages, and
+    # slices auto; the plan header carries both, sim's table shows TeraPipe's S.
+    sed -e 's/^  layers: 96/  layers: 30/' -e 's/^  global_batch: 64 .*/  global_batch: 8\n  layers_per_stage: auto/' \
+        -e 's/^  slices: 4 .*/  slices: auto/' scenarios/gpt3-175b-a100-8x8.yaml > "$work/uneven.yaml"
+    out=$("$tdpipe" plan "$work/uneven.yaml" --schedule tdpipe 2>&1) || fail "plan exited $?: $out"
+    expect "$out" '^# schedule=tdpipe p=8 m=8 v=1 S=[0-9]+ d=1 lowered=1 slice_tokens=\[[0-9,]+\] stage_layers=\[[0-9,]+\]' "header"
+    python3 - "$out" <<'PY' || fail "stage_layers"
+import re, sys
+layers = [int(x) for x in re.search(r"stage_layers=\[([0-9,]+)\]", sys.argv[1]).group(1).split(",")]
+assert sum(layers) == 30 and len(layers) == 8 and min(layers) >= 1, layers
+cuts = [int(x) for x in re.search(r"slice_tokens=\[([0-9,]+)\]", sys.argv[1]).group(1).split(",")]
+assert sum(cuts) == 2048, cuts
+PY
+    out=$("$tdpipe" plan scenarios/tiny-gpt-cpu.yaml --schedule tdpipe --slices auto 2>&1) || fail "--slices auto exited $?"
+    expect "$out" '^# schedule=tdpipe .* slice_tokens=' "--slices auto"
+    out=$("$tdpipe" plan scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --slices auto 2>&1) && fail "1f1b --slices auto exited 0"
+    expect "$out" '--slices auto: temporal slices apply to the tdpipe and auto schedules only, not 1f1b' "refusal"
+    out=$("$tdpipe" plan scenarios/tiny-gpt-cpu.yaml --slices some 2>&1) && fail "--slices some exited 0"
+    expect "$out" 'expected a positive integer or auto, got some' "--slices some"
+    out=$("$tdpipe" sim "$work/uneven.yaml" --engine analytic --schedule all) || fail "sim exited $?"
+    expect "$out" '^tdpipe S=auto +1 +[0-9]+ ' "tdpipe S=auto row"
+    expect "$out" '^auto:max S=auto +1 +[0-9]+ ' "auto S=auto row"
+    sed -e 's/layers_per_stage: auto/layers_per_stage: [4, 4, 4, 4, 4, 4, 4, 3]/' "$work/uneven.yaml" > "$work/bad.yaml"
+    out=$("$tdpipe" plan "$work/bad.yaml" 2>&1) && fail "a partition of 31 layers exited 0"
+    expect "$out" 'bad.yaml:[0-9]+: parallel.layers_per_stage: the stages hold 31 layers in all; expected model.layers = 30' "sum"
+    ;;
   *) fail "unknown case $case_name" ;;
 esac
 echo "ok: $case_name"

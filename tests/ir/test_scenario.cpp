@@ -387,7 +387,8 @@ TEST_CASE("bad scenarios are rejected with file:line: field: what was expected",
   SECTION("layers must split over pipeline*chunks") {
     REQUIRE_THROWS_WITH(parse(base_with({{3, "  layers: 6"}})),
                         "bad.yaml:3: model.layers: 6 layers do not split evenly over pipeline*chunks = 4*1 = 4 "
-                        "virtual stages; expected a multiple of 4");
+                        "virtual stages; expected a multiple of 4 (or give parallel.layers_per_stage: a list or "
+                        "auto)");
     REQUIRE_THROWS_WITH(parse(base_with({{18, "  chunks: 3"}})),
                         StartsWith("bad.yaml:3: model.layers: 8 layers do not split evenly over pipeline*chunks = 4*3"));
   }
