@@ -1,6 +1,7 @@
 // test_gpu_equivalence.cpp — the CUDA backend trains like the CPU backend: same
 // loss and gradients for 1f1b, zb-h1 and tdpipe S=4 on 4 stages over the loopback
-// transport (and 1f1b with 2 data-parallel replicas), within bf16 tolerances.
+// transport (and 1f1b with 2 data-parallel replicas, and tdpipe S=2 on stages of 3 and
+// 1 layers), within bf16 tolerances.
 //
 // Tolerances. The CPU model is fp64; the GPU rounds every GEMM input to bf16
 // (8 significant bits: unit roundoff u = 2⁻⁸ ≈ 3.9e-3, each rounding ≤ u/2) and
@@ -32,12 +33,15 @@ constexpr double kGradTol = 3e-2;
 struct Case {
   std::string schedule;
   int slices, p, d, m;
+  std::vector<int> layers = {};  // parallel.layers_per_stage; empty: even
 };
 
 void check_case(const Case& c) {
-  const ir::Scenario sc = cuda::test::tiny_scenario(c.p, c.d, c.m);
+  ir::Scenario sc = cuda::test::tiny_scenario(c.p, c.d, c.m);
+  sc.parallel.layers_per_stage = c.layers;
   const auto built = planner::build_plan(sc, c.schedule, c.slices);
   REQUIRE(built.lowered.lowered);
+  if (!c.layers.empty()) REQUIRE(built.lowered.stage_layers == c.layers);
 
   // Step 0's gradients come from identical weights: a pure precision comparison.
   {
@@ -86,4 +90,7 @@ TEST_CASE("CUDA loopback matches the CPU backend: tdpipe S=4, 4 stages", "[gpu][
 }
 TEST_CASE("CUDA loopback matches the CPU backend: 1f1b, 2 stages x 2 replicas", "[gpu][equivalence]") {
   check_case({"1f1b", 1, 2, 2, 4});
+}
+TEST_CASE("CUDA loopback matches the CPU backend: tdpipe S=2, uneven stages of 3 and 1 layers", "[gpu][equivalence]") {
+  check_case({"tdpipe", 2, 2, 1, 4, {3, 1}});
 }
