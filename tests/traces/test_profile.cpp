@@ -113,3 +113,27 @@ TEST_CASE("profile fields outside what a measurement can be are rejected", "[tra
   CHECK_THROWS_WITH(read_profile(path), path + ": top level: key \"stages\" given twice; expected each key once");
   std::remove(path.c_str());
 }
+
+TEST_CASE("a profile of another stage partition is refused - the same one applies", "[traces][profile]") {
+  // 4 layers on 2 stages: the profile measured 2 + 2; a plan of 1 + 3 must not take it.
+  ir::Plan plan;
+  plan.schedule = "1f1b";
+  plan.stages = 2;
+  plan.microbatches = 1;
+  plan.stage_of = {{0}, {1}};
+  plan.scenario.name = "tiny-gpt-cpu";
+  plan.scenario.model.layers = 4;
+  ir::Op f;
+  f.kind = ir::OpKind::F;
+  f.mb = 0;
+  plan.ranks = {{f}, {f}};
+  Profile p = sample();
+  p.ops = {{ir::OpKind::F, 0, -1, 2, 1e-3, 10}, {ir::OpKind::F, 1, -1, 2, 2e-3, 10}};
+  ir::Plan even = plan;
+  CHECK(apply_profile(p, even, true).ops_from_profile == 2);
+  CHECK(even.ranks[1][0].est_seconds == Approx(2e-3));
+  plan.stage_layers = {1, 3};
+  CHECK_THROWS_WITH(apply_profile(p, plan, true),
+                    "profile was measured with 2 layers on virtual stage 0, the plan puts 1 there "
+                    "(parallel.layers_per_stage); calibrate with this partition first");
+}

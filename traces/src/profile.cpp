@@ -123,6 +123,22 @@ ProfileApplied apply_profile(const Profile& profile, ir::Plan& plan, bool ops_on
     throw Error(fmt::format("profile was measured with p = {} pipeline stages, the plan has p = {}; "
                             "its per-chunk op times do not apply",
                             profile.stages, plan.stages));
+  // A stage's measured times hold for its layers only: a profile of the same stage
+  // layout but another partition (parallel.layers_per_stage) would price the plan's
+  // stages with the wrong work. (Other layouts — other chunk counts — are matched by
+  // stage index as before; making them transfer is calibration's own work.)
+  int profiled_stages = 0;
+  for (const auto& op : profile.ops) profiled_stages = std::max(profiled_stages, op.virtual_stage + 1);
+  if (!plan.scenario.synthetic && plan.scenario.model.layers > 0 && profiled_stages == plan.virtual_stages())
+    for (const auto& op : profile.ops) {
+      if (op.virtual_stage < 0 || op.virtual_stage >= plan.virtual_stages() || op.layers <= 0) continue;
+      const auto [a, b] =
+          ir::layer_range(plan.stage_layers, plan.scenario.model.layers, op.virtual_stage, plan.virtual_stages());
+      if (b - a != op.layers)
+        throw Error(fmt::format("profile was measured with {} layers on virtual stage {}, the plan puts {} there "
+                                "(parallel.layers_per_stage); calibrate with this partition first",
+                                op.layers, op.virtual_stage, b - a));
+    }
   ProfileApplied applied;
   for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
     for (ir::Op& op : plan.ranks[r]) {
