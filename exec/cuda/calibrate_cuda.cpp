@@ -186,6 +186,8 @@ traces::Profile calibrate(const ir::Plan& plan, const CudaCalibrateOptions& opti
   prof.metadata["schedule"] = plan.schedule;
   prof.metadata["chunks"] = std::to_string(plan.chunks);
   prof.metadata["slices"] = std::to_string(plan.slices);
+  for (std::size_t j = 0; j < plan.slice_tokens.size(); ++j)
+    prof.metadata["slice_tokens"] += (j ? "," : "") + std::to_string(plan.slice_tokens[j]);
   prof.metadata["data"] = std::to_string(plan.data);
   prof.metadata["measured_steps"] = std::to_string(options.steps);
   prof.metadata["median_iteration_seconds"] = it.str();

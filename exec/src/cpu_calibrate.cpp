@@ -267,6 +267,7 @@ traces::Profile calibrate(const ir::Plan& plan, const CalibrateOptions& options)
   prof.metadata["schedule"] = plan.schedule;
   prof.metadata["chunks"] = std::to_string(plan.chunks);
   prof.metadata["slices"] = std::to_string(plan.slices);
+  if (!plan.slice_tokens.empty()) prof.metadata["slice_tokens"] = fmt::format("{}", fmt::join(plan.slice_tokens, ","));
   prof.metadata["data"] = std::to_string(plan.data);
   prof.metadata["measured_steps"] = std::to_string(options.steps);
   prof.metadata["median_iteration_seconds"] = fmt::format("{:.9g}", median(iters));

@@ -110,6 +110,15 @@ GptConfig model_config(const ir::Plan& plan, const TrainOptions& options) {
   GptConfig c = GptConfig::from_scenario(plan.scenario);
   c.seed = options.init_seed;
   c.partition = plan.stage_layers;
+  // A plan without its partition (an older file): the scenario's list, if it gave one;
+  // `auto` is the planner's choice, which the executor does not re-make.
+  const auto& par = plan.scenario.parallel;
+  if (c.partition.empty() && !par.layers_per_stage.empty() &&
+      static_cast<int>(par.layers_per_stage.size()) == plan.virtual_stages())
+    c.partition = par.layers_per_stage;
+  if (c.partition.empty() && par.layers_per_stage_auto)
+    throw Error(fmt::format("{}: the plan has no stage_layers and the scenario says layers_per_stage: auto; "
+                            "re-plan it (tdpipe plan) so the partition is in the plan", plan.scenario.name));
   return c;
 }
 

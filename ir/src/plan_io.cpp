@@ -600,6 +600,12 @@ Plan plan_from_text(std::string_view text) {
   plan.lowered = h.lowered.value_or(header ? false : in.comm);
   plan.slice_tokens = h.slice_tokens.value_or(std::vector<int>{});
   plan.stage_layers = h.stage_layers.value_or(std::vector<int>{});
+  if (!plan.stage_layers.empty() &&
+      static_cast<long long>(plan.stage_layers.size()) != static_cast<long long>(plan.stages) * plan.chunks)
+    throw Error(fmt::format("plan text header: stage_layers has {} entries; expected one per virtual stage "
+                            "(p*v = {}*{})", plan.stage_layers.size(), plan.stages, plan.chunks));
+  for (int n : plan.stage_layers)
+    if (n < 0) throw Error(fmt::format("plan text header: stage_layers has a stage of {} layers; expected ≥ 0", n));
   plan.stage_of = h.stage_of.value_or(default_stage_of(plan.stages, plan.chunks));
   return plan;
 }

@@ -192,6 +192,9 @@ void check_synthetic(Rules& r, const Scenario& s) {
   r.non_negative("synthetic.p2p_latency_seconds", y.p2p_latency_seconds, "per cross-rank dependency");
   r.non_negative("synthetic.activation_bytes", y.activation_bytes, "bytes one F keeps alive");
   r.count("synthetic.slices", s.parallel.slices, "temporal slices per micro-batch");
+  if (r.ok() && s.parallel.slices_auto)
+    r.fail("synthetic.slices", "expected a count: auto cuts a model's tokens by the cost model, and a synthetic "
+                               "scenario has none");
   check_budget(r, "synthetic.memory_budget", s.parallel.memory_budget);
   check_interleaving(r, "synthetic.chunks", y.chunks, y.microbatches, y.stages);
   // The readers mirror the shape into `parallel`; a hand-edited JSON must agree.

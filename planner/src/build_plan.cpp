@@ -151,8 +151,11 @@ std::vector<int> auto_slice_tokens(const ir::Scenario& sc, int max_units) {
 
 std::int64_t estimate_ops(const ir::Scenario& scenario, std::string_view schedule, int slices) {
   const std::int64_t per_unit = 3 + 4;  // F, B, W; SEND/RECV of activation and gradient
-  const std::int64_t units = std::int64_t{scenario.microbatches()} * chunks_for(schedule, scenario) *
-                             slices_for(schedule, scenario, slices);
+  // slices auto: at most one slice per unit of the solver's grid.
+  const std::int64_t S = wants_auto_slices(schedule, scenario, slices)
+                             ? std::min<std::int64_t>(std::max(1, scenario.model.seq), kAutoSliceUnits)
+                             : slices_for(schedule, scenario, slices);
+  const std::int64_t units = std::int64_t{scenario.microbatches()} * chunks_for(schedule, scenario) * S;
   const std::int64_t per_rank_extra = 64;  // OPT, data-parallel buckets (few) and their batches
   return std::int64_t{scenario.stages()} * (units * per_unit + per_rank_extra);
 }
@@ -167,8 +170,13 @@ BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, in
     throw Error(fmt::format("--slices {}: temporal slices apply to the tdpipe and auto schedules only, not {}",
                             slices == kAutoSlices ? "auto" : std::to_string(slices), schedule));
   if (wants_auto_slices(schedule, scenario, slices)) {
-    params.slice_tokens = auto_slice_tokens(scenario);
-    params.slices = static_cast<int>(params.slice_tokens.size());
+    // Refuse an absurd plan before solving (even one slice is too many ops), then
+    // check again with the S chosen.
+    if (estimate_ops(scenario, schedule, 1) <= max_ops) {
+      params.slice_tokens = auto_slice_tokens(scenario, kAutoSliceUnits);
+      params.slices = static_cast<int>(params.slice_tokens.size());
+      if (params.slices == 1) params.slice_tokens.clear();  // not sliced: the plan says so
+    }
     slices = params.slices;
   }
   if (const std::int64_t ops = estimate_ops(scenario, schedule, slices); ops > max_ops) {
@@ -190,16 +198,23 @@ BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, in
   // Equal-cost slices (solve_slices) leave params.slice_costs empty: every slice costs the
   // same given its prefix, which the tdpipe list scheduler then assumes. TeraPipe's cuts
   // are not equal: their relative costs go to the scheduler.
+  // Costs of the bottleneck stage, on which the cuts were chosen.
   if (!params.slice_tokens.empty() && params.slices > 1) {
     ir::Plan probe = detail::plan_skeleton(schedule, params.stages, 1, 1, params.slices);
     probe.scenario = scenario;
+    probe.data = scenario.parallel.data;
     probe.slice_tokens = params.slice_tokens;
-    for (int j = 0; j < params.slices; ++j)
-      for (ir::OpKind k : {ir::OpKind::F, ir::OpKind::B, ir::OpKind::W})
-        probe.ranks[0].push_back(detail::compute_op(k, 0, 0, j));
+    for (auto& ops : probe.ranks)
+      for (int j = 0; j < params.slices; ++j)
+        for (ir::OpKind k : {ir::OpKind::F, ir::OpKind::B, ir::OpKind::W}) ops.push_back(detail::compute_op(k, 0, 0, j));
     apply_costs(probe, scenario);
-    params.slice_costs.assign(static_cast<std::size_t>(params.slices), 0.0);
-    for (const ir::Op& op : probe.ranks[0]) params.slice_costs[static_cast<std::size_t>(op.slice)] += op.est_seconds;
+    double worst = -1;
+    for (const auto& ops : probe.ranks) {
+      std::vector<double> costs(static_cast<std::size_t>(params.slices), 0.0);
+      double total = 0;
+      for (const ir::Op& op : ops) costs[static_cast<std::size_t>(op.slice)] += op.est_seconds, total += op.est_seconds;
+      if (total > worst) worst = total, params.slice_costs = std::move(costs);
+    }
   }
 
   BuiltPlan out;

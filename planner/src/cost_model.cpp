@@ -302,9 +302,12 @@ OpCost pick(const LayerCostD& c, OpKind kind) {
                           ir::to_string(kind)));
 }
 
-/// Layers of each virtual stage of `plan`: plan.stage_layers (checked against the model).
+/// Layers of each virtual stage of `plan`: plan.stage_layers (checked against the
+/// model), or — a plan without them (older files, built by hand) — the partition the
+/// planner gives its scenario.
 std::vector<int> chunk_layers(const ir::Plan& plan, const ir::Scenario& sc) {
   const int vstages = plan.virtual_stages();
+  if (plan.stage_layers.empty()) return partition_layers(sc, plan.stage_of, vstages);
   std::vector<int> out(static_cast<std::size_t>(std::max(0, vstages)));
   for (int vs = 0; vs < vstages; ++vs) {
     const auto [a, b] = ir::layer_range(plan.stage_layers, sc.model.layers, vs, vstages);
@@ -503,6 +506,15 @@ std::vector<int> partition_by(int layers, const std::vector<double>& per_layer, 
   const int V = static_cast<int>(per_layer.size());
   if (V < 1 || static_cast<int>(fixed.size()) != V || layers < V)
     throw Error(fmt::format("partition: {} layers over {} stages; expected at least one layer per stage", layers, V));
+  // O(V·(L−V)²) time in two (V+1)·(L+1) tables: refuse what would not finish.
+  const double work = double(V) * double(layers - V + 1) * double(layers - V + 1);
+  if (work > 4e9 || double(V + 1) * double(layers + 1) > 2e7)
+    throw Error(fmt::format("partition: {} layers over {} stages is beyond what the partition programme "
+                            "solves in seconds; give parallel.layers_per_stage as a list", layers, V));
+  for (int k = 0; k < V; ++k)
+    if (!std::isfinite(per_layer[k]) || !std::isfinite(fixed[k]) || per_layer[k] < 0 || fixed[k] < 0)
+      throw Error(fmt::format("partition: stage {} costs {} per layer + {}; expected finite costs ≥ 0", k,
+                              per_layer[k], fixed[k]));
   auto cost = [&](int k, int n) { return n * per_layer[k] + fixed[k]; };
   // g[k][i]: the least bottleneck of stages k … V−1 holding layers i … L−1.
   const double inf = std::numeric_limits<double>::infinity();
@@ -515,18 +527,35 @@ std::vector<int> partition_by(int layers, const std::vector<double>& per_layer, 
   // Among the partitions with that bottleneck, the most even (least Σ cost², so the
   // stages other than the bottleneck are not starved), then the lexicographically first:
   // earlier stages — which hold the most in-flight micro-batches under 1F1B — lighter.
-  const double best = g[0][0];
+  // Sums of the same squares in another order round differently: values within a
+  // relative 1e-12 are ties, and each state records its choice (the fewest layers
+  // among them), which the forward pass then follows.
+  constexpr double kTie = 1e-12;
+  const double best = g[0][0] * (1 + kTie);
   std::vector<std::vector<double>> h(V + 1, std::vector<double>(layers + 1, inf));
+  std::vector<std::vector<int>> pick(V, std::vector<int>(layers + 1, 0));
   h[V][layers] = 0;
   for (int k = V - 1; k >= 0; --k)
-    for (int i = k; i <= layers - (V - k); ++i)
-      for (int n = 1; i + n <= layers - (V - k - 1); ++n)
-        if (cost(k, n) <= best && h[k + 1][i + n] < inf)
-          h[k][i] = std::min(h[k][i], cost(k, n) * cost(k, n) + h[k + 1][i + n]);
+    for (int i = k; i <= layers - (V - k); ++i) {
+      auto value = [&](int n) {
+        const double c = cost(k, n);
+        return c <= best && h[k + 1][i + n] < inf ? c * c + h[k + 1][i + n] : inf;
+      };
+      const int last = layers - (V - k - 1) - i;  // the most layers stage k may take
+      double least = inf;
+      for (int n = 1; n <= last; ++n) least = std::min(least, value(n));
+      if (least == inf) continue;
+      for (int n = 1; n <= last; ++n)
+        if (value(n) <= least * (1 + kTie)) {
+          h[k][i] = least;
+          pick[k][i] = n;
+          break;
+        }
+    }
+  if (h[0][0] == inf) throw Error("partition: no partition within the bottleneck (internal error)");
   std::vector<int> out;
   for (int k = 0, i = 0; k < V; ++k) {
-    int n = 1;
-    while (!(cost(k, n) <= best && cost(k, n) * cost(k, n) + h[k + 1][i + n] <= h[k][i])) ++n;
+    const int n = pick[k][i];
     out.push_back(n);
     i += n;
   }
@@ -578,7 +607,8 @@ std::vector<int> solve_slices_terapipe(int seq, int stages, int microbatches, in
   if (seq < 1 || stages < 1 || microbatches < 1 || max_units < 1)
     throw Error(fmt::format("slices auto: seq = {}, p = {}, m = {}, units = {}; expected all ≥ 1", seq, stages,
                             microbatches, max_units));
-  // Cut points on a grid of G units (the last unit takes the remainder), as TeraPipe does.
+  // Cut points on a grid of G units (⌊seq·u/G⌋, so unit lengths differ by at most one
+  // token), as TeraPipe does.
   const int G = std::min(seq, max_units);
   std::vector<int> at(static_cast<std::size_t>(G) + 1);
   for (int u = 0; u <= G; ++u) at[u] = static_cast<int>(static_cast<long long>(seq) * u / G);

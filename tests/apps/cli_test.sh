@@ -173,12 +173,17 @@ assert sum(layers) == 30 and len(layers) == 8 and min(layers) >= 1, layers
 cuts = [int(x) for x in re.search(r"slice_tokens=\[([0-9,]+)\]", sys.argv[1]).group(1).split(",")]
 assert sum(cuts) == 2048, cuts
 PY
-    out=$("$tdpipe" plan scenarios/tiny-gpt-cpu.yaml --schedule tdpipe --slices auto 2>&1) || fail "--slices auto exited $?"
-    expect "$out" '^# schedule=tdpipe .* slice_tokens=' "--slices auto"
+    # The key and the option agree.
+    sed -e 's/slices: auto/slices: 1/' "$work/uneven.yaml" > "$work/fixed.yaml"
+    a=$("$tdpipe" plan "$work/uneven.yaml" --schedule tdpipe | head -1)
+    b=$("$tdpipe" plan "$work/fixed.yaml" --schedule tdpipe --slices auto | head -1) || fail "--slices auto exited $?"
+    [ "$a" = "$b" ] || fail "slices: auto and --slices auto differ: $a vs $b"
     out=$("$tdpipe" plan scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --slices auto 2>&1) && fail "1f1b --slices auto exited 0"
     expect "$out" '--slices auto: temporal slices apply to the tdpipe and auto schedules only, not 1f1b' "refusal"
-    out=$("$tdpipe" plan scenarios/tiny-gpt-cpu.yaml --slices some 2>&1) && fail "--slices some exited 0"
-    expect "$out" 'expected a positive integer or auto, got some' "--slices some"
+    for bad in some 0 -1 1e3; do
+      out=$("$tdpipe" plan scenarios/tiny-gpt-cpu.yaml --schedule tdpipe --slices "$bad" 2>&1) && fail "--slices $bad exited 0"
+      expect "$out" "expected a positive integer or auto, got $bad" "--slices $bad"
+    done
     out=$("$tdpipe" sim "$work/uneven.yaml" --engine analytic --schedule all) || fail "sim exited $?"
     expect "$out" '^tdpipe S=auto +1 +[0-9]+ ' "tdpipe S=auto row"
     expect "$out" '^auto:max S=auto +1 +[0-9]+ ' "auto S=auto row"

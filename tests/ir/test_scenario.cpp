@@ -635,6 +635,12 @@ TEST_CASE("parallel.layers_per_stage and slices auto: what they accept - errors 
   broken = j;
   broken["parallel"]["slices"] = "many";
   REQUIRE_THROWS_WITH(scenario_from_json(broken), "scenario.parallel.slices: expected an integer, got \"many\"");
+  // A synthetic scenario has no tokens for slices auto: YAML and JSON both say so.
+  REQUIRE_THROWS_WITH(parse("synthetic: {stages: 2, microbatches: 4, slices: auto, time: {F: 1, B: 1, W: 1}}\n"),
+                      StartsWith("bad.yaml:1: synthetic.slices: expected a positive integer"));
+  nlohmann::json syn = to_json(parse("synthetic: {stages: 2, microbatches: 4, time: {F: 1, B: 1, W: 1}}\n"));
+  syn["parallel"]["slices"] = "auto";
+  REQUIRE_THROWS_WITH(scenario_from_json(syn), StartsWith("scenario.synthetic.slices: expected a count: auto cuts"));
   // JSON written before the key: an even split.
   nlohmann::json old = to_json(d);
   old["parallel"].erase("layers_per_stage");

@@ -66,28 +66,30 @@ TEST_CASE("partition_by is the exact min-max partition - then the most even - th
       for (int k = 0; k < V; ++k) worst = std::max(worst, parts[k] * per_layer[k] + fixed[k]);
       return worst;
     };
-    // Σ cost² summed from the last stage, as the programme does (same rounding).
     auto squares = [&](const std::vector<int>& parts) {
       double h = 0;
-      for (int k = V - 1; k >= 0; --k) {
-        const double c = parts[k] * per_layer[k] + fixed[k];
-        h = c * c + h;
-      }
+      for (int k = 0; k < V; ++k) h += (parts[k] * per_layer[k] + fixed[k]) * (parts[k] * per_layer[k] + fixed[k]);
       return h;
     };
+    // Values equal up to rounding are ties (relative 1e-9 here, far above rounding and far
+    // below any real difference of these costs).
+    auto same = [](double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b)); };
     double best = std::numeric_limits<double>::infinity();
     std::vector<int> prefix;
     compositions(L, V, prefix, [&](const std::vector<int>& c) { best = std::min(best, bottleneck(c)); });
     double least = std::numeric_limits<double>::infinity();
-    std::vector<int> first_best;
     compositions(L, V, prefix, [&](const std::vector<int>& c) {
-      if (bottleneck(c) == best && squares(c) < least) least = squares(c), first_best = c;
+      if (same(bottleneck(c), best)) least = std::min(least, squares(c));
+    });
+    std::vector<int> first_best;  // compositions come in lexicographic order
+    compositions(L, V, prefix, [&](const std::vector<int>& c) {
+      if (first_best.empty() && same(bottleneck(c), best) && same(squares(c), least)) first_best = c;
     });
     const std::vector<int> got = planner::partition_by(L, per_layer, fixed);
     INFO("trial " << trial << " L " << L << " V " << V);
     REQUIRE(static_cast<int>(got.size()) == V);
     CHECK(std::accumulate(got.begin(), got.end(), 0) == L);
-    CHECK(bottleneck(got) == best);
+    CHECK(same(bottleneck(got), best));
     // Then the most even, then the lexicographically first (earlier stages lighter).
     CHECK(got == first_best);
   }
@@ -95,6 +97,20 @@ TEST_CASE("partition_by is the exact min-max partition - then the most even - th
   // 32 layers over 4 stages: bottleneck 9 (the last stage at most 7), and of the
   // partitions reaching it 8, 8, 9, 7 is the most even and first.
   CHECK(planner::partition_by(12, {1, 1, 1}, {0, 0, 0}) == std::vector<int>{4, 4, 4});
+  // Uniform non-integer costs, layers not dividing: the extra layers go last, whatever
+  // order the squares were summed in (0.1 and 0.0029 are not exact in binary).
+  for (double c : {0.1, 0.0029, 0.3}) {
+    INFO("per-layer cost " << c);
+    CHECK(planner::partition_by(97, std::vector<double>(8, c), std::vector<double>(8, 0.0)) ==
+          std::vector<int>{12, 12, 12, 12, 12, 12, 12, 13});
+    CHECK(planner::partition_by(13, std::vector<double>(3, c), std::vector<double>(3, 0.0)) ==
+          std::vector<int>{4, 4, 5});
+    CHECK(planner::partition_by(30, std::vector<double>(8, c), std::vector<double>(8, 0.0)) ==
+          std::vector<int>{3, 3, 4, 4, 4, 4, 4, 4});
+  }
+  CHECK_THROWS_WITH(planner::partition_by(100000, std::vector<double>(1000, 1.0), std::vector<double>(1000, 0.0)),
+                    Catch::Contains("give parallel.layers_per_stage as a list"));
+  CHECK_THROWS_WITH(planner::partition_by(4, {1, std::nan("")}, {0, 0}), Catch::Contains("expected finite costs"));
   CHECK(planner::partition_by(32, {1, 1, 1, 1}, {0, 0, 0, 1.5}) == std::vector<int>{8, 8, 9, 7});
   CHECK_THROWS_WITH(planner::partition_by(2, {1, 1, 1}, {0, 0, 0}), Catch::Contains("at least one layer per stage"));
 }
@@ -219,6 +235,37 @@ TEST_CASE("TeraPipe's slice DP finds the optimum of the grid - more slices as th
       CHECK(at == seq);
       CHECK(m * sum + (p - 1) * worst == Approx(best).epsilon(1e-12));
       if (p == 1) CHECK(got.size() == 1);  // no fill to hide: every cut only adds overhead
+    }
+  // A coarse grid (seq 40 on 8 units, cut points at ⌊40u/8⌋): the optimum over every
+  // composition of the 8 units.
+  for (int p : {2, 8})
+    for (int m : {1, 4}) {
+      const int G = 8, long_seq = 40;
+      double best = std::numeric_limits<double>::infinity();
+      std::vector<int> prefix;
+      for (int S = 1; S <= G; ++S)
+        compositions(G, S, prefix, [&](const std::vector<int>& units) {
+          double sum = 0, worst = 0;
+          int u = 0;
+          for (int n : units) {
+            const double a = long_seq * u / G, b = long_seq * (u + n) / G;
+            sum += compute(b - a, a);
+            worst = std::max(worst, compute(b - a, a) + transfer(b - a));
+            u += n;
+          }
+          best = std::min(best, m * sum + (p - 1) * worst);
+        });
+      const std::vector<int> got = planner::solve_slices_terapipe(long_seq, p, m, G, compute, transfer);
+      double sum = 0, worst = 0, at = 0;
+      for (int len : got) {
+        CHECK(len % (long_seq / G) == 0);  // on the grid
+        sum += compute(len, at);
+        worst = std::max(worst, compute(len, at) + transfer(len));
+        at += len;
+      }
+      INFO("coarse grid: p " << p << " m " << m);
+      CHECK(at == long_seq);
+      CHECK(m * sum + (p - 1) * worst == Approx(best).epsilon(1e-12));
     }
   // Deeper pipelines with few micro-batches cut finer; later slices (longer prefix) are shorter.
   const auto shallow = planner::solve_slices_terapipe(seq, 2, 16, 64, compute, transfer);

@@ -137,3 +137,25 @@ TEST_CASE("a profile of another stage partition is refused - the same one applie
                     "profile was measured with 2 layers on virtual stage 0, the plan puts 1 there "
                     "(parallel.layers_per_stage); calibrate with this partition first");
 }
+
+TEST_CASE("a profile of other slice cuts is refused for a plan with as many slices", "[traces][profile]") {
+  ir::Plan plan;
+  plan.schedule = "tdpipe";
+  plan.stages = 2;
+  plan.microbatches = 1;
+  plan.slices = 2;
+  plan.stage_of = {{0}, {1}};
+  plan.scenario.name = "tiny-gpt-cpu";
+  plan.scenario.model.layers = 4;
+  plan.slice_tokens = {40, 24};
+  Profile p = sample();
+  p.metadata["slice_tokens"] = "40,24";
+  ir::Plan same = plan;
+  CHECK_NOTHROW(apply_profile(p, same, true));
+  plan.slice_tokens = {36, 28};
+  CHECK_THROWS_WITH(apply_profile(p, plan, true), "profile was measured with slices of [40,24] tokens, the plan "
+                                                  "cuts [36,28]; calibrate with these slices first (same --slices)");
+  plan.slices = 3;  // another S: matched by slice index as before
+  plan.slice_tokens = {30, 20, 14};
+  CHECK_NOTHROW(apply_profile(p, plan, true));
+}

@@ -139,6 +139,15 @@ ProfileApplied apply_profile(const Profile& profile, ir::Plan& plan, bool ops_on
                                 "(parallel.layers_per_stage); calibrate with this partition first",
                                 op.layers, op.virtual_stage, b - a));
     }
+  // Slice times hold for the slices' lengths: a profile of S slices cut otherwise (equal
+  // cost vs slices auto) is refused for a plan with the same S.
+  if (auto it = profile.metadata.find("slice_tokens"); it != profile.metadata.end() && plan.slices > 1) {
+    const std::string mine = fmt::format("{}", fmt::join(plan.slice_tokens, ","));
+    const auto measured = static_cast<int>(std::count(it->second.begin(), it->second.end(), ',')) + 1;
+    if (measured == plan.slices && it->second != mine)
+      throw Error(fmt::format("profile was measured with slices of [{}] tokens, the plan cuts [{}]; calibrate "
+                              "with these slices first (same --slices)", it->second, mine));
+  }
   ProfileApplied applied;
   for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
     for (ir::Op& op : plan.ranks[r]) {

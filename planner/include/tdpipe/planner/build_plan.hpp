@@ -30,15 +30,19 @@ inline constexpr std::int64_t kDefaultMaxOps = 10'000'000;
 /// build_plan's `slices` for "slices auto" (--slices auto): TeraPipe's cuts.
 inline constexpr int kAutoSlices = -1;
 
+/// The grid of TeraPipe's cut points that `slices: auto` plans on (units of the sequence).
+inline constexpr int kAutoSliceUnits = 128;
+
 /// The slice lengths `slices: auto` runs for this scenario: solve_slices_terapipe over a
-/// grid of `max_units` cut points, with one slice's time = the bottleneck stage's F+B+W
-/// at that length and prefix (cost model) and its transfer = activation and gradient
-/// over the slowest pipeline link (analytic placement). Model scenarios only.
-std::vector<int> auto_slice_tokens(const ir::Scenario& scenario, int max_units = 128);
+/// grid of `max_units` cut points, with one slice's compute = the bottleneck stage's
+/// F+B+W at that length and prefix (cost model) and its transfer = activation and
+/// gradient over the slowest pipeline link (analytic placement). Model scenarios only.
+std::vector<int> auto_slice_tokens(const ir::Scenario& scenario, int max_units = kAutoSliceUnits);
 
 /// Upper bound on the ops of the lowered plan: per rank and per (micro-batch, chunk,
 /// slice) F, B and W plus at most four SEND/RECV, and a few per rank for the
-/// optimizer and data-parallel buckets. Computed in 64 bits from the scenario alone.
+/// optimizer and data-parallel buckets. Computed in 64 bits from the scenario alone;
+/// slices auto counts the most slices the solver can choose (one per grid unit).
 std::int64_t estimate_ops(const ir::Scenario& scenario, std::string_view schedule, int slices = 0);
 
 /// Builds the plan of `schedule` for `scenario`; `slices` = 0 takes the
