@@ -175,8 +175,10 @@ assert sum(cuts) == 2048, cuts
 PY
     # The key and the option agree.
     sed -e 's/slices: auto/slices: 1/' "$work/uneven.yaml" > "$work/fixed.yaml"
-    a=$("$tdpipe" plan "$work/uneven.yaml" --schedule tdpipe | head -1)
-    b=$("$tdpipe" plan "$work/fixed.yaml" --schedule tdpipe --slices auto | head -1) || fail "--slices auto exited $?"
+    # (whole outputs to files: `| head -1` would cut tdpipe's stdout short under pipefail)
+    "$tdpipe" plan "$work/uneven.yaml" --schedule tdpipe -o "$work/a.txt" || fail "plan exited $?"
+    "$tdpipe" plan "$work/fixed.yaml" --schedule tdpipe --slices auto -o "$work/b.txt" || fail "--slices auto exited $?"
+    a=$(head -1 "$work/a.txt"); b=$(head -1 "$work/b.txt")
     [ "$a" = "$b" ] || fail "slices: auto and --slices auto differ: $a vs $b"
     out=$("$tdpipe" plan scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --slices auto 2>&1) && fail "1f1b --slices auto exited 0"
     expect "$out" '--slices auto: temporal slices apply to the tdpipe and auto schedules only, not 1f1b' "refusal"
