@@ -24,6 +24,7 @@
 #include "tdpipe/ir/replay.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/ir/validate.hpp"
+#include "tdpipe/planner/balance.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/cost_model.hpp"
 #include "tdpipe/planner/evaluator.hpp"
@@ -287,6 +288,23 @@ void partition_and_slices() {
     const double t_auto = iteration(planner::build_plan(sc, c.schedule));
     std::printf("  %-28s %-11s DP %7.3f ms  [%s]  iteration %.3f s vs even %.3f s (%+.2f%%)\n", c.file, c.schedule,
                 wall * 1e3, list(parts).c_str(), t_auto, t_even, 100 * (t_auto / t_even - 1));
+  }
+  std::printf("load balancer (planner::rebalance: partition <-> bottleneck assignment):\n");
+  for (const auto& [file, slow] : {std::pair<const char*, std::vector<double>>{"mixed-a100-h100.yaml", {1, 1, 1, 1}},
+                                   {"llama2-70b-a100-4x8.yaml", {1, 2, 1, 1}},
+                                   {"gpt3-175b-a100-8x8.yaml", {1, 1, 1, 1.5, 1, 1, 1, 1}}}) {
+    const ir::Scenario sc = ir::load_scenario(dir + file);
+    const double w0 = wall_now();
+    const planner::Rebalance b = planner::rebalance(sc, slow);
+    const double wall = wall_now() - w0;
+    std::printf("  %-28s slowdown [%s]  %7.3f ms  layers [%s] -> [%s]  slowest/fastest %+.1f%% -> %+.1f%%  (%d rounds)\n",
+                file, [&] {
+                  std::string o;
+                  for (std::size_t i = 0; i < slow.size(); ++i) o += (i ? "," : "") + std::to_string(slow[i]).substr(0, 4);
+                  return o;
+                }().c_str(),
+                wall * 1e3, list(b.layers_before).c_str(), list(b.layers_after).c_str(), 100 * b.spread_before,
+                100 * b.spread_after, b.rounds);
   }
   std::printf("slices: auto (TeraPipe's DP, 128-unit grid) against the scenario's S, tdpipe and auto:max:\n");
   for (const char* file : {"llama7b-32k-a100-4x8.yaml", "llama7b-64k-a100-8x8.yaml", "llama7b-128k-a100-8x8.yaml",

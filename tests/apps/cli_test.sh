@@ -193,6 +193,38 @@ PY
     out=$("$tdpipe" plan "$work/bad.yaml" 2>&1) && fail "a partition of 31 layers exited 0"
     expect "$out" 'bad.yaml:[0-9]+: parallel.layers_per_stage: the stages hold 31 layers in all; expected model.layers = 30' "sum"
     ;;
+  balance)
+    # A simulated iteration with pipeline rank 1 made twice as slow (a straggler), then
+    # the balancer: rank 1 gives up layers, the stages end within 15 %, and the
+    # balanced scenario it writes plans with that partition.
+    "$tdpipe" sim scenarios/llama2-70b-a100-4x8.yaml --engine analytic --schedule 1f1b --trace-out "$work/t.json" \
+        > /dev/null || fail "sim exited $?"
+    python3 - "$work/t.json" "$work/slow.json" <<'PY' || fail "trace edit"
+import json, sys
+t = json.load(open(sys.argv[1]))
+for e in t["traceEvents"]:
+    if e.get("ph") == "X" and e.get("pid") == 1 and e.get("args", {}).get("kind") in ("F", "B", "W", "BW"):
+        e["dur"] = e["dur"] * 2
+json.dump(t, open(sys.argv[2], "w"))
+PY
+    out=$("$tdpipe" balance scenarios/llama2-70b-a100-4x8.yaml --trace "$work/t.json" --trace "$work/slow.json" \
+          --alpha 1 -o "$work/balanced.json" --json) || fail "balance exited $?: $out"
+    python3 - "$out" <<'PY' || fail "balance result"
+import json, sys
+r = json.loads(sys.argv[1])
+assert abs(r["slowdown"][1] - 2) < 1e-3 and abs(r["slowdown"][0] - 1) < 1e-3, r["slowdown"]
+assert r["layers_before"] == [20, 20, 20, 20], r
+assert sum(r["layers_after"]) == 80 and r["layers_after"][1] < 15, r["layers_after"]
+assert r["spread_before"] > 0.9 and r["spread_after"] <= 0.15, (r["spread_before"], r["spread_after"])
+PY
+    out=$("$tdpipe" plan "$work/balanced.json" --schedule 1f1b 2>&1) || fail "plan of the balanced scenario exited $?"
+    expect "$out" 'stage_layers=\[' "balanced partition in the plan"
+    out=$("$tdpipe" balance scenarios/llama2-70b-a100-4x8.yaml --trace "$work/t.json" --schedule zb-h1 2>&1) \
+      && fail "a trace of another schedule exited 0"
+    expect "$out" 't.json: trace: event .* is not an op of the plan' "names the trace"
+    out=$("$tdpipe" balance scenarios/llama2-70b-a100-4x8.yaml --alpha 0 2>&1) && fail "--alpha 0 exited 0"
+    expect "$out" '--alpha 0: expected 0 < alpha <= 1' "alpha"
+    ;;
   *) fail "unknown case $case_name" ;;
 esac
 echo "ok: $case_name"

@@ -1,0 +1,65 @@
+// balance.hpp — the design document's load balancer: measured stage times smoothed by
+// an exponentially weighted moving average, layers re-partitioned by the min-max
+// programme (partition_by) and stages assigned to devices by a bottleneck assignment.
+#pragma once
+
+#include <vector>
+
+#include "tdpipe/ir/plan.hpp"
+#include "tdpipe/ir/scenario.hpp"
+#include "tdpipe/traces/trace.hpp"
+
+namespace tdpipe::planner {
+
+/// Each pipeline rank's speed relative to the cost model in one measured iteration:
+/// Σ measured durations of its compute ops (F, B, W, BW) in `trace` ÷ Σ the plan's
+/// est_seconds of the same ops (matched by kind, micro-batch, chunk and slice). 1 = as
+/// modelled, 2 = twice as slow. Throws tdpipe::Error when the trace has no compute op
+/// of a rank or names ops the plan does not have.
+std::vector<double> measured_slowdown(const ir::Plan& plan, const traces::Trace& trace);
+
+/// Exponentially weighted moving average of per-rank values over iterations:
+/// x ← α·sample + (1−α)·x, the first sample taken as is (α in (0, 1]).
+class Ewma {
+ public:
+  explicit Ewma(double alpha);
+  void add(const std::vector<double>& sample);
+  const std::vector<double>& value() const { return value_; }
+  int samples() const { return samples_; }
+
+ private:
+  double alpha_;
+  std::vector<double> value_;
+  int samples_ = 0;
+};
+
+/// Minimum-cost perfect assignment of rows to columns of a square matrix (Hungarian
+/// algorithm, O(n³)); returns column of each row.
+std::vector<int> min_sum_assignment(const std::vector<std::vector<double>>& cost);
+
+/// Bottleneck assignment: the perfect assignment whose largest cost is least (the
+/// pipeline runs at its slowest stage), then among those the least total (so the other
+/// stages are as fast as they can be). Returns column of each row.
+std::vector<int> bottleneck_assignment(const std::vector<std::vector<double>>& cost);
+
+struct Rebalance {
+  std::vector<int> layers_before, layers_after;   ///< per stage
+  std::vector<int> device_of_stage;               ///< stage k runs on pipeline slot device_of_stage[k]
+  std::vector<double> seconds_before, seconds_after;  ///< per stage, one micro-batch's F+B+W
+  double spread_before = 0, spread_after = 0;     ///< slowest / fastest stage − 1
+  int rounds = 0;                                 ///< partition ⇄ assignment alternations
+  ir::Scenario scenario;  ///< the input with parallel.layers_per_stage (and groups reordered if moved)
+};
+
+/// Re-plans the layer partition (and which device slot runs which stage) for the
+/// scenario's plan layout (one chunk per rank) given each slot's slowdown relative to
+/// the cost model (1 = as modelled; from measured_slowdown, smoothed). A stage's time
+/// on slot j with n layers is slowdown[j] · (n · layer + ends) on slot j's GPU.
+/// Alternates the exact min-max partition for a fixed assignment with the bottleneck
+/// assignment for a fixed partition until neither changes (each step can only lower
+/// the bottleneck). Assignments that cannot be written as an order of the cluster's
+/// node groups (each group's slots consecutive) are not applied: the slots stay in
+/// rank order. Throws for scenarios with chunks > 1 or synthetic ones.
+Rebalance rebalance(const ir::Scenario& scenario, const std::vector<double>& slowdown);
+
+}  // namespace tdpipe::planner

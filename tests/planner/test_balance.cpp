@@ -1,0 +1,137 @@
+// test_balance.cpp — the load balancer: assignments against brute force, the EWMA's
+// closed form, slowdowns read from a trace, and re-partitioning that evens the stages.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/scenario_io.hpp"
+#include "tdpipe/planner/balance.hpp"
+#include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/planner/evaluator.hpp"
+
+using namespace tdpipe;
+
+namespace {
+
+std::string scenario_path(const std::string& name) { return std::string(TDPIPE_SOURCE_DIR) + "/scenarios/" + name; }
+
+double total(const std::vector<std::vector<double>>& c, const std::vector<int>& a) {
+  double s = 0;
+  for (std::size_t r = 0; r < a.size(); ++r) s += c[r][static_cast<std::size_t>(a[r])];
+  return s;
+}
+double largest(const std::vector<std::vector<double>>& c, const std::vector<int>& a) {
+  double s = 0;
+  for (std::size_t r = 0; r < a.size(); ++r) s = std::max(s, c[r][static_cast<std::size_t>(a[r])]);
+  return s;
+}
+bool is_permutation_of_n(std::vector<int> a) {
+  std::sort(a.begin(), a.end());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i] != static_cast<int>(i)) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("Hungarian and bottleneck assignments are optimal against brute force up to 6 stages", "[planner][balance]") {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 120; ++trial) {
+    const int n = 1 + trial % 6;
+    std::vector<std::vector<double>> c(n, std::vector<double>(n));
+    for (auto& row : c)
+      for (double& x : row) x = trial % 3 == 0 ? double(rng() % 4) : std::uniform_real_distribution<double>(0, 10)(rng);
+    std::vector<int> perm(n);
+    std::iota(perm.begin(), perm.end(), 0);
+    double best_sum = std::numeric_limits<double>::infinity(), best_max = best_sum, best_sum_at_max = best_sum;
+    do {
+      best_sum = std::min(best_sum, total(c, perm));
+      best_max = std::min(best_max, largest(c, perm));
+    } while (std::next_permutation(perm.begin(), perm.end()));
+    std::iota(perm.begin(), perm.end(), 0);
+    do {
+      if (largest(c, perm) == best_max) best_sum_at_max = std::min(best_sum_at_max, total(c, perm));
+    } while (std::next_permutation(perm.begin(), perm.end()));
+    INFO("trial " << trial << " n " << n);
+    const auto h = planner::min_sum_assignment(c);
+    REQUIRE(is_permutation_of_n(h));
+    CHECK(total(c, h) == Approx(best_sum).epsilon(1e-12));
+    const auto b = planner::bottleneck_assignment(c);
+    REQUIRE(is_permutation_of_n(b));
+    CHECK(largest(c, b) == best_max);
+    CHECK(total(c, b) == Approx(best_sum_at_max).epsilon(1e-12));
+  }
+  CHECK(planner::min_sum_assignment({}).empty());
+  CHECK_THROWS_WITH(planner::min_sum_assignment({{1, 2}, {3}}), Catch::Contains("square"));
+  CHECK_THROWS_WITH(planner::bottleneck_assignment({{1, std::numeric_limits<double>::infinity()}, {1, 1}}),
+                    Catch::Contains("finite"));
+}
+
+TEST_CASE("EWMA: x = alpha*sample + (1-alpha)*x from the first sample", "[planner][balance]") {
+  planner::Ewma e(0.25);
+  e.add({4, 8});
+  CHECK(e.value() == std::vector<double>{4, 8});
+  e.add({8, 0});
+  CHECK(e.value()[0] == Approx(5));
+  CHECK(e.value()[1] == Approx(6));
+  e.add({8, 0});
+  CHECK(e.value()[0] == Approx(5.75));
+  CHECK(e.samples() == 3);
+  CHECK_THROWS_WITH(e.add({1}), Catch::Contains("a sample of 1 values after samples of 2"));
+  CHECK_THROWS_WITH(planner::Ewma(0), Catch::Contains("expected 0 < alpha"));
+  CHECK_THROWS_WITH(planner::Ewma(1.5), Catch::Contains("expected 0 < alpha"));
+}
+
+TEST_CASE("measured slowdown: 1 for the engine's own trace - the factor a slow rank ran at", "[planner][balance]") {
+  const ir::Scenario sc = ir::load_scenario(scenario_path("llama2-70b-a100-4x8.yaml"));
+  const auto built = planner::build_plan(sc, "1f1b");
+  traces::Trace trace = planner::evaluate(built.lowered);
+  for (double s : planner::measured_slowdown(built.lowered, trace)) CHECK(s == Approx(1).epsilon(1e-6));
+  for (auto& e : trace.events)
+    if (e.rank == 2 && e.kind && ir::is_compute(*e.kind)) e.dur_ns = 3 * e.dur_ns;
+  const auto slow = planner::measured_slowdown(built.lowered, trace);
+  CHECK(slow[2] == Approx(3).epsilon(1e-6));
+  CHECK(slow[1] == Approx(1).epsilon(1e-6));
+  // A trace of another schedule does not describe this plan.
+  const auto other = planner::build_plan(sc, "zb-h1");
+  CHECK_THROWS_WITH(planner::measured_slowdown(built.lowered, planner::evaluate(other.lowered)),
+                    Catch::Contains("is not an op of the plan"));
+}
+
+TEST_CASE("rebalance moves layers off a slow rank until its stages are within 15 percent", "[planner][balance]") {
+  const ir::Scenario sc = ir::load_scenario(scenario_path("llama2-70b-a100-4x8.yaml"));
+  // Rank 1 runs at half speed (a straggler node): the even split is 2x unbalanced.
+  const planner::Rebalance b = planner::rebalance(sc, {1, 2, 1, 1});
+  CHECK(b.layers_before == std::vector<int>{20, 20, 20, 20});
+  CHECK(b.spread_before > 0.9);
+  CHECK(std::accumulate(b.layers_after.begin(), b.layers_after.end(), 0) == 80);
+  CHECK(b.layers_after[1] < 15);
+  CHECK(b.spread_after <= 0.15);
+  CHECK(*std::max_element(b.seconds_after.begin(), b.seconds_after.end()) <
+        0.7 * *std::max_element(b.seconds_before.begin(), b.seconds_before.end()));
+  CHECK(b.scenario.parallel.layers_per_stage == b.layers_after);
+  // Uniform GPUs: no reason to move a stage to another slot.
+  CHECK(b.device_of_stage == std::vector<int>{0, 1, 2, 3});
+  // The balanced scenario plans, and its modelled stage times follow the new layers.
+  const auto built = planner::build_plan(b.scenario, "1f1b");
+  CHECK(built.lowered.stage_layers == b.layers_after);
+}
+
+TEST_CASE("rebalance on the mixed A100 and H100 cluster - H100 stages take more layers", "[planner][balance]") {
+  const ir::Scenario sc = ir::load_scenario(scenario_path("mixed-a100-h100.yaml"));
+  const planner::Rebalance b = planner::rebalance(sc, {1, 1, 1, 1});
+  CHECK(b.layers_before == std::vector<int>{20, 20, 20, 20});
+  CHECK(b.layers_after[2] + b.layers_after[3] > b.layers_after[0] + b.layers_after[1]);
+  CHECK(b.spread_after < b.spread_before);
+  CHECK(b.spread_after <= 0.15);
+  CHECK(std::accumulate(b.layers_after.begin(), b.layers_after.end(), 0) == 80);
+  CHECK(b.scenario.cluster.groups.size() == 2);
+  CHECK_THROWS_WITH(planner::rebalance(sc, {1, 1, 1}), Catch::Contains("expected one per rank"));
+  CHECK_THROWS_WITH(planner::rebalance(sc, {1, 1, 0, 1}), Catch::Contains("positive finite"));
+}
