@@ -107,14 +107,18 @@ std::vector<double> measured_slowdown(const ir::Plan& plan, const traces::Trace&
   std::vector<double> measured(plan.ranks.size(), 0.0), model(plan.ranks.size(), 0.0);
   for (const traces::TraceEvent& e : trace.events) {
     if (!e.kind || !is_work(*e.kind) || e.rank < 0) continue;
-    if (e.rank >= plan.num_ranks())
-      throw Error(fmt::format("trace: event {} on rank {}, but the plan has {} ranks", e.name, e.rank, plan.num_ranks()));
-    const auto it = modelled[e.rank].find({static_cast<int>(*e.kind), e.mb, e.chunk, e.slice});
-    if (it == modelled[e.rank].end())
+    // Replicas' workers are numbered replica · p + rank (the executors' traces).
+    const int p = plan.num_ranks(), workers = p * std::max(1, plan.data);
+    if (e.rank >= workers)
+      throw Error(fmt::format("trace: event {} on rank {}, but the plan has {} ranks x {} replicas", e.name, e.rank,
+                              p, std::max(1, plan.data)));
+    const int r = e.rank % p;
+    const auto it = modelled[r].find({static_cast<int>(*e.kind), e.mb, e.chunk, e.slice});
+    if (it == modelled[r].end())
       throw Error(fmt::format("trace: event {} on rank {} is not an op of the plan ({} schedule); measure this plan",
                               e.name, e.rank, plan.schedule));
-    measured[e.rank] += static_cast<double>(e.dur_ns) * 1e-9;
-    model[e.rank] += it->second;
+    measured[r] += static_cast<double>(e.dur_ns) * 1e-9;
+    model[r] += it->second;
   }
   std::vector<double> out;
   for (int r = 0; r < plan.num_ranks(); ++r) {

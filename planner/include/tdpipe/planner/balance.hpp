@@ -13,8 +13,9 @@ namespace tdpipe::planner {
 
 /// Each pipeline rank's speed relative to the cost model in one measured iteration:
 /// Σ measured durations of its compute ops (F, B, W, BW) in `trace` ÷ Σ the plan's
-/// est_seconds of the same ops (matched by kind, micro-batch, chunk and slice). 1 = as
-/// modelled, 2 = twice as slow. Throws tdpipe::Error when the trace has no compute op
+/// est_seconds of the same ops (matched by kind, micro-batch, chunk and slice); with
+/// data-parallel replicas (workers replica · p + rank) all replicas of a rank together.
+/// 1 = as modelled, 2 = twice as slow. Throws tdpipe::Error when the trace has no compute op
 /// of a rank or names ops the plan does not have.
 std::vector<double> measured_slowdown(const ir::Plan& plan, const traces::Trace& trace);
 
