@@ -1,7 +1,11 @@
 // cmd_exec.cpp — `tdpipe exec SCENARIO --backend cpu`: train the scenario's model
 // through a schedule for real, print losses and timing, write the measured trace.
+#include <algorithm>
 #include <iostream>
 #include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -10,6 +14,7 @@
 #include "cuda_commands.hpp"
 #include "exec_common.hpp"
 #include "tdpipe/exec/cpu/run.hpp"
+#include "tdpipe/ir/error.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
 
@@ -30,10 +35,42 @@ struct ExecArgs {
   bool json = false;
   bool check = false;
   bool pin = false;                    // cpu backend
+  std::string rank_speed;              // cpu backend: "r:speed,…"
   std::string transport = "loopback";  // cuda backend
   int device = -1;                     // cuda backend, loopback
   std::int64_t max_ops = 0;
 };
+
+/// --rank-speed "0:1,1:0.5": a speed in (0, 1] per listed pipeline rank, 1 for the rest.
+std::vector<double> parse_rank_speed(const std::string& text, int ranks) {
+  std::vector<double> out(static_cast<std::size_t>(ranks), 1.0);
+  if (text.empty()) return out;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    const std::size_t colon = item.find(':');
+    int rank = -1;
+    double speed = 0;
+    std::size_t used_r = 0, used_s = 0;
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("no colon");
+      rank = std::stoi(item.substr(0, colon), &used_r);
+      speed = std::stod(item.substr(colon + 1), &used_s);
+    } catch (const std::exception&) {
+      used_r = used_s = 0;
+    }
+    if (colon == std::string::npos || used_r != colon || used_s != item.size() - colon - 1 || used_s == 0)
+      throw Error(fmt::format("--rank-speed {}: '{}' is not RANK:SPEED (e.g. 1:0.5)", text, item));
+    if (rank < 0 || rank >= ranks)
+      throw Error(fmt::format("--rank-speed {}: rank {} is not one of the plan's {} pipeline ranks", text, rank, ranks));
+    if (!(speed > 0 && speed <= 1))
+      throw Error(fmt::format("--rank-speed {}: speed {} of rank {}; expected 0 < speed ≤ 1", text, speed, rank));
+    out[static_cast<std::size_t>(rank)] = speed;
+    at = comma + 1;
+  }
+  return out;
+}
 
 void run_exec(const ExecArgs& a) {
 #ifdef TDPIPE_HAVE_CUDA
@@ -66,6 +103,7 @@ void run_exec(const ExecArgs& a) {
   opt.train = train_options(a.steps, a.lr, a.seed, a.corpus);
   opt.watchdog_seconds = a.watchdog;
   opt.pin_threads = a.pin;
+  opt.train.rank_speed = parse_rank_speed(a.rank_speed, plan.num_ranks());
   const exec::cpu::RunResult r = exec::cpu::run_cpu(plan, opt);
   if (!a.trace_out.empty()) traces::write_trace(r.trace, a.trace_out);
 
@@ -124,6 +162,9 @@ void add_exec_command(CLI::App& app) {
   cmd->add_option("--device", args->device, "cuda backend, loopback: GPU index");
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
   cmd->add_flag("--pin", args->pin, "Pin rank w's threads to core w mod cores");
+  cmd->add_option("--rank-speed", args->rank_speed,
+                  "cpu backend: RANK:SPEED,… with SPEED in (0, 1] — stretch each F/B/W of those pipeline ranks to "
+                  "1/SPEED of its time, a slower device (see `tdpipe balance`)");
   cmd->add_flag("--check", args->check, "Also run the single-device reference and report the difference");
   add_max_ops_option(cmd, args->max_ops);
   cmd->callback([args] { run_exec(*args); });

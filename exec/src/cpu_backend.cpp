@@ -3,8 +3,10 @@
 #include "tdpipe/exec/cpu/backend.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -73,6 +75,19 @@ CpuCompute::CpuCompute(const GptConfig& config, const ir::Plan& plan, int rank, 
                        config.seq);
   const auto& chunks = plan.stage_of.at(static_cast<std::size_t>(rank));
   for (int stage : chunks) stages_.emplace_back(config_, stage, virtual_stages_);
+  if (static_cast<std::size_t>(rank) < options.rank_speed.size()) speed_ = options.rank_speed[static_cast<std::size_t>(rank)];
+  if (!(speed_ > 0 && speed_ <= 1))
+    throw Error(fmt::format("rank speed of rank {} is {}; expected 0 < speed ≤ 1 (a fraction of this machine's)",
+                            rank, speed_));
+}
+
+Buffer CpuCompute::run(const ComputeOp& op, Buffer input) {
+  if (speed_ == 1 || op.kind == ir::OpKind::OPT) return run_op(op, std::move(input));
+  const auto t0 = std::chrono::steady_clock::now();
+  Buffer out = run_op(op, std::move(input));
+  const auto work = std::chrono::steady_clock::now() - t0;
+  std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(work * (1 / speed_ - 1)));
+  return out;
 }
 
 const MicroBatch& CpuCompute::micro_batch(int mb) {
@@ -93,7 +108,7 @@ void CpuCompute::begin_step(int step) {
 
 double CpuCompute::end_step() { return loss_; }
 
-Buffer CpuCompute::run(const ComputeOp& op, Buffer input) {
+Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
   if (op.kind == ir::OpKind::OPT) {
     for (auto& s : stages_) s.adam(options_.adam, step_ + 1);
     return {};

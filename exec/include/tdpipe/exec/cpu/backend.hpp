@@ -25,6 +25,10 @@ struct TrainOptions {
   std::uint64_t data_seed = 7;
   std::uint64_t init_seed = 1234;
   std::string corpus_path;  ///< "" = Corpus::default_path()
+  /// Speed of each pipeline rank in (0, 1] (empty or missing: 1). The CPU backend makes
+  /// a heterogeneous cluster real by stretching each F/B/W of rank r to 1/speed[r] of
+  /// its time (it sleeps for the rest); the maths is unchanged.
+  std::vector<double> rank_speed;
 };
 
 /// Token boundaries of the plan's slices: S + 1 offsets from 0 to seq
@@ -39,6 +43,8 @@ class CpuCompute final : public Compute {
 
   void begin_step(int step) override;
   Buffer run(const ComputeOp& op, Buffer input) override;
+  /// run() without the rank-speed stretch.
+  Buffer run_op(const ComputeOp& op, Buffer input);
   Buffer allocate(const TensorKey& key) override;
   Buffer grad_bucket(int chunk, int index, int count) override;
   double end_step() override;
@@ -56,6 +62,7 @@ class CpuCompute final : public Compute {
   int replica_, microbatches_, virtual_stages_;
   std::vector<int> offsets_;
   double loss_scale_;
+  double speed_ = 1;  ///< options.rank_speed of this rank
   std::vector<GptStage> stages_;
   std::map<int, MicroBatch> batches_;
   int step_ = 0;
