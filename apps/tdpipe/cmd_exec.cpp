@@ -15,6 +15,8 @@
 #include "exec_common.hpp"
 #include "tdpipe/exec/cpu/run.hpp"
 #include "tdpipe/ir/error.hpp"
+#include "tdpipe/planner/balance.hpp"
+#include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
 
@@ -36,6 +38,8 @@ struct ExecArgs {
   bool check = false;
   bool pin = false;                    // cpu backend
   std::string rank_speed;              // cpu backend: "r:speed,…"
+  int balance_every = 0;               // cpu backend: re-balance every K steps (0: never)
+  double balance_alpha = 0.3;
   std::string transport = "loopback";  // cuda backend
   int device = -1;                     // cuda backend, loopback
   std::int64_t max_ops = 0;
@@ -97,14 +101,47 @@ void run_exec(const ExecArgs& a) {
   check_cpu_backend(a.backend);
   const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices, a.max_ops);
   const ir::Scenario& sc = loaded.scenario;
-  const ir::Plan& plan = loaded.built.lowered;
+  ir::Plan plan = loaded.built.lowered;
 
   exec::cpu::CpuRunOptions opt;
   opt.train = train_options(a.steps, a.lr, a.seed, a.corpus);
   opt.watchdog_seconds = a.watchdog;
   opt.pin_threads = a.pin;
   opt.train.rank_speed = parse_rank_speed(a.rank_speed, plan.num_ranks());
-  const exec::cpu::RunResult r = exec::cpu::run_cpu(plan, opt);
+  exec::cpu::RunResult r;
+  if (a.balance_every <= 0) {
+    r = exec::cpu::run_cpu(plan, opt);
+  } else {
+    // The load balancer in the loop: K steps, then each rank's slowdown from every
+    // step's measured trace (EWMA), re-partition, re-plan, and go on from the weights and
+    // Adam state of the last step (they migrate by name with their layers).
+    planner::Ewma ewma(a.balance_alpha);
+    ir::Scenario current = sc;
+    std::vector<double> losses, iters;
+    for (int done = 0; done < a.steps;) {
+      opt.train.steps = std::min(a.balance_every, a.steps - done);
+      opt.keep_step_traces = true;
+      r = exec::cpu::run_cpu(plan, opt);
+      for (const auto& t : r.step_traces) ewma.add(planner::measured_slowdown(plan, t));
+      done += opt.train.steps;
+      losses.insert(losses.end(), r.loss_per_step.begin(), r.loss_per_step.end());
+      iters.insert(iters.end(), r.iteration_seconds.begin(), r.iteration_seconds.end());
+      opt.start = r.state;
+      const planner::Rebalance b = planner::rebalance(current, ewma.value());
+      fmt::print(stderr, "steps {}-{} on layers [{}]: slowest / fastest stage {:.0f} % (measured, EWMA)\n",
+                 done - opt.train.steps, done - 1, fmt::join(plan.stage_layers, ","), 100 * b.spread_before);
+      if (done >= a.steps) break;
+      if (b.layers_after == plan.stage_layers && b.scenario.cluster.groups == current.cluster.groups) continue;
+      fmt::print(stderr, "step {}: re-balanced to layers [{}] ({:.0f} % predicted)\n", done,
+                 fmt::join(b.layers_after, ","), 100 * b.spread_after);
+      current = b.scenario;
+      plan = planner::build_plan(current, loaded.schedule, a.slices, a.max_ops).lowered;
+    }
+    r.loss_per_step = std::move(losses);  // every segment's, in order
+    r.iteration_seconds = std::move(iters);
+    r.step_traces.clear();
+    opt.train.steps = a.steps;  // the whole run, for the reference below
+  }
   if (!a.trace_out.empty()) traces::write_trace(r.trace, a.trace_out);
 
   const double iteration = steady_iteration_seconds(r.iteration_seconds);
@@ -162,6 +199,12 @@ void add_exec_command(CLI::App& app) {
   cmd->add_option("--device", args->device, "cuda backend, loopback: GPU index");
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
   cmd->add_flag("--pin", args->pin, "Pin rank w's threads to core w mod cores");
+  cmd->add_option("--balance-every", args->balance_every,
+                  "cpu backend: every K steps, re-partition the layers by the measured stage times (tdpipe "
+                  "balance) and continue from the same weights and Adam state")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--balance-alpha", args->balance_alpha, "EWMA weight of each newer step for --balance-every")
+      ->check(CLI::Range(1e-6, 1.0));
   cmd->add_option("--rank-speed", args->rank_speed,
                   "cpu backend: RANK:SPEED,… with SPEED in (0, 1] — stretch each F/B/W of those pipeline ranks to "
                   "1/SPEED of its time, a slower device (see `tdpipe balance`)");

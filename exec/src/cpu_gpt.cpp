@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -526,6 +527,31 @@ ParamMap GptStage::named_params() const {
     out[s.name].assign(p, p + static_cast<std::size_t>(s.rows) * s.cols);
   }
   return out;
+}
+
+ParamMap GptStage::named_moments(int which) const {
+  if (which != 1 && which != 2) throw Error(fmt::format("named_moments({}): expected 1 or 2", which));
+  const std::vector<double>& m = which == 1 ? impl_->m1 : impl_->m2;
+  ParamMap out;
+  for (const auto& s : impl_->specs) {
+    const auto* p = m.data() + s.offset;
+    out[s.name].assign(p, p + static_cast<std::size_t>(s.rows) * s.cols);
+  }
+  return out;
+}
+
+void GptStage::load_state(const ParamMap& params, const ParamMap& m1, const ParamMap& m2) {
+  for (const auto& s : impl_->specs) {
+    const std::size_t n = static_cast<std::size_t>(s.rows) * s.cols;
+    for (auto [map, into, what] : {std::tuple<const ParamMap*, std::vector<double>*, const char*>{&params, &impl_->params, "parameters"},
+                                   {&m1, &impl_->m1, "first moments"},
+                                   {&m2, &impl_->m2, "second moments"}}) {
+      const auto it = map->find(s.name);
+      if (it == map->end() || it->second.size() != n)
+        throw Error(fmt::format("stage {}: the {} to load have no {} of {} values", impl_->stage, what, s.name, n));
+      std::copy(it->second.begin(), it->second.end(), into->begin() + static_cast<std::ptrdiff_t>(s.offset));
+    }
+  }
 }
 
 ParamMap GptStage::named_grads() const {

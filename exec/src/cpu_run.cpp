@@ -114,6 +114,12 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
       computes.push_back(std::make_unique<CpuCompute>(config, plan, r, k, corpus, options.train));
       transports.push_back(std::make_unique<CpuTransport>(fabric, k, r, p, d));
     }
+  const int first = options.start ? options.start->steps_done : 0;
+  if (first < 0) throw Error(fmt::format("start state: {} steps done; expected ≥ 0", first));
+  if (options.start)
+    for (auto& c : computes)
+      for (int ch = 0; ch < c->chunks(); ++ch)
+        c->chunk_stage(ch).load_state(options.start->params, options.start->m1, options.start->m2);
 
   RunResult result;
   const int steps = options.train.steps;
@@ -131,7 +137,7 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
                           transports[static_cast<std::size_t>(w)].get(), &clock};
           if (options.pin_threads) pin_to_core(w);
           try {
-            outs[static_cast<std::size_t>(w)] = run_rank_step(plan, w % p, w, step, backend, control);
+            outs[static_cast<std::size_t>(w)] = run_rank_step(plan, w % p, w, first + step, backend, control);
           } catch (const Aborted&) {
           }
         });
@@ -148,8 +154,12 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
     for (int ch = 0; ch < c.chunks(); ++ch) {
       result.weights.merge(c.chunk_stage(ch).named_params());
       result.grads.merge(c.chunk_stage(ch).named_grads());
+      result.state.m1.merge(c.chunk_stage(ch).named_moments(1));
+      result.state.m2.merge(c.chunk_stage(ch).named_moments(2));
     }
   }
+  result.state.params = result.weights;
+  result.state.steps_done = first + steps;
   for (int k = 1; k < d; ++k)
     for (int r = 0; r < p; ++r) {
       auto& c0 = *computes[static_cast<std::size_t>(r)];

@@ -235,6 +235,13 @@ PY
       out=$("$tdpipe" exec "$work/tiny.json" --steps 2 --rank-speed 1:0.5 --check --json) || fail "balanced exec exited $?"
       python3 -c 'import json,sys; r=json.loads(sys.argv[1]); e=r["reference"]; assert max(e.values())<=1e-9, e' \
           "$out" || fail "balanced run differs from the single-device run: $out"
+      # Re-balancing inside one run: segments of 2 steps, weights and Adam state carried
+      # across the re-partition; the whole run equals the single-device one.
+      out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 4 --rank-speed 1:0.5 --balance-every 2 --check --json \
+            2>"$work/balance.err") || fail "exec --balance-every exited $?: $(cat "$work/balance.err")"
+      python3 -c 'import json,sys; r=json.loads(sys.argv[1]); e=r["reference"]; assert max(e.values())<=1e-9, e; assert len(r["loss_per_step"])==4, r.keys()' \
+          "$out" || fail "balanced-in-run exec differs from the single-device run: $out"
+      expect "$(cat "$work/balance.err")" '^steps 0-1 on layers \[2,2\]: slowest / fastest stage [0-9]+ %' "segment report"
       for bad in "1:0" "1:1.5" "2:0.5" "1-0.5" "x:0.5"; do
         out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 1 --rank-speed "$bad" 2>&1) && fail "--rank-speed $bad exited 0"
         expect "$out" "--rank-speed $bad: " "--rank-speed $bad"

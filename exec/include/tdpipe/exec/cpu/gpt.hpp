@@ -99,6 +99,12 @@ class GptStage {
   std::vector<double>& grads();
   ParamMap named_params() const;
   ParamMap named_grads() const;
+  /// Adam's first (which = 1) or second (2) moment, by parameter name.
+  ParamMap named_moments(int which) const;
+  /// Takes this stage's parameters and Adam moments by name from maps holding (at least)
+  /// them — the state of another partition of the same model. Throws naming a missing
+  /// or mis-sized tensor.
+  void load_state(const ParamMap& params, const ParamMap& m1, const ParamMap& m2);
   /// Bytes of one (b·T) × hidden activation of a slice of T tokens.
   std::int64_t activation_elements(int tokens) const;
 

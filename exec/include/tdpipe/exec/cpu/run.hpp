@@ -2,6 +2,8 @@
 // stream, a watchdog), and the single-device reference run of the same model/data.
 #pragma once
 
+#include <optional>
+
 #include <vector>
 
 #include "tdpipe/exec/cpu/backend.hpp"
@@ -11,8 +13,19 @@
 
 namespace tdpipe::exec::cpu {
 
+/// What training carries from one run to the next: every parameter and both Adam
+/// moments by name (any partition of the model holds the same names), and the steps
+/// done (Adam's bias correction and the data position follow it).
+struct TrainState {
+  ParamMap params, m1, m2;
+  int steps_done = 0;
+};
+
 struct CpuRunOptions {
   TrainOptions train;
+  /// Continue from this state (another partition's, e.g. after re-balancing): step
+  /// numbering, data and Adam go on from state.steps_done. Unset: a fresh model.
+  std::optional<TrainState> start;
   /// A run in which no op starts or ends for this long while some thread waits fails
   /// with an error naming every blocked rank, its op and its peer.
   double watchdog_seconds = 30;
@@ -33,6 +46,7 @@ struct RunResult {
   double replica_divergence = 0;  ///< max |w − w(replica 0)| over replicas
   traces::Trace trace;  ///< origin "cpu": the trace step, times from its start
   std::vector<traces::Trace> step_traces;  ///< every step's, if keep_step_traces
+  TrainState state;  ///< replica 0 after the last step, to continue from
 };
 
 /// Trains `plan` (lowered) for options.train.steps steps. Throws tdpipe::Error with
