@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -49,6 +50,7 @@ struct ExecArgs {
 std::vector<double> parse_rank_speed(const std::string& text, int ranks) {
   std::vector<double> out(static_cast<std::size_t>(ranks), 1.0);
   if (text.empty()) return out;
+  std::set<int> seen;
   std::size_t at = 0;
   while (at <= text.size()) {
     const std::size_t comma = std::min(text.find(',', at), text.size());
@@ -68,8 +70,10 @@ std::vector<double> parse_rank_speed(const std::string& text, int ranks) {
       throw Error(fmt::format("--rank-speed {}: '{}' is not RANK:SPEED (e.g. 1:0.5)", text, item));
     if (rank < 0 || rank >= ranks)
       throw Error(fmt::format("--rank-speed {}: rank {} is not one of the plan's {} pipeline ranks", text, rank, ranks));
-    if (!(speed > 0 && speed <= 1))
-      throw Error(fmt::format("--rank-speed {}: speed {} of rank {}; expected 0 < speed ≤ 1", text, speed, rank));
+    if (!(speed >= 0.01 && speed <= 1))
+      throw Error(fmt::format("--rank-speed {}: speed {} of rank {}; expected 0.01 ≤ speed ≤ 1", text, speed, rank));
+    if (seen.count(rank)) throw Error(fmt::format("--rank-speed {}: rank {} is given twice", text, rank));
+    seen.insert(rank);
     out[static_cast<std::size_t>(rank)] = speed;
     at = comma + 1;
   }
@@ -78,6 +82,8 @@ std::vector<double> parse_rank_speed(const std::string& text, int ranks) {
 
 void run_exec(const ExecArgs& a) {
 #ifdef TDPIPE_HAVE_CUDA
+  if (a.backend == "cuda" && (!a.rank_speed.empty() || a.balance_every > 0))
+    throw Error("--rank-speed and --balance-every are the CPU backend's (--backend cpu)");
   if (a.backend == "cuda") {
     CudaExecRequest c;
     c.scenario = a.scenario;
@@ -109,7 +115,10 @@ void run_exec(const ExecArgs& a) {
   opt.pin_threads = a.pin;
   opt.train.rank_speed = parse_rank_speed(a.rank_speed, plan.num_ranks());
   exec::cpu::RunResult r;
-  if (a.balance_every <= 0) {
+  if (a.balance_every > 0 && (plan.chunks != 1 || sc.synthetic))
+    throw Error(fmt::format("--balance-every: the balancer re-partitions one model chunk per rank; {} runs {} "
+                            "chunks", plan.schedule, plan.chunks));
+  if (a.balance_every <= 0 || a.steps == 0) {
     r = exec::cpu::run_cpu(plan, opt);
   } else {
     // The load balancer in the loop: K steps, then each rank's slowdown from every
@@ -127,13 +136,31 @@ void run_exec(const ExecArgs& a) {
       losses.insert(losses.end(), r.loss_per_step.begin(), r.loss_per_step.end());
       iters.insert(iters.end(), r.iteration_seconds.begin(), r.iteration_seconds.end());
       opt.start = r.state;
-      const planner::Rebalance b = planner::rebalance(current, ewma.value());
-      fmt::print(stderr, "steps {}-{} on layers [{}]: slowest / fastest stage {:.0f} % (measured, EWMA)\n",
-                 done - opt.train.steps, done - 1, fmt::join(plan.stage_layers, ","), 100 * b.spread_before);
+      // Measured: each rank's F/B/W time per micro-batch in the segment's last step.
+      std::vector<double> stage_ms(static_cast<std::size_t>(plan.num_ranks()), 0.0);
+      for (const auto& e : r.step_traces.back().events)
+        if (e.kind && e.rank < plan.num_ranks() &&
+            (*e.kind == ir::OpKind::F || *e.kind == ir::OpKind::B || *e.kind == ir::OpKind::W ||
+             *e.kind == ir::OpKind::BW))
+          stage_ms[static_cast<std::size_t>(e.rank)] += 1e-6 * static_cast<double>(e.dur_ns) / plan.microbatches;
+      const double measured =
+          *std::max_element(stage_ms.begin(), stage_ms.end()) / *std::min_element(stage_ms.begin(), stage_ms.end()) - 1;
+      fmt::print(stderr, "steps {}-{} on layers [{}]: F+B+W per micro-batch [{:.1f}] ms, slowest / fastest {:.0f} % "
+                 "(measured, last step)\n",
+                 done - opt.train.steps, done - 1, fmt::join(plan.stage_layers, ","), fmt::join(stage_ms, ", "),
+                 100 * measured);
       if (done >= a.steps) break;
+      const planner::Rebalance b = planner::rebalance(current, ewma.value());
       if (b.layers_after == plan.stage_layers && b.scenario.cluster.groups == current.cluster.groups) continue;
       fmt::print(stderr, "step {}: re-balanced to layers [{}] ({:.0f} % predicted)\n", done,
                  fmt::join(b.layers_after, ","), 100 * b.spread_after);
+      // Stages that moved to other devices take those devices' history (and, in this
+      // emulation, their speed) with them.
+      ewma.reorder(b.device_of_stage);
+      std::vector<double> speed = opt.train.rank_speed;
+      for (std::size_t k = 0; k < speed.size(); ++k)
+        speed[k] = opt.train.rank_speed[static_cast<std::size_t>(b.device_of_stage[k])];
+      opt.train.rank_speed = speed;
       current = b.scenario;
       plan = planner::build_plan(current, loaded.schedule, a.slices, a.max_ops).lowered;
     }
@@ -206,7 +233,7 @@ void add_exec_command(CLI::App& app) {
   cmd->add_option("--balance-alpha", args->balance_alpha, "EWMA weight of each newer step for --balance-every")
       ->check(CLI::Range(1e-6, 1.0));
   cmd->add_option("--rank-speed", args->rank_speed,
-                  "cpu backend: RANK:SPEED,… with SPEED in (0, 1] — stretch each F/B/W of those pipeline ranks to "
+                  "cpu backend: RANK:SPEED,… with SPEED in [0.01, 1] — stretch each F/B/W of those pipeline ranks to "
                   "1/SPEED of its time, a slower device (see `tdpipe balance`)");
   cmd->add_flag("--check", args->check, "Also run the single-device reference and report the difference");
   add_max_ops_option(cmd, args->max_ops);

@@ -143,6 +143,7 @@ void add_run_metadata(traces::Trace& trace, const ir::Plan& plan, const GptConfi
                       const RunResult& result, int steps, int trace_step) {
   auto& md = trace.metadata;
   md["steps"] = std::to_string(steps);
+  md["stage_layers"] = fmt::format("{}", fmt::join(plan.stage_layers, ","));
   md["trace_step"] = std::to_string(trace_step);
   md["pipeline"] = std::to_string(plan.num_ranks());
   md["data"] = std::to_string(std::max(1, plan.data));

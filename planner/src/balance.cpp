@@ -82,7 +82,9 @@ std::optional<std::vector<ir::NodeGroup>> reorder_groups(const ir::Scenario& sc,
   const int nodes_per_slot = sc.parallel.tensor / sc.cluster.gpus_per_node;
   std::vector<ir::NodeGroup> out;
   std::vector<char> done(sc.cluster.groups.size(), 0);
-  int last = -1;
+  // Each group's slots must come as one run, in their own order: then stage k lands on
+  // the same node of the same group as slot_of_stage[k] (its device moves with it).
+  int last = -1, prev_slot = -1;
   for (int slot : slot_of_stage) {
     const int g = group[static_cast<std::size_t>(slot)];
     if (g != last) {
@@ -91,9 +93,14 @@ std::optional<std::vector<ir::NodeGroup>> reorder_groups(const ir::Scenario& sc,
       out.push_back(sc.cluster.groups[static_cast<std::size_t>(g)]);
       out.back().nodes = 0;
       last = g;
+    } else if (slot != prev_slot + 1) {
+      return std::nullopt;  // reordered inside its group: not a group order
     }
+    prev_slot = slot;
     out.back().nodes += nodes_per_slot;
   }
+  for (std::size_t g = 0; g < out.size(); ++g)  // every group whole: the run started at its first slot
+    if (out[g].nodes == 0) return std::nullopt;
   return out;
 }
 
@@ -104,6 +111,13 @@ std::vector<double> measured_slowdown(const ir::Plan& plan, const traces::Trace&
   for (std::size_t r = 0; r < plan.ranks.size(); ++r)
     for (const ir::Op& op : plan.ranks[r])
       if (is_work(op.kind)) modelled[r][{static_cast<int>(op.kind), op.mb, op.chunk, op.slice}] = op.est_seconds;
+  // A trace of another partition of the same schedule has the same ops but other work.
+  if (auto it = trace.metadata.find("stage_layers"); it != trace.metadata.end()) {
+    const std::string mine = fmt::format("{}", fmt::join(plan.stage_layers, ","));
+    if (!plan.stage_layers.empty() && it->second != mine)
+      throw Error(fmt::format("trace: measured with stage_layers [{}], the plan has [{}]; balance the scenario the "
+                              "trace ran (its -o output, if it was balanced)", it->second, mine));
+  }
   std::vector<double> measured(plan.ranks.size(), 0.0), model(plan.ranks.size(), 0.0);
   for (const traces::TraceEvent& e : trace.events) {
     if (!e.kind || !is_work(*e.kind) || e.rank < 0) continue;
@@ -132,6 +146,13 @@ std::vector<double> measured_slowdown(const ir::Plan& plan, const traces::Trace&
 
 Ewma::Ewma(double alpha) : alpha_(alpha) {
   if (!(alpha > 0 && alpha <= 1)) throw Error(fmt::format("EWMA: alpha = {}; expected 0 < alpha ≤ 1", alpha));
+}
+
+void Ewma::reorder(const std::vector<int>& from) {
+  if (from.size() != value_.size()) throw Error(fmt::format("EWMA: reorder of {} values by {}", value_.size(), from.size()));
+  std::vector<double> next(value_.size());
+  for (std::size_t k = 0; k < from.size(); ++k) next[k] = value_.at(static_cast<std::size_t>(from[k]));
+  value_ = std::move(next);
 }
 
 void Ewma::add(const std::vector<double>& sample) {

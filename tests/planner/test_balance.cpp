@@ -13,6 +13,7 @@
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/balance.hpp"
 #include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/planner/cost_model.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 
 using namespace tdpipe;
@@ -86,6 +87,10 @@ TEST_CASE("EWMA: x = alpha*sample + (1-alpha)*x from the first sample", "[planne
   CHECK_THROWS_WITH(e.add({1}), Catch::Contains("a sample of 1 values after samples of 2"));
   CHECK_THROWS_WITH(planner::Ewma(0), Catch::Contains("expected 0 < alpha"));
   CHECK_THROWS_WITH(planner::Ewma(1.5), Catch::Contains("expected 0 < alpha"));
+  planner::Ewma r(0.5);
+  r.add({1, 2, 3});
+  r.reorder({2, 0, 1});
+  CHECK(r.value() == std::vector<double>{3, 1, 2});
 }
 
 TEST_CASE("measured slowdown: 1 for the engine's own trace - the factor a slow rank ran at", "[planner][balance]") {
@@ -98,6 +103,11 @@ TEST_CASE("measured slowdown: 1 for the engine's own trace - the factor a slow r
   const auto slow = planner::measured_slowdown(built.lowered, trace);
   CHECK(slow[2] == Approx(3).epsilon(1e-6));
   CHECK(slow[1] == Approx(1).epsilon(1e-6));
+  // A trace that says it ran another partition is refused.
+  traces::Trace other_cut = planner::evaluate(built.lowered);
+  other_cut.metadata["stage_layers"] = "30,10,20,20";
+  CHECK_THROWS_WITH(planner::measured_slowdown(built.lowered, other_cut),
+                    Catch::Contains("measured with stage_layers [30,10,20,20], the plan has [20,20,20,20]"));
   // A trace of another schedule does not describe this plan.
   const auto other = planner::build_plan(sc, "zb-h1");
   CHECK_THROWS_WITH(planner::measured_slowdown(built.lowered, planner::evaluate(other.lowered)),
@@ -132,6 +142,22 @@ TEST_CASE("rebalance on the mixed A100 and H100 cluster - H100 stages take more 
   CHECK(b.spread_after <= 0.15);
   CHECK(std::accumulate(b.layers_after.begin(), b.layers_after.end(), 0) == 80);
   CHECK(b.scenario.cluster.groups.size() == 2);
+  // A slow A100-class H100 node: whatever order the stages end in, each runs on the GPU
+  // (and the device) its time was computed for.
+  for (const std::vector<double>& slow : {std::vector<double>{1, 1, 2, 1}, {1, 1, 1, 3}, {2, 1, 1, 1}}) {
+    const planner::Rebalance m = planner::rebalance(sc, slow);
+    INFO("slowdown " << slow[0] << " " << slow[1] << " " << slow[2] << " " << slow[3]);
+    for (int k = 0; k < 4; ++k)
+      CHECK(planner::gpu_of_rank(m.scenario, k).name == planner::gpu_of_rank(sc, m.device_of_stage[k]).name);
+    for (int k = 1; k < 4; ++k)  // slots keep their order inside a group
+      if (planner::gpu_of_rank(sc, m.device_of_stage[k]).name == planner::gpu_of_rank(sc, m.device_of_stage[k - 1]).name)
+        CHECK(m.device_of_stage[k] == m.device_of_stage[k - 1] + 1);
+    CHECK(m.spread_after < m.spread_before);
+  }
+  // One group of identical nodes: no order of slots can be written in the scenario.
+  const ir::Scenario uniform = ir::load_scenario(scenario_path("llama2-70b-a100-4x8.yaml"));
+  for (const std::vector<double>& slow : {std::vector<double>{1, 1, 1, 2}, {3, 1, 1, 1}})
+    CHECK(planner::rebalance(uniform, slow).device_of_stage == std::vector<int>{0, 1, 2, 3});
   CHECK_THROWS_WITH(planner::rebalance(sc, {1, 1, 1}), Catch::Contains("expected one per rank"));
   CHECK_THROWS_WITH(planner::rebalance(sc, {1, 1, 0, 1}), Catch::Contains("positive finite"));
 }

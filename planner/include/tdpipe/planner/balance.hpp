@@ -15,8 +15,9 @@ namespace tdpipe::planner {
 /// Σ measured durations of its compute ops (F, B, W, BW) in `trace` ÷ Σ the plan's
 /// est_seconds of the same ops (matched by kind, micro-batch, chunk and slice); with
 /// data-parallel replicas (workers replica · p + rank) all replicas of a rank together.
-/// 1 = as modelled, 2 = twice as slow. Throws tdpipe::Error when the trace has no compute op
-/// of a rank or names ops the plan does not have.
+/// 1 = as modelled, 2 = twice as slow. Throws tdpipe::Error when the trace has no compute
+/// op of a rank, names ops the plan does not have, or says (metadata "stage_layers") it
+/// ran another partition.
 std::vector<double> measured_slowdown(const ir::Plan& plan, const traces::Trace& trace);
 
 /// Exponentially weighted moving average of per-rank values over iterations:
@@ -25,6 +26,8 @@ class Ewma {
  public:
   explicit Ewma(double alpha);
   void add(const std::vector<double>& sample);
+  /// value[k] ← value[from[k]]: the devices moved (rebalance's device_of_stage).
+  void reorder(const std::vector<int>& from);
   const std::vector<double>& value() const { return value_; }
   int samples() const { return samples_; }
 
