@@ -46,7 +46,8 @@ struct ExecArgs {
   std::int64_t max_ops = 0;
 };
 
-/// --rank-speed "0:1,1:0.5": a speed in (0, 1] per listed pipeline rank, 1 for the rest.
+/// --rank-speed "0:1,1:0.5": a speed in [0.01, 1] per listed pipeline rank (each once), 1
+/// for the rest.
 std::vector<double> parse_rank_speed(const std::string& text, int ranks) {
   std::vector<double> out(static_cast<std::size_t>(ranks), 1.0);
   if (text.empty()) return out;

@@ -76,8 +76,8 @@ CpuCompute::CpuCompute(const GptConfig& config, const ir::Plan& plan, int rank, 
   const auto& chunks = plan.stage_of.at(static_cast<std::size_t>(rank));
   for (int stage : chunks) stages_.emplace_back(config_, stage, virtual_stages_);
   if (static_cast<std::size_t>(rank) < options.rank_speed.size()) speed_ = options.rank_speed[static_cast<std::size_t>(rank)];
-  if (!(speed_ > 0 && speed_ <= 1))
-    throw Error(fmt::format("rank speed of rank {} is {}; expected 0 < speed ≤ 1 (a fraction of this machine's)",
+  if (!(speed_ >= 0.01 && speed_ <= 1))
+    throw Error(fmt::format("rank speed of rank {} is {}; expected 0.01 ≤ speed ≤ 1 (a fraction of this machine's)",
                             rank, speed_));
 }
 

@@ -25,7 +25,7 @@ struct TrainOptions {
   std::uint64_t data_seed = 7;
   std::uint64_t init_seed = 1234;
   std::string corpus_path;  ///< "" = Corpus::default_path()
-  /// Speed of each pipeline rank in (0, 1] (empty or missing: 1). The CPU backend makes
+  /// Speed of each pipeline rank in [0.01, 1] (empty or missing: 1). The CPU backend makes
   /// a heterogeneous cluster real by stretching each F/B/W of rank r to 1/speed[r] of
   /// its time (it sleeps for the rest); the maths is unchanged.
   std::vector<double> rank_speed;
