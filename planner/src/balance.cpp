@@ -282,13 +282,9 @@ Rebalance rebalance(const ir::Scenario& sc, const std::vector<double>& slowdown)
   Rebalance out;
   std::vector<int> identity(p);
   std::iota(identity.begin(), identity.end(), 0);
-  {
-    ir::Plan shape;
-    shape.stages = p;
-    shape.stage_of.resize(p);
-    for (int r = 0; r < p; ++r) shape.stage_of[r] = {r};
-    out.layers_before = partition_layers(sc, shape.stage_of, p);
-  }
+  std::vector<std::vector<int>> stage_of(p);  // one chunk per rank: rank r runs stage r
+  for (int r = 0; r < p; ++r) stage_of[r] = {r};
+  out.layers_before = partition_layers(sc, stage_of, p);
   out.seconds_before = stage_seconds(out.layers_before, identity);
   out.spread_before = spread(out.seconds_before);
 

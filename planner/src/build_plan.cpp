@@ -37,19 +37,40 @@ int slices_for(std::string_view schedule, const ir::Scenario& scenario, int slic
   return sliced(schedule) ? (slices > 0 ? slices : scenario.parallel.slices) : 1;
 }
 
-/// The auto scheduler's cost table: one F, B and W of micro-batch 0 per rank and slice,
-/// costed by apply_costs exactly as the final plan will be; link times from the
-/// analytic engine's placement; each rank's budget from parallel.memory_budget.
-AutoCosts auto_costs(const ir::Scenario& sc, const ScheduleParams& params) {
-  const int p = params.stages, S = params.slices, m = params.microbatches;
-  ir::Plan probe = detail::plan_skeleton("auto", p, m, 1, S);
+/// One F, B and W of micro-batch 0 per rank and slice (one chunk per rank), costed by
+/// apply_costs exactly as the final plan will be — same partition, same `slice_tokens`
+/// (empty: equal-cost cuts) — the planner's cost table.
+ir::Plan costed_probe(const ir::Scenario& sc, int p, int m, int S, const std::vector<int>& slice_tokens) {
+  ir::Plan probe = detail::plan_skeleton("probe", p, m, 1, S);
   probe.data = sc.synthetic ? 1 : sc.parallel.data;
   probe.scenario = sc;
-  probe.slice_tokens = params.slice_tokens;
+  probe.slice_tokens = slice_tokens;
   for (auto& ops : probe.ranks)
     for (int s = 0; s < S; ++s)
       for (ir::OpKind k : {ir::OpKind::F, ir::OpKind::B, ir::OpKind::W}) ops.push_back(detail::compute_op(k, 0, 0, s));
   apply_costs(probe, sc);
+  return probe;
+}
+
+/// The rank of a costed probe whose micro-batch (all its slices) takes longest; the
+/// first such rank on ties.
+int bottleneck_rank(const ir::Plan& probe) {
+  int worst = 0;
+  double worst_seconds = -1;
+  for (int r = 0; r < probe.num_ranks(); ++r) {
+    double sec = 0;
+    for (const ir::Op& op : probe.ranks[r]) sec += op.est_seconds;
+    if (sec > worst_seconds) worst_seconds = sec, worst = r;
+  }
+  return worst;
+}
+
+/// The auto scheduler's cost table: the costed probe's F, B and W per rank and slice;
+/// link times from the analytic engine's placement; each rank's budget from
+/// parallel.memory_budget.
+AutoCosts auto_costs(const ir::Scenario& sc, const ScheduleParams& params) {
+  const int p = params.stages, S = params.slices, m = params.microbatches;
+  const ir::Plan probe = costed_probe(sc, p, m, S, params.slice_tokens);
   AutoCosts c;
   auto table = [&] { return std::vector<std::vector<double>>(p, std::vector<double>(S, 0.0)); };
   c.f_seconds = c.b_seconds = c.w_seconds = c.f_bytes = c.b_bytes = c.w_bytes = table();
@@ -112,19 +133,8 @@ std::vector<int> auto_slice_tokens(const ir::Scenario& sc, int max_units) {
   const int p = sc.stages(), m = sc.microbatches();
   // One stage's slice = the bottleneck stage's cost at that length and prefix (the stage
   // whose full-sequence F+B+W is largest), as the pipeline runs at its pace.
-  ir::Plan probe = detail::plan_skeleton("auto", p, m, 1, 1);
-  probe.scenario = sc;
-  probe.data = sc.parallel.data;
-  for (auto& ops : probe.ranks)
-    for (ir::OpKind k : {ir::OpKind::F, ir::OpKind::B, ir::OpKind::W}) ops.push_back(detail::compute_op(k, 0, 0, 0));
-  apply_costs(probe, sc);
-  int worst = 0;
-  double worst_seconds = -1;
-  for (int r = 0; r < p; ++r) {
-    double sec = 0;
-    for (const ir::Op& op : probe.ranks[r]) sec += op.est_seconds;
-    if (sec > worst_seconds) worst_seconds = sec, worst = r;
-  }
+  const ir::Plan probe = costed_probe(sc, p, m, 1, {});
+  const int worst = bottleneck_rank(probe);
   const int layers = probe.stage_layers.at(static_cast<std::size_t>(worst));
   const ir::GpuSpec gpu = gpu_of_rank(sc, worst);
   auto compute = [&](double tokens, double prefix) {
@@ -200,21 +210,10 @@ BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, in
   // are not equal: their relative costs go to the scheduler.
   // Costs of the bottleneck stage, on which the cuts were chosen.
   if (!params.slice_tokens.empty() && params.slices > 1) {
-    ir::Plan probe = detail::plan_skeleton(schedule, params.stages, 1, 1, params.slices);
-    probe.scenario = scenario;
-    probe.data = scenario.parallel.data;
-    probe.slice_tokens = params.slice_tokens;
-    for (auto& ops : probe.ranks)
-      for (int j = 0; j < params.slices; ++j)
-        for (ir::OpKind k : {ir::OpKind::F, ir::OpKind::B, ir::OpKind::W}) ops.push_back(detail::compute_op(k, 0, 0, j));
-    apply_costs(probe, scenario);
-    double worst = -1;
-    for (const auto& ops : probe.ranks) {
-      std::vector<double> costs(static_cast<std::size_t>(params.slices), 0.0);
-      double total = 0;
-      for (const ir::Op& op : ops) costs[static_cast<std::size_t>(op.slice)] += op.est_seconds, total += op.est_seconds;
-      if (total > worst) worst = total, params.slice_costs = std::move(costs);
-    }
+    const ir::Plan probe = costed_probe(scenario, params.stages, 1, params.slices, params.slice_tokens);
+    params.slice_costs.assign(static_cast<std::size_t>(params.slices), 0.0);
+    for (const ir::Op& op : probe.ranks[static_cast<std::size_t>(bottleneck_rank(probe))])
+      params.slice_costs[static_cast<std::size_t>(op.slice)] += op.est_seconds;
   }
 
   BuiltPlan out;

@@ -57,16 +57,36 @@ ParamMap merged_grads(const std::vector<GptStage>& stages) {
   return out;
 }
 
+/// The whole model on one stage and the whole sequence: loss and gradients to match.
+struct Reference {
+  double loss;
+  ParamMap grads;
+};
+Reference whole_model(const GptConfig& c, const MicroBatch& mb, double scale) {
+  std::vector<GptStage> whole;
+  whole.emplace_back(c, 0, 1);
+  const double loss = run_sliced(whole, mb, {0, c.seq}, scale, false);
+  return {loss, merged_grads(whole)};
+}
+
+/// Runs `stages` over `bounds` and checks the loss and every gradient against `ref`.
+void check_against(std::vector<GptStage>& stages, const MicroBatch& mb, const std::vector<int>& bounds,
+                   double scale, bool split_w, const Reference& ref) {
+  const double loss = run_sliced(stages, mb, bounds, scale, split_w);
+  CHECK(loss == Approx(ref.loss).epsilon(1e-12));
+  std::string worst;
+  const double err = test::max_rel_error(merged_grads(stages), ref.grads, &worst);
+  INFO("worst " << worst);
+  CHECK(err < 1e-10);
+}
+
 }  // namespace
 
 TEST_CASE("temporal slices and stage splits give the whole-sequence gradients", "[exec][gpt]") {
   const GptConfig c = tiny_config();
   const MicroBatch mb = tiny_batch(c);
   const double scale = 1.0 / (c.micro_batch * c.seq);
-  std::vector<GptStage> whole;
-  whole.emplace_back(c, 0, 1);
-  const double loss_ref = run_sliced(whole, mb, {0, 12}, scale, false);
-  const ParamMap ref = merged_grads(whole);
+  const Reference ref = whole_model(c, mb, scale);
 
   const std::vector<std::vector<int>> slicings = {{0, 12}, {0, 6, 12}, {0, 5, 9, 12}, {0, 1, 2, 7, 12}};
   for (int nstages : {1, 2, 3, 4})
@@ -75,12 +95,7 @@ TEST_CASE("temporal slices and stage splits give the whole-sequence gradients", 
         INFO("stages " << nstages << " slices " << bounds.size() - 1 << " split W " << split_w);
         std::vector<GptStage> stages;
         for (int s = 0; s < nstages; ++s) stages.emplace_back(c, s, nstages);
-        const double loss = run_sliced(stages, mb, bounds, scale, split_w);
-        CHECK(loss == Approx(loss_ref).epsilon(1e-12));
-        std::string worst;
-        const double err = test::max_rel_error(merged_grads(stages), ref, &worst);
-        INFO("worst " << worst);
-        CHECK(err < 1e-10);
+        check_against(stages, mb, bounds, scale, split_w, ref);
       }
 }
 
@@ -140,10 +155,7 @@ TEST_CASE("uneven stage partitions give the whole-model gradients", "[exec][gpt]
   c.layers = 5;
   const MicroBatch mb = tiny_batch(c);
   const double scale = 1.0 / (c.micro_batch * c.seq);
-  std::vector<GptStage> whole;
-  whole.emplace_back(c, 0, 1);
-  const double loss_ref = run_sliced(whole, mb, {0, 12}, scale, false);
-  const ParamMap ref = merged_grads(whole);
+  const Reference ref = whole_model(c, mb, scale);
   for (const std::vector<int>& partition : {std::vector<int>{1, 4}, {3, 1, 1}, {1, 3, 1}, {2, 1, 1, 1}}) {
     GptConfig cut = c;
     cut.partition = partition;
@@ -151,13 +163,8 @@ TEST_CASE("uneven stage partitions give the whole-model gradients", "[exec][gpt]
     std::vector<GptStage> stages;
     for (int s = 0; s < n; ++s) stages.emplace_back(cut, s, n);
     INFO("partition of " << n << " stages, first " << partition[0]);
-    const double loss = run_sliced(stages, mb, {0, 5, 12}, scale, true);
-    CHECK(loss == Approx(loss_ref).epsilon(1e-12));
-    std::string worst;
-    const double err = test::max_rel_error(merged_grads(stages), ref, &worst);
-    INFO("worst " << worst);
-    CHECK(err < 1e-10);
-    CHECK(merged_grads(stages).size() == ref.size());
+    check_against(stages, mb, {0, 5, 12}, scale, true, ref);
+    CHECK(merged_grads(stages).size() == ref.grads.size());
   }
 }
 

@@ -166,12 +166,13 @@ TEST_CASE("layers_per_stage auto balances the cost model's stages - given lists 
     CHECK(built.lowered.stage_layers == parts);
     const auto t = stage_seconds(built.lowered);
     // Middle stages 1 and 2 differ by exactly one layer's F+B+W.
-    const auto even = stage_seconds(planner::build_plan(gpt(), "1f1b").lowered);
+    const ir::Plan even_plan = planner::build_plan(gpt(), "1f1b").lowered;
+    const auto even = stage_seconds(even_plan);
     const double one_layer = t[1] - even[1];
     CHECK(one_layer > 0);
     CHECK(t[0] == Approx(even[0] - one_layer).epsilon(1e-9));
     const auto mem = planner::memory_per_rank(built.lowered, sc);
-    const auto mem_even = planner::memory_per_rank(planner::build_plan(gpt(), "1f1b").lowered, sc);
+    const auto mem_even = planner::memory_per_rank(even_plan, sc);
     CHECK(mem[1].weights_bytes > mem_even[1].weights_bytes);
     CHECK(mem[0].weights_bytes < mem_even[0].weights_bytes);
     CHECK(mem[2].weights_bytes == Approx(mem_even[2].weights_bytes));
