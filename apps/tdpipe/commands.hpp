@@ -49,6 +49,7 @@ void add_plan_command(CLI::App& app);     // cmd_plan.cpp
 void add_sim_command(CLI::App& app);      // cmd_sim.cpp
 void add_compare_command(CLI::App& app);  // cmd_compare.cpp
 void add_balance_command(CLI::App& app);  // cmd_balance.cpp
+void add_search_command(CLI::App& app);   // cmd_search.cpp
 #ifdef TDPIPE_HAVE_EXEC
 void add_exec_command(CLI::App& app);       // cmd_exec.cpp
 void add_calibrate_command(CLI::App& app);  // cmd_calibrate.cpp

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <string>
+#include <unordered_map>
 #include <utility>
 
 #include <fmt/format.h>
@@ -124,6 +126,43 @@ AutoCosts auto_costs(const ir::Scenario& sc, const ScheduleParams& params) {
   return c;
 }
 
+/// F, B, W seconds of one layer and of a stage's ends for every slice on the grid of
+/// solve_slices_terapipe, memoised per cost shape (everything layer_cost and the ends
+/// read: the model, the tensor-parallel shape, the fabric and the GPU).
+struct SliceGridCosts {
+  struct Kinds {
+    double layer[3] = {0, 0, 0}, ends[3] = {0, 0, 0};
+  };
+  std::unordered_map<std::int64_t, Kinds> by_slice;  ///< (tokens << 32) | prefix
+  const Kinds& at(int tokens, int prefix) const {
+    return by_slice.at((static_cast<std::int64_t>(tokens) << 32) | static_cast<std::int64_t>(prefix));
+  }
+};
+
+const SliceGridCosts& slice_grid_costs(const ir::Scenario& sc, const ir::GpuSpec& gpu, bool first, bool last,
+                                       int max_units) {
+  const std::string key = fmt::format("{}|{}|{}|{}", cost_shape_key(sc, gpu), first, last, max_units);
+  thread_local std::map<std::string, SliceGridCosts> memo;
+  if (auto it = memo.find(key); it != memo.end()) return it->second;
+  if (memo.size() >= 256) memo.clear();
+  // The ends of a first / last / only / middle stage: virtual stage 0 or 1 of 1, 2 or 3.
+  const int vs = first ? 0 : 1, vstages = first && last ? 1 : first || last ? 2 : 3;
+  const int seq = sc.model.seq, G = std::min(seq, max_units);
+  SliceGridCosts out;
+  for (int a = 0; a < G; ++a)
+    for (int b = a + 1; b <= G; ++b) {
+      const int from = static_cast<int>(static_cast<long long>(seq) * a / G);
+      const int len = static_cast<int>(static_cast<long long>(seq) * b / G) - from;
+      const LayerCost layer = layer_cost(sc, gpu, len, from);
+      const LayerCost ends = chunk_costs(sc, gpu, vs, vstages, 0, len, from);
+      SliceGridCosts::Kinds k;
+      k.layer[0] = layer.f.seconds, k.layer[1] = layer.b.seconds, k.layer[2] = layer.w.seconds;
+      k.ends[0] = ends.f.seconds, k.ends[1] = ends.b.seconds, k.ends[2] = ends.w.seconds;
+      out.by_slice.emplace((static_cast<std::int64_t>(len) << 32) | from, k);
+    }
+  return memo.emplace(key, std::move(out)).first->second;
+}
+
 }  // namespace
 
 std::vector<int> auto_slice_tokens(const ir::Scenario& sc, int max_units) {
@@ -137,10 +176,14 @@ std::vector<int> auto_slice_tokens(const ir::Scenario& sc, int max_units) {
   const int worst = bottleneck_rank(probe);
   const int layers = probe.stage_layers.at(static_cast<std::size_t>(worst));
   const ir::GpuSpec gpu = gpu_of_rank(sc, worst);
+  // One slice's F, B and W are n·(a layer's) + (the stage's ends), chunk_cost's own sums;
+  // the layer and end costs on the grid depend on the shape, not on p, m or the
+  // partition, so they are kept across calls (the search solves many layouts of one shape).
+  const SliceGridCosts& grid = slice_grid_costs(sc, gpu, worst == 0, worst == p - 1, max_units);
   auto compute = [&](double tokens, double prefix) {
+    const auto& k = grid.at(static_cast<int>(tokens), static_cast<int>(prefix));
     double sec = 0;
-    for (ir::OpKind k : {ir::OpKind::F, ir::OpKind::B, ir::OpKind::W})
-      sec += chunk_cost(sc, gpu, k, worst, p, layers, static_cast<int>(tokens), static_cast<int>(prefix)).seconds;
+    for (int i = 0; i < 3; ++i) sec += k.layer[i] * layers + k.ends[i];
     return sec;
   };
   // Activations forward and gradients back cross the slowest link once each.

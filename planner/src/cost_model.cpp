@@ -38,10 +38,15 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <string>
 
 #include <fmt/format.h>
 
 #include "tdpipe/ir/error.hpp"
+#include <nlohmann/json.hpp>
+
+#include "tdpipe/ir/scenario_io.hpp"
 
 namespace tdpipe::planner {
 namespace {
@@ -415,6 +420,32 @@ OpCost chunk_cost(const ir::Scenario& sc, const ir::GpuSpec& gpu, OpKind kind, i
   return OpCost{a.flops * layers + b.flops, a.seconds * layers + b.seconds};
 }
 
+LayerCost chunk_costs(const ir::Scenario& sc, const ir::GpuSpec& gpu, int virtual_stage, int virtual_stages,
+                      int layers, int tokens, int prefix) {
+  const LayerCostD l = layer_cost_d(sc, gpu, tokens, prefix);
+  const LayerCostD ends = ends_cost(sc, gpu, virtual_stage, virtual_stages, tokens, prefix);
+  auto of = [&](OpKind kind) {
+    const OpCost a = pick(l, kind), b = pick(ends, kind);
+    return OpCost{a.flops * layers + b.flops, a.seconds * layers + b.seconds};
+  };
+  return LayerCost{of(OpKind::F), of(OpKind::B), of(OpKind::W)};
+}
+
+std::string cost_shape_key(const ir::Scenario& sc, const ir::GpuSpec& gpu) {
+  ir::Scenario shape = sc;  // what layer and end costs do not read, cleared
+  shape.name.clear();
+  shape.source_file.clear();
+  shape.schedule.clear();
+  shape.parallel.pipeline = shape.parallel.data = shape.parallel.chunks = shape.parallel.global_batch = 1;
+  shape.parallel.slices = 1;
+  shape.parallel.slices_auto = shape.parallel.layers_per_stage_auto = false;
+  shape.parallel.layers_per_stage.clear();
+  shape.parallel.memory_budget.clear();
+  for (auto& g : shape.cluster.groups) g.nodes = 1;
+  return fmt::format("{}|{}|{}|{}|{}|{}", ir::to_json(shape).dump(), gpu.name, gpu.peak_flops, gpu.hbm_bytes,
+                     gpu.hbm_bytes_per_second, gpu.nvlink_bytes_per_second);
+}
+
 double params_of_chunk(const ir::Scenario& sc, int virtual_stage, int virtual_stages, int layers) {
   const Shape s = shape_of(sc);
   double params = layers * params_per_layer(sc);
@@ -452,7 +483,8 @@ std::vector<int> solve_slices_by(int seq, int slices,
   auto length_for = [&](double target, double prefix, double rest) {
     if (cost(rest, prefix) <= target) return rest;
     double lo = 0, hi = rest;
-    for (int it = 0; it < 100; ++it) {
+    // Cuts are rounded to whole tokens: a millionth of a token is exact enough.
+    while (hi - lo > 1e-6) {
       const double mid = 0.5 * (lo + hi);
       (cost(mid, prefix) < target ? lo : hi) = mid;
     }
@@ -470,7 +502,7 @@ std::vector<int> solve_slices_by(int seq, int slices,
   };
   // The last slice's cost falls as the target rises: bisect to make them equal.
   double lo = 0, hi = cost(seq, 0);
-  for (int it = 0; it < 100; ++it) {
+  for (int it = 0; it < 100 && hi - lo > 1e-12 * hi; ++it) {
     const double mid = 0.5 * (lo + hi);
     const auto bounds = cut(mid);
     const double last = cost(seq - bounds.back(), bounds.back());
@@ -495,11 +527,18 @@ std::vector<int> solve_slices(const ir::Scenario& sc, int slices) {
     throw Error(fmt::format("{}: model.seq must be positive to cut temporal slices (got {})", sc.name, seq));
   if (slices <= 1) return {seq};
   const ir::GpuSpec gpu = gpu_of_rank(sc, 0);
-  return solve_slices_by(seq, slices, [&](double tokens, double prefix) {
+  // The cuts depend on the layer's cost shape only; kept across calls (a search cuts
+  // many layouts of one shape).
+  thread_local std::map<std::string, std::vector<int>> memo;
+  const std::string key = fmt::format("{}|{}", cost_shape_key(sc, gpu), slices);
+  if (auto it = memo.find(key); it != memo.end()) return it->second;
+  if (memo.size() >= 1024) memo.clear();
+  std::vector<int> cuts = solve_slices_by(seq, slices, [&](double tokens, double prefix) {
     if (tokens <= 0) return 0.0;
     const LayerCostD c = layer_cost_d(sc, gpu, tokens, prefix);
     return c.f.seconds + c.b.seconds + c.w.seconds;
   });
+  return memo.emplace(key, std::move(cuts)).first->second;
 }
 
 std::vector<int> partition_by(int layers, const std::vector<double>& per_layer, const std::vector<double>& fixed) {
@@ -626,28 +665,60 @@ std::vector<int> solve_slices_terapipe(int seq, int stages, int microbatches, in
   candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
   if (stages == 1) candidates.erase(candidates.begin(), candidates.end() - 1);  // no fill: no bound
   // For each bound on the longest slice (ascending), the least total under it; the
-  // pipeline takes m·Σcᵢ + (p−1)·max tⱼ. Stop once (p−1)·bound alone is no better.
+  // pipeline takes m·Σcᵢ + (p−1)·max tⱼ. No cut costs less than the least Σcᵢ under no
+  // bound, so stop once m·that + (p−1)·bound is no better than the best found.
   const double inf = std::numeric_limits<double>::infinity();
   double best = inf;
-  std::vector<int> best_cut;
   std::vector<double> f(n);
   std::vector<int> from(n);
+  std::fill(f.begin(), f.end(), inf);
+  f[0] = 0;
+  for (int b = 1; b <= G; ++b)
+    for (int a = 0; a < b; ++a) f[b] = std::min(f[b], f[a] + c[a * n + b]);
+  const double least_total = microbatches * f[G];
+  // f under a bound = the shortest path from unit 0 to G over the slices with t ≤ bound.
+  // Bounds ascend, so slices are only ever added: insert each in t order and relax
+  // forward from where it lowered f (the same sums as one DP per bound, far fewer).
+  std::vector<std::pair<int, int>> slices_by_t;
+  for (int a = 0; a < G; ++a)
+    for (int b = a + 1; b <= G; ++b) slices_by_t.emplace_back(a, b);
+  std::stable_sort(slices_by_t.begin(), slices_by_t.end(), [&](const auto& x, const auto& y) {
+    return t[x.first * n + x.second] < t[y.first * n + y.second];
+  });
+  std::vector<char> allowed(n * n, 0);
+  std::fill(f.begin(), f.end(), inf);
+  f[0] = 0;
+  auto relax_from = [&](int b) {
+    for (int x = b + 1; x <= G; ++x)
+      for (int y = b; y < x; ++y)
+        if (allowed[y * n + x] && f[y] + c[y * n + x] < f[x]) f[x] = f[y] + c[y * n + x];
+  };
+  std::size_t added = 0;
+  double best_bound = inf;
   for (double bound : candidates) {
-    if (best < inf && (stages - 1) * bound >= best) break;
-    std::fill(f.begin(), f.end(), inf);
-    f[0] = 0;
-    for (int b = 1; b <= G; ++b)
-      for (int a = 0; a < b; ++a)
-        if (f[a] < inf && t[a * n + b] <= bound && f[a] + c[a * n + b] < f[b]) f[b] = f[a] + c[a * n + b], from[b] = a;
+    if (best < inf && least_total + (stages - 1) * bound >= best) break;
+    for (; added < slices_by_t.size(); ++added) {
+      const auto [a, b] = slices_by_t[added];
+      if (t[a * n + b] > bound) break;
+      allowed[a * n + b] = 1;
+      if (f[a] < inf && f[a] + c[a * n + b] < f[b]) {
+        f[b] = f[a] + c[a * n + b];
+        relax_from(b);
+      }
+    }
     if (f[G] == inf) continue;
     const double total = microbatches * f[G] + (stages - 1) * bound;
-    if (total < best) {
-      best = total;
-      best_cut.clear();
-      for (int b = G; b > 0; b = from[b]) best_cut.push_back(at[b] - at[from[b]]);
-      std::reverse(best_cut.begin(), best_cut.end());
-    }
+    if (total < best) best = total, best_bound = bound;
   }
+  // The cuts of the best bound, by the plain DP (its tie-breaks: the first a that lowers f[b]).
+  std::fill(f.begin(), f.end(), inf);
+  f[0] = 0;
+  for (int b = 1; b <= G; ++b)
+    for (int a = 0; a < b; ++a)
+      if (f[a] < inf && t[a * n + b] <= best_bound && f[a] + c[a * n + b] < f[b]) f[b] = f[a] + c[a * n + b], from[b] = a;
+  std::vector<int> best_cut;
+  for (int b = G; b > 0; b = from[b]) best_cut.push_back(at[b] - at[from[b]]);
+  std::reverse(best_cut.begin(), best_cut.end());
   return best_cut;
 }
 

@@ -94,6 +94,15 @@ LayerCost layer_cost(const ir::Scenario& scenario, const ir::GpuSpec& gpu, int t
 OpCost chunk_cost(const ir::Scenario& scenario, const ir::GpuSpec& gpu, ir::OpKind kind,
                   int virtual_stage, int virtual_stages, int layers, int tokens, int prefix);
 
+/// chunk_cost's F, B and W at once (the same sums).
+LayerCost chunk_costs(const ir::Scenario& scenario, const ir::GpuSpec& gpu, int virtual_stage, int virtual_stages,
+                      int layers, int tokens, int prefix);
+
+/// A key naming everything layer and end costs on `gpu` read from `scenario` (the model,
+/// the tensor-parallel shape, recompute, the fabric): equal keys, equal costs. For memos
+/// of per-shape results across layouts (slice cuts, slice cost grids).
+std::string cost_shape_key(const ir::Scenario& scenario, const ir::GpuSpec& gpu);
+
 /// Time of a ring collective of `bytes` (the full buffer) over `ranks` ranks on the
 /// tensor-parallel fabric (NVLink when the group fits in a node, else InfiniBand).
 /// kind: ALLREDUCE, REDUCE_SCATTER or ALL_GATHER.
