@@ -256,6 +256,61 @@ PY
     out=$("$tdpipe" balance scenarios/llama2-70b-a100-4x8.yaml --alpha 0 2>&1) && fail "--alpha 0 exited 0"
     expect "$out" '--alpha 0: expected 0 < alpha <= 1' "alpha"
     ;;
+  search)
+    # The default scenario's model on its 64 GPUs: a ranked table, the same ranking as
+    # JSON and as CSV (every layout), the winner's scenario written and planned, the
+    # winner's analytic time within 5 % of SimGrid's, and clear errors.
+    out=$("$tdpipe" search scenarios/gpt3-175b-a100-8x8.yaml --top 3 2>/dev/null) || fail "search exited $?: $out"
+    expect "$out" 'layouts: [0-9]+ do not fit .*, [0-9]+ bounded out, [0-9]+ planned' "summary"
+    expect "$out" '^ 1  t[0-9]+ p[0-9]+ d1 mb[0-9]' "a ranked first layout"
+    expect "$out" 'best of each schedule' "per-schedule losers"
+    expect "$out" 'why the others lost: .*does not fit [0-9]+' "loss counts"
+    "$tdpipe" search scenarios/gpt3-175b-a100-8x8.yaml --top 3 --json -o "$work/best.json" > "$work/s.json" 2>/dev/null \
+      || fail "search --json exited $?"
+    "$tdpipe" search scenarios/gpt3-175b-a100-8x8.yaml --top 3 --csv --no-simgrid > "$work/s.csv" 2>/dev/null \
+      || fail "search --csv exited $?"
+    python3 - "$work/s.json" "$work/s.csv" <<'PY' || fail "search results"
+import csv, json, sys
+j = json.load(open(sys.argv[1]))
+rows = list(csv.DictReader(open(sys.argv[2])))
+assert len(rows) == j["considered"], (len(rows), j["considered"])
+top = sorted((r for r in rows if r["rank"]), key=lambda r: int(r["rank"]))
+assert [r["label"] for r in top] == [t["label"] for t in j["top"]], ([r["label"] for r in top], j["top"])
+w = j["top"][0]
+if "simgrid_seconds" in w:
+    assert abs(w["simgrid_seconds"] / w["analytic_seconds"] - 1) < 0.05, w
+assert all(t["score"] >= w["score"] for t in j["top"])
+assert j["planned"] < j["considered"] / 10, j
+assert {r["verdict"] for r in rows} >= {"ranked", "does-not-fit", "bounded"}, {r["verdict"] for r in rows}
+PY
+    out=$("$tdpipe" plan "$work/best.json" 2>&1) || fail "plan of the best layout exited $?: $out"
+    out=$("$tdpipe" search scenarios/gpt3-175b-a100-8x8.yaml --gpus 12 2>&1) && fail "--gpus 12 exited 0"
+    expect "$out" '--gpus 12: expected a multiple of cluster.gpus_per_node \(8\)' "gpus"
+    out=$("$tdpipe" search scenarios/gpt3-175b-a100-8x8.yaml --global-batch 64,128 2>&1) && fail "two batches exited 0"
+    expect "$out" 'several batches only compare by tokens_per_s or cost' "batches"
+    out=$("$tdpipe" search scenarios/synthetic-uniform-p4-m8.yaml 2>&1) && fail "synthetic exited 0"
+    expect "$out" 'search needs a model and a cluster' "synthetic"
+    ;;
+  search-mpi)
+    # The same search split over two processes by mpirun: the same ranking.
+    command -v mpirun > /dev/null || fail "mpirun not found (openmpi-bin)"
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=false
+    "$tdpipe" search scenarios/llama2-70b-a100-4x8.yaml --top 4 --json --no-simgrid > "$work/one.json" 2>/dev/null \
+      || fail "search exited $?"
+    mpirun -n 2 --oversubscribe "$tdpipe" search scenarios/llama2-70b-a100-4x8.yaml --top 4 --json --no-simgrid \
+      > "$work/two.json" 2> "$work/two.err" || fail "mpirun search exited $?: $(cat "$work/two.err")"
+    python3 - "$work/one.json" "$work/two.json" <<'PY' || fail "one vs two processes"
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert [t["label"] for t in a["top"]] == [t["label"] for t in b["top"]], (a["top"], b["top"])
+assert [t["analytic_seconds"] for t in a["top"]] == [t["analytic_seconds"] for t in b["top"]]
+assert a["considered"] == b["considered"]
+PY
+    out=$(mpirun -n 2 --oversubscribe "$tdpipe" search scenarios/llama2-70b-a100-4x8.yaml --top 2 --no-simgrid 2>/dev/null) \
+      || fail "mpirun table exited $?"
+    expect "$out" 'on 2 processes' "the table says it was split"
+    [ "$(grep -c '^search ' <<<"$out")" = 1 ] || fail "only rank 0 prints: $out"
+    ;;
   *) fail "unknown case $case_name" ;;
 esac
 echo "ok: $case_name"
