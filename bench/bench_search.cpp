@@ -4,6 +4,8 @@
 // the wall time, the layouts considered / pruned / planned and the winner.
 //   bench_search            both models
 //   bench_search FILE GPUS BATCH   one scenario file
+//   bench_search --megatron        Megatron's published layouts (Narayanan et al. 2021) beside
+//                                  the search's best, on Megatron's GPU counts and batches
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -11,7 +13,11 @@
 #include <fmt/format.h>
 
 #include "tdpipe/ir/scenario_io.hpp"
+#include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/planner/evaluator.hpp"
+#include "tdpipe/planner/schedule_report.hpp"
 #include "tdpipe/planner/search.hpp"
+#include "tdpipe/traces/metrics.hpp"
 
 namespace {
 
@@ -32,9 +38,86 @@ void run(const std::string& file, int gpus, int batch) {
   }
 }
 
+/// Megatron's TFLOP/s per GPU: 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) per iteration (full
+/// recompute counted, as Narayanan et al. 2021 count it) over the time and the GPUs.
+double megatron_tflops(const tdpipe::ir::Scenario& sc, double seconds, int gpus) {
+  const auto& m = sc.model;
+  const double B = sc.parallel.global_batch, s = m.seq, l = m.layers, h = m.hidden, V = m.vocab;
+  const double flops = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+  return flops / seconds / gpus / 1e12;
+}
+
+int megatron() {
+  using namespace tdpipe;
+  struct Case {
+    const char* label;
+    const char* file;
+    int gpus, batch, tensor, pipeline;
+    double published_tflops;  // per GPU, Megatron's count
+  };
+  // Narayanan et al. 2021 (arXiv 2104.04473): 175B from Table 2 (PTD-P, model-parallel
+  // size 96 = t 8 × p 12, batch 1536 on 1536 GPUs); 530B and 1T from Table 1.
+  const Case cases[] = {{"GPT-3 175B", "gpt3-175b-a100-8x8.yaml", 1536, 1536, 8, 12, 141},
+                        {"MT-NLG 530B", "turing-530b-a100-35x8.yaml", 2520, 2520, 8, 35, 163},
+                        {"GPT 1T", "gpt-1t-a100-384x8.yaml", 3072, 3072, 8, 64, 163}};
+  for (const Case& c : cases) {
+    const ir::Scenario sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/" + c.file);
+    fmt::print("{} on {} A100, global batch {}: published t={} p={} d={} mb=1, {:.0f} TFLOP/s per GPU\n", c.label,
+               c.gpus, c.batch, c.tensor, c.pipeline, c.gpus / (c.tensor * c.pipeline), c.published_tflops);
+    for (const char* schedule : {"1f1b", "interleaved"}) {
+      planner::Layout l;
+      l.gpus = c.gpus, l.tensor = c.tensor, l.pipeline = c.pipeline, l.data = c.gpus / (c.tensor * c.pipeline);
+      l.micro_batch = 1, l.global_batch = c.batch, l.recompute = ir::Recompute::Full;
+      l.schedule = schedule, l.chunks = std::string(schedule) == "interleaved" ? 2 : 1;
+      ir::Scenario layout = planner::apply_layout(sc, l);
+      layout.parallel.layers_per_stage_auto = sc.model.layers % (c.pipeline * l.chunks) != 0;
+      try {
+        const auto built = planner::build_plan(layout, schedule);
+        const auto trace = planner::evaluate(built.lowered);
+        const double t = double(traces::compute_metrics(trace).iteration_ns) * 1e-9;
+        const auto report = planner::make_report(built, trace, "analytic");
+        fmt::print("  published layout, {:<18} predicted {:8.3f} s  {:5.1f} TFLOP/s per GPU ({:+.1f} % vs published)  "
+                   "MFU {:4.1f} %  {}\n",
+                   l.label().substr(l.label().find(schedule)), t, megatron_tflops(layout, t, c.gpus),
+                   100 * (megatron_tflops(layout, t, c.gpus) / c.published_tflops - 1), 100 * report.mfu,
+                   report.fits ? "fits" : report.fit_message);
+      } catch (const std::exception& e) {
+        fmt::print("  published layout, {}: not planned: {}\n", schedule, e.what());
+      }
+    }
+    for (bool megatron_space : {true, false}) {
+      planner::SearchOptions o;
+      o.gpus = c.gpus;
+      o.global_batches = {c.batch};
+      o.top = 1;
+      if (megatron_space) {
+        o.schedules = {"1f1b", "interleaved"};
+        o.recomputes = {ir::Recompute::Full};
+        o.sequence_parallel = planner::SearchOptions::Toggle::Off;
+      }
+      const planner::SearchResult r = planner::search_layouts(sc, o);
+      if (r.top.empty()) {
+        fmt::print("  search ({}): nothing fits\n", megatron_space ? "Megatron-2021 space" : "full space");
+        continue;
+      }
+      const auto& w = r.candidates[r.top[0]];
+      ir::Scenario layout = planner::apply_layout(sc, w.layout);
+      fmt::print("  search best, {:<19} {:<48} {:8.3f} s  {:5.1f} TFLOP/s per GPU  MFU {:4.1f} %  ({:.2f} s, {} planned "
+                 "of {})\n",
+                 megatron_space ? "Megatron-2021 space" : "full space", w.layout.label(), w.iteration_seconds,
+                 megatron_tflops(layout, w.iteration_seconds, c.gpus), 100 * w.mfu, r.seconds, r.planned,
+                 r.considered);
+    }
+  }
+  fmt::print("(TFLOP/s per GPU by Megatron's count, full recompute included whatever the layout recomputes; "
+             "MFU by model FLOPs without recompute)\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--megatron") return megatron();
   if (argc == 4) {
     run(argv[1], std::atoi(argv[2]), std::atoi(argv[3]));
     return 0;

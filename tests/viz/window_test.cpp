@@ -21,6 +21,7 @@
 #include "tdpipe/viz/op_style.hpp"
 #include "tdpipe/viz/timeline_view.hpp"
 #include "tdpipe/viz/view_command.hpp"
+#include "tdpipe/viz/side_names.hpp"
 #include "tdpipe/viz/viewer_window.hpp"
 
 using namespace tdpipe;
@@ -185,6 +186,32 @@ TEST_CASE("parse_view_args", "[cli]") {
   CHECK(err({"a", "b", "c"}) == "at most two traces (PREDICTED MEASURED), got 3");
   CHECK(err({"--bogus"}) == "unknown option '--bogus'");
   CHECK(err({"--height", "x", "a"}).find("--height needs a whole number") == 0);
+  const auto l = ok({"--labels", "balanced, unbalanced", "b.json", "u.json"});
+  REQUIRE(l.labels);
+  CHECK(l.labels->first == "balanced");
+  CHECK(l.labels->second == "unbalanced");
+  CHECK(!ok({"p.json"}).labels);
+  CHECK(err({"--labels", "one", "a"}).find("--labels needs two different names") == 0);
+  CHECK(err({"--labels", "a,a", "x"}).find("--labels needs two different names") == 0);
+  CHECK(err({"--labels"}).find("--labels needs two different names") == 0);
+}
+
+TEST_CASE("two measured runs under their own names (--labels)", "[gui][window]") {
+  set_side_names("balanced", "unbalanced");
+  ViewerWindow w;
+  OneFOneB slow;
+  slow.seed = 7;
+  slow.jitter = 0.2;
+  w.set_traces(make_1f1b({}), make_1f1b(slow));
+  w.resize(1600, 900);
+  const auto& lanes = w.model().lanes();
+  REQUIRE(!lanes.empty());
+  CHECK(lanes[0].label == "r0 compute · balanced");
+  CHECK(lanes[1].label == "r0 compute · unbalanced");
+  CHECK(w.table()->horizontalHeaderItem(1)->text() == "balanced");
+  CHECK(w.table()->horizontalHeaderItem(3)->text() == "change");
+  reset_side_names();
+  CHECK(side_name(Side::Predicted) == "predicted");
 }
 
 TEST_CASE("export PNG and SVG", "[gui][window]") {

@@ -1,5 +1,6 @@
 // charts_panel.cpp — building the three Qt Charts panels from metrics and pairing.
 #include "tdpipe/viz/charts_panel.hpp"
+#include "tdpipe/viz/side_names.hpp"
 
 #include <QVBoxLayout>
 #include <QtCharts/QBarCategoryAxis>
@@ -121,8 +122,7 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
     for (Side side : {Side::Predicted, Side::Measured}) {
       const auto& m = side == Side::Predicted ? pred : meas;
       if (!m) continue;
-      auto* set = new QBarSet(side == Side::Predicted ? QStringLiteral("predicted")
-                                                      : QStringLiteral("measured"));
+      auto* set = new QBarSet(side_name(side));
       set->setColor(side_color(side));
       set->setBorderColor(side_color(side));
       for (int r = 0; r < nranks; ++r)
@@ -166,7 +166,7 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
       for (Side side : {Side::Predicted, Side::Measured}) {
         const auto& m = side == Side::Predicted ? pred : meas;
         if (!m) continue;
-        cats << QStringLiteral("r%1 %2").arg(r).arg(side == Side::Predicted ? "P" : "M");
+        cats << QStringLiteral("r%1 %2").arg(r).arg(side_names().tag[static_cast<int>(side)]);
         const traces::RankMetrics rm = r < static_cast<int>(m->ranks.size()) ? m->ranks[static_cast<std::size_t>(r)]
                                                                           : traces::RankMetrics{};
         *compute << static_cast<double>(rm.compute_ns) / scale;
@@ -195,7 +195,8 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
 
   // 3. Predicted vs measured op duration, one series per op kind, with y = x.
   {
-    QChart* chart = new_chart(QStringLiteral("Op duration: measured vs predicted"));
+    QChart* chart = new_chart(
+        QStringLiteral("Op duration: %1 vs %2").arg(side_name(Side::Measured), side_name(Side::Predicted)));
     scatter_points_ = 0;
     const bool both = model.has(Side::Predicted) && model.has(Side::Measured);
     // With one trace there is nothing to compare: the panel steps aside.
@@ -237,8 +238,8 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
       const double top = x->max();
       x->setLabelFormat(QStringLiteral("%.3g"));
       y->setLabelFormat(QStringLiteral("%.3g"));
-      style_axis(x, QStringLiteral("predicted (%1)").arg(unit));
-      style_axis(y, QStringLiteral("measured (%1)").arg(unit));
+      style_axis(x, QStringLiteral("%1 (%2)").arg(side_name(Side::Predicted), unit));
+      style_axis(y, QStringLiteral("%1 (%2)").arg(side_name(Side::Measured), unit));
       chart->addAxis(x, Qt::AlignBottom);
       chart->addAxis(y, Qt::AlignLeft);
       auto* diag = new QLineSeries;

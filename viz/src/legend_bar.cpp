@@ -1,5 +1,6 @@
 // legend_bar.cpp — painting the legend strip.
 #include "tdpipe/viz/legend_bar.hpp"
+#include "tdpipe/viz/side_names.hpp"
 
 #include <QPainter>
 
@@ -53,8 +54,8 @@ void LegendBar::paintEvent(QPaintEvent*) {
   }
   if (two_sides_) {
     // The lane labels carry the side; say so once, in the labels' own colours.
-    const QString pred = QStringLiteral("pred lanes (blue labels)");
-    const QString meas = QStringLiteral("meas lanes directly below");
+    const QString pred = QStringLiteral("%1 lanes (blue labels)").arg(side_names().short_name[0]);
+    const QString meas = QStringLiteral("%1 lanes directly below").arg(side_names().short_name[1]);
     x += 10;
     p.setPen(QColor(0x1f, 0x4e, 0x9a));
     p.drawText(QRect(x, 0, fm.horizontalAdvance(pred) + 2, height()), Qt::AlignVCenter, pred);

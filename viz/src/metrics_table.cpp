@@ -1,5 +1,6 @@
 // metrics_table.cpp — the comparison rows as a compact read-only table.
 #include "tdpipe/viz/metrics_table.hpp"
+#include "tdpipe/viz/side_names.hpp"
 
 #include <QHeaderView>
 #include <cmath>
@@ -23,8 +24,8 @@ QString cell(const std::optional<double>& v, const std::string& unit) {
 
 MetricsTable::MetricsTable(QWidget* parent) : QTableWidget(parent) {
   setColumnCount(4);
-  setHorizontalHeaderLabels({QStringLiteral("metric"), QStringLiteral("predicted"),
-                             QStringLiteral("measured"), QStringLiteral("error")});
+  setHorizontalHeaderLabels({QStringLiteral("metric"), side_names().name[0], side_names().name[1],
+                             side_names().difference});
   verticalHeader()->setVisible(false);
   verticalHeader()->setDefaultSectionSize(20);
   horizontalHeader()->setSectionResizeMode(0, QHeaderView::Stretch);

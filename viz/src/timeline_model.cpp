@@ -1,5 +1,6 @@
 // timeline_model.cpp — lanes, shifts, pairing and hit testing of the timeline.
 #include "tdpipe/viz/timeline_model.hpp"
+#include "tdpipe/viz/side_names.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -118,7 +119,7 @@ void TimelineModel::build_lanes() {
       lane.y = y;
       y += lane.height + kLaneGap;
       lane.label = "r" + std::to_string(rank) + " " + stream_name(stream, tdpipe) +
-                   (s == 0 ? " · pred" : " · meas");
+                   " · " + side_names().short_name[s].toStdString();
       const int lane_index = static_cast<int>(lanes_.size());
       for (int i : lane.events) lane_of_event_[s][static_cast<std::size_t>(i)] = lane_index;
       lanes_.push_back(std::move(lane));

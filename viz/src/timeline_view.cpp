@@ -1,10 +1,12 @@
 // timeline_view.cpp — layout, zoom/pan, ruler, lane labels, tooltips, selection.
 #include "tdpipe/viz/timeline_view.hpp"
+#include "tdpipe/viz/side_names.hpp"
 
 #include <QGraphicsScene>
 #include <QHelpEvent>
 #include <QKeyEvent>
 #include <QMouseEvent>
+#include <QFontMetrics>
 #include <QPainter>
 #include <QScrollBar>
 #include <QToolTip>
@@ -162,6 +164,18 @@ void TimelineView::set_model(const TimelineModel* model) {
   scene()->clear();
   items_.clear();
   model_ = model;
+  // The label margin fits the longest lane label (bold 11 px for compute lanes).
+  label_width_ = kLaneLabelWidth;
+  if (model_) {
+    QFont f = font();
+    f.setPixelSize(11);
+    f.setBold(true);
+    const QFontMetrics fm(f);
+    for (const Lane& lane : model_->lanes())
+      label_width_ = std::max(label_width_, fm.horizontalAdvance(QString::fromStdString(lane.label)) + 14);
+  }
+  setViewportMargins(label_width_, kRulerHeight, 0, 0);
+  place_margins();
   if (model_) {
     for (int i = 0; i < static_cast<int>(model_->lanes().size()); ++i) {
       auto* item = new LaneItem(this, i);
@@ -281,8 +295,7 @@ QString TimelineView::tooltip_at(QPoint pos) const {
   QString html = QStringLiteral("<b>%1</b> &nbsp;(%2)<table>")
                      .arg(QString::fromStdString(e.name.empty() ? op_label(e).toStdString() : e.name)
                               .toHtmlEscaped(),
-                          id->side == Side::Predicted ? QStringLiteral("predicted")
-                                                      : QStringLiteral("measured"));
+                          side_name(id->side));
   auto row = [&](const QString& k, const QString& v) {
     html += QStringLiteral("<tr><td>%1</td><td>%2</td></tr>").arg(k, v.toHtmlEscaped());
   };
@@ -307,18 +320,18 @@ QString TimelineView::tooltip_at(QPoint pos) const {
     const double rel = pe.dur_ns > 0 ? 100.0 * double(me.dur_ns - pe.dur_ns) / double(pe.dur_ns) : 0.0;
     html += QStringLiteral(
                 "<hr><table><tr><td></td><td><b>start</b></td><td><b>duration</b></td></tr>"
-                "<tr><td>predicted</td><td>%1</td><td>%2</td></tr>"
-                "<tr><td>measured</td><td>%3</td><td>%4</td></tr>"
+                "<tr><td>%8</td><td>%1</td><td>%2</td></tr>"
+                "<tr><td>%9</td><td>%3</td><td>%4</td></tr>"
                 "<tr><td>Δ</td><td>%5</td><td>%6 (%7%)</td></tr></table>")
                 .arg(format_duration(pe.start_ns), format_duration(pe.dur_ns),
                      format_duration(me.start_ns), format_duration(me.dur_ns),
                      format_duration(me.start_ns - pe.start_ns),
                      format_duration(me.dur_ns - pe.dur_ns))
-                .arg(rel, 0, 'f', 1);
+                .arg(rel, 0, 'f', 1)
+                .arg(side_name(Side::Predicted).toHtmlEscaped(), side_name(Side::Measured).toHtmlEscaped());
   } else if (model_->has(Side::Predicted) && model_->has(Side::Measured)) {
     html += QStringLiteral("<hr><i>no matching op in the %1 trace</i>")
-                .arg(id->side == Side::Predicted ? QStringLiteral("measured")
-                                                 : QStringLiteral("predicted"));
+                .arg(side_name(id->side == Side::Predicted ? Side::Measured : Side::Predicted));
   }
   return html;
 }
@@ -390,7 +403,7 @@ void TimelineView::keyPressEvent(QKeyEvent* event) {
 void TimelineView::place_margins() {
   const QRect vp = viewport()->geometry();
   ruler_->setGeometry(vp.left(), 0, vp.width(), kRulerHeight);
-  labels_->setGeometry(0, vp.top(), kLaneLabelWidth, vp.height());
+  labels_->setGeometry(0, vp.top(), label_width_, vp.height());
 }
 
 void TimelineView::resizeEvent(QResizeEvent* event) {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 
+#include "tdpipe/viz/side_names.hpp"
 #include "tdpipe/viz/viewer_window.hpp"
 
 namespace tdpipe::viz {
@@ -26,14 +27,17 @@ void quiet_offscreen_messages(QtMsgType type, const QMessageLogContext& ctx, con
 
 std::string view_usage() {
   return "usage: tdpipe-view [PREDICTED] [MEASURED]\n"
-         "       tdpipe-view --render OUT.png [--width W] [--height H] PREDICTED [MEASURED]\n"
+         "       tdpipe-view --render OUT.png [--width W] [--height H] [--labels A,B] PREDICTED [MEASURED]\n"
          "\n"
          "Shows a predicted and (optionally) a measured trace side by side: Gantt timeline\n"
          "(bubbles shaded), bubble / breakdown / duration charts and a metrics table.\n"
          "Traces are tdpipe traces or any Chrome-trace JSON with X events.\n"
          "  --render OUT.png  draw the window offscreen into OUT.png and exit\n"
          "  --width W         image width in pixels (default 1600)\n"
-         "  --height H        image height in pixels (default 900)\n";
+         "  --height H        image height in pixels (default 900)\n"
+         "  --labels A,B      call the two traces A and B instead of predicted and measured\n"
+         "                    (e.g. two measured runs: --labels balanced,unbalanced); the\n"
+         "                    difference column is then the change (A − B) / B\n";
 }
 
 std::variant<ViewArgs, std::string> parse_view_args(const QStringList& args) {
@@ -59,6 +63,14 @@ std::variant<ViewArgs, std::string> parse_view_args(const QStringList& args) {
         return a.toStdString() + " needs a whole number of pixels between " + std::to_string(kMinSide) +
                " and " + std::to_string(kMaxSide) + (v ? ", got '" + v->toStdString() + "'" : "");
       (a == "--width" ? out.width : out.height) = n;
+    } else if (a == "--labels") {
+      const auto v = value();
+      const QStringList both = v ? v->split(QLatin1Char(',')) : QStringList();
+      if (both.size() != 2 || both[0].trimmed().isEmpty() || both[1].trimmed().isEmpty() ||
+          both[0].trimmed() == both[1].trimmed())
+        return "--labels needs two different names separated by a comma (e.g. --labels balanced,unbalanced)" +
+               (v ? ", got '" + v->toStdString() + "'" : std::string());
+      out.labels = {both[0].trimmed(), both[1].trimmed()};
     } else if (a.startsWith("-") && a.size() > 1) {
       return "unknown option '" + a.toStdString() + "'";
     } else {
@@ -133,6 +145,7 @@ int run_view(int argc, char** argv) {
     std::printf("%s", view_usage().c_str());
     return 0;
   }
+  if (args.labels) set_side_names(args.labels->first, args.labels->second);
   if (args.render_to) return render_headless(args);
 
   ViewerWindow window;

@@ -1,5 +1,6 @@
 // viewer_window.cpp — window layout, loading, file watching and export.
 #include "tdpipe/viz/viewer_window.hpp"
+#include "tdpipe/viz/side_names.hpp"
 
 #include <QAction>
 #include <QApplication>
@@ -115,16 +116,13 @@ ViewerWindow::ViewerWindow(QWidget* parent) : QMainWindow(parent) {
     const OpId id{static_cast<Side>(side), index};
     const auto& e = model_.event(id);
     QString msg = QStringLiteral("%1 %2 on rank %3: start %4, duration %5")
-                      .arg(side == 0 ? QStringLiteral("predicted") : QStringLiteral("measured"),
-                           op_label(e))
+                      .arg(side_name(static_cast<Side>(side)), op_label(e))
                       .arg(e.rank)
                       .arg(format_duration(e.start_ns), format_duration(e.dur_ns));
     if (const auto twin = model_.twin(id)) {
       const auto& t = model_.event(*twin);
       msg += QStringLiteral(" — %1: start %2, duration %3")
-                 .arg(twin->side == Side::Predicted ? QStringLiteral("predicted")
-                                                    : QStringLiteral("measured"),
-                      format_duration(t.start_ns), format_duration(t.dur_ns));
+                 .arg(side_name(twin->side), format_duration(t.start_ns), format_duration(t.dur_ns));
     }
     statusBar()->showMessage(msg);
   });
@@ -204,13 +202,14 @@ void ViewerWindow::refresh() {
   QStringList parts;
   QStringList title;
   if (model_.has(Side::Predicted)) {
-    parts << QStringLiteral("<span style='color:#1f4e9a'><b>predicted</b></span>: ") +
+    parts << QStringLiteral("<span style='color:#1f4e9a'><b>%1</b></span>: ").arg(side_name(Side::Predicted).toHtmlEscaped()) +
                  describe(model_.trace(Side::Predicted), names_[0]).toHtmlEscaped();
-    title << (names_[0].isEmpty() ? QStringLiteral("predicted") : names_[0]);
+    title << (names_[0].isEmpty() ? side_name(Side::Predicted) : names_[0]);
   }
   if (model_.has(Side::Measured)) {
-    parts << QStringLiteral("<b>measured</b>: ") + describe(model_.trace(Side::Measured), names_[1]).toHtmlEscaped();
-    title << (names_[1].isEmpty() ? QStringLiteral("measured") : names_[1]);
+    parts << QStringLiteral("<b>%1</b>: ").arg(side_name(Side::Measured).toHtmlEscaped()) +
+                 describe(model_.trace(Side::Measured), names_[1]).toHtmlEscaped();
+    title << (names_[1].isEmpty() ? side_name(Side::Measured) : names_[1]);
   }
   header_->setText(parts.isEmpty() ? QStringLiteral("No trace open — File ▸ Open predicted…")
                                    : parts.join(QStringLiteral(" &nbsp;·&nbsp; ")));

@@ -21,7 +21,7 @@ class LaneItem;
 
 inline constexpr int kTimelinePad = 8;       ///< scene pixels left of t = 0
 inline constexpr int kRulerHeight = 28;      ///< pixels above the lanes
-inline constexpr int kLaneLabelWidth = 128;  ///< pixels left of the lanes
+inline constexpr int kLaneLabelWidth = 128;  ///< pixels left of the lanes, at least
 
 class TimelineView : public QGraphicsView {
   Q_OBJECT
@@ -92,6 +92,7 @@ class TimelineView : public QGraphicsView {
   class LaneLabels;
   void relayout();
   void place_margins();
+  int label_width_ = kLaneLabelWidth;  ///< the lane-label margin: kLaneLabelWidth or the longest label
 
   const TimelineModel* model_ = nullptr;
   std::vector<LaneItem*> items_;

@@ -5,6 +5,7 @@
 #include <QString>
 #include <QStringList>
 #include <optional>
+#include <utility>
 #include <string>
 #include <variant>
 
@@ -15,6 +16,7 @@ struct ViewArgs {
   std::optional<QString> render_to;
   int width = 1600, height = 900;
   bool help = false;
+  std::optional<std::pair<QString, QString>> labels;  ///< --labels A,B
 };
 
 /// Parses arguments after the program name (Qt's own options already removed).
