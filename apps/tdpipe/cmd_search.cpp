@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -141,6 +142,20 @@ nlohmann::json layout_json(const planner::Layout& l) {
           {"layers_per_stage", l.partition_auto ? "auto" : "even"}};
 }
 
+/// Why a search ranked nothing, with the nearest layout by memory.
+std::string no_fit_message(const planner::SearchResult& res) {
+  const planner::Candidate* nearest = nullptr;
+  double best = 1e300;
+  for (const auto& c : res.candidates) {
+    if (c.verdict != planner::Verdict::NoFit || !(c.hbm_bytes > 0)) continue;
+    const double need = std::max(c.static_bytes, c.peak_bytes) / c.hbm_bytes;
+    if (need < best) best = need, nearest = &c;
+  }
+  std::string msg = fmt::format("no layout of the {} considered fits and runs", res.considered);
+  if (nearest) msg += fmt::format("; the nearest, {}: {}", nearest->layout.label(), nearest->reason);
+  return msg + " (more GPUs, a smaller global batch or micro-batch, or recompute)";
+}
+
 /// The category of a loser's reason: the word before its first ':'.
 std::string loss_kind(const planner::Candidate& c) {
   const auto colon = c.reason.find(':');
@@ -167,6 +182,11 @@ void run_search(const SearchArgs& a) {
   o.max_micro_batch = a.max_micro_batch;
   o.max_chunks = a.max_chunks;
   o.max_ops = a.max_ops;
+  // Every process must cut the same planning rounds: agree on one thread count (the least).
+  if (workers.size() > 1) {
+    o.threads = std::min(4, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    for (const std::string& n : workers.all_gather(std::to_string(o.threads))) o.threads = std::min(o.threads, std::stoi(n));
+  }
   const auto t0 = std::chrono::steady_clock::now();
   bool shown = false;
   if (lead)
@@ -202,12 +222,17 @@ void run_search(const SearchArgs& a) {
     for (std::size_t k = 0; k < res.top.size(); ++k) {
       if (int(k) % workers.size() != workers.rank()) continue;
       const planner::Candidate& c = res.candidates[res.top[k]];
-      const ir::Scenario layout = planner::apply_layout(sc, c.layout);
-      const planner::BuiltPlan built = planner::build_plan(
-          layout, c.layout.schedule, c.layout.schedule == "tdpipe" || c.layout.schedule == "auto" ? c.layout.slices : 0,
-          o.max_ops);
-      const sim::SimResult r = sim::simulate(built.lowered, sim::SimOptions{});
-      mine[std::to_string(k)] = double(traces::compute_metrics(r.trace).iteration_ns) * 1e-9;
+      try {  // a failure here costs this row its SimGrid figure, not the ranking (or an MPI hang)
+        const ir::Scenario layout = planner::apply_layout(sc, c.layout);
+        const planner::BuiltPlan built = planner::build_plan(
+            layout, c.layout.schedule,
+            c.layout.schedule == "tdpipe" || c.layout.schedule == "auto" ? c.layout.slices : 0, o.max_ops);
+        const sim::SimResult r = sim::simulate(built.lowered, sim::SimOptions{});
+        mine[std::to_string(k)] = double(traces::compute_metrics(r.trace).iteration_ns) * 1e-9;
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "note: SimGrid could not re-simulate #{} ({}): {}\n", k + 1, c.layout.label(), e.what());
+        mine[std::to_string(k)] = -1.0;
+      }
       if (lead) fmt::print(stderr, "  simulated #{} with SimGrid\r", k + 1);
     }
     for (const std::string& text : workers.all_gather(mine.dump())) {
@@ -228,9 +253,13 @@ void run_search(const SearchArgs& a) {
   for (int i = 0; i < int(res.candidates.size()); ++i) {
     const auto& c = res.candidates[i];
     auto it = best_of.find(c.layout.schedule);
+    // Ranked by score, then bounded by their bound's score, then the dropped (by need/HBM).
     auto rank_key = [&](const planner::Candidate& x) {
+      const double need = x.hbm_bytes > 0 ? std::max(x.static_bytes, x.peak_bytes) / x.hbm_bytes : 1e300;
       return std::make_pair(x.verdict == planner::Verdict::Ranked ? 0 : x.verdict == planner::Verdict::Bounded ? 1 : 2,
-                            x.verdict == planner::Verdict::Ranked ? x.score : x.bound_seconds);
+                            x.verdict == planner::Verdict::Ranked    ? x.score
+                            : x.verdict == planner::Verdict::Bounded ? x.bound_score
+                                                                     : need);
     };
     if (it == best_of.end() || rank_key(c) < rank_key(res.candidates[it->second])) best_of[c.layout.schedule] = i;
   }
@@ -241,30 +270,33 @@ void run_search(const SearchArgs& a) {
   if (a.csv) {
     std::ostringstream out;
     out << "rank,label,gpus,tensor,pipeline,data,chunks,micro_batch,global_batch,recompute,sequence_parallel,"
-           "schedule,slices,memory_budget,layers_per_stage,verdict,bound_s,iteration_s,simgrid_s,tokens_per_s,mfu,"
-           "peak_gib,reason\n";
+           "schedule,slices,memory_budget,layers_per_stage,verdict,bound_s,bound_kind,iteration_s,simgrid_s,"
+           "tokens_per_s,mfu,peak_gib,reason\n";
     std::vector<int> rank_of(res.candidates.size(), 0);
     for (std::size_t k = 0; k < res.top.size(); ++k) rank_of[res.top[k]] = int(k) + 1;
     for (int i = 0; i < int(res.candidates.size()); ++i) {
       const auto& c = res.candidates[i];
       const nlohmann::json l = layout_json(c.layout);
-      std::string reason = c.reason;
-      for (char& ch : reason)
-        if (ch == '"') ch = '\'';
+      std::string reason;  // a CSV field: quotes doubled
+      for (char ch : c.reason) reason += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+      const bool bounded = c.bound_seconds > 0;
       const int k = rank_of[i];
-      out << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6g},{},{},{},{},{},\"{}\"\n",
+      out << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"\n",
                          k ? std::to_string(k) : "", c.layout.label(), c.layout.gpus, c.layout.tensor,
                          c.layout.pipeline, c.layout.data, c.layout.chunks, c.layout.micro_batch,
                          c.layout.global_batch, l["recompute"].get<std::string>(), c.layout.sequence_parallel ? 1 : 0,
                          c.layout.schedule, c.layout.slices == planner::kAutoSlices ? "auto" : std::to_string(c.layout.slices),
                          c.layout.budget, c.layout.partition_auto ? "auto" : "even", planner::to_string(c.verdict),
-                         c.bound_seconds, c.planned ? fmt::format("{:.6g}", c.iteration_seconds) : "",
+                         bounded ? fmt::format("{:.6g}", c.bound_seconds) : "",
+                         bounded ? (c.rough_bound ? "rough" : "exact") : "",
+                         c.planned ? fmt::format("{:.6g}", c.iteration_seconds) : "",
                          k && simgrid[k - 1] > 0 ? fmt::format("{:.6g}", simgrid[k - 1]) : "",
                          c.planned ? fmt::format("{:.6g}", c.tokens_per_second) : "",
                          c.planned ? fmt::format("{:.4f}", c.mfu) : "",
                          c.planned ? fmt::format("{:.2f}", c.peak_bytes / double(1u << 30)) : "", reason);
     }
     std::cout << out.str();
+    if (res.top.empty()) throw Error(no_fit_message(res));
     return;
   }
   if (a.json) {
@@ -300,6 +332,7 @@ void run_search(const SearchArgs& a) {
     }
     j["losses"] = losses;
     std::cout << j.dump(2) << "\n";
+    if (res.top.empty()) throw Error(no_fit_message(res));
     return;
   }
   const auto& g = sc.cluster.groups;
@@ -313,9 +346,7 @@ void run_search(const SearchArgs& a) {
              res.considered, res.pruned_memory, res.pruned_bound, res.planned,
              engine == "simgrid" ? res.top.size() : std::size_t{0}, "simgrid", res.seconds,
              workers.size() > 1 ? fmt::format(" on {} processes", workers.size()) : "");
-  if (res.top.empty()) {
-    fmt::print("no layout fits; the closest:\n");
-  } else {
+  if (!res.top.empty()) {
     fmt::print("{:>2}  {:<52} {:>10} {:>10} {:>6} {:>9} {:>6} {:>9}  {}\n", "#", "layout", "analytic", "simgrid",
                "diff", "tokens/s", "MFU", "mem/GPU", "behind #1");
     for (std::size_t k = 0; k < res.top.size(); ++k) {
@@ -336,6 +367,7 @@ void run_search(const SearchArgs& a) {
   for (const auto& [kind, n] : losses) fmt::print(" {} {};", kind, n);
   fmt::print("\n");
   if (!a.output.empty() && !res.top.empty()) fmt::print("best layout's scenario written to {}\n", a.output);
+  if (res.top.empty()) throw Error(no_fit_message(res));
 }
 
 }  // namespace

@@ -88,7 +88,7 @@ class BoundCache {
   };
 
   const SliceCosts& slice_costs(const ir::Scenario& sc, const ir::GpuSpec& gpu, int tokens, int prefix) {
-    const auto key = std::make_tuple(shape_key(sc), gpu.name, gpu.peak_flops, tokens, prefix);
+    const auto key = std::make_tuple(shape_key(sc), gpu_key(gpu), tokens, prefix);
     auto it = slice_costs_.find(key);
     if (it != slice_costs_.end()) return it->second;
     // chunk_cost = layers · (a layer's) + (the stage's ends), exactly: the layer from
@@ -121,7 +121,7 @@ class BoundCache {
   /// The least Σ over any cut on TeraPipe's grid of one layer's F+B+W (no cut's slices
   /// cost less; the ends are bounded by 0).
   double least_cut_layer(const ir::Scenario& sc, const ir::GpuSpec& gpu) {
-    const auto key = std::make_tuple(shape_key(sc), gpu.name, gpu.peak_flops);
+    const auto key = std::make_tuple(shape_key(sc), gpu_key(gpu));
     auto it = least_cut_.find(key);
     if (it != least_cut_.end()) return it->second;
     const int seq = sc.model.seq, G = std::min(seq, kAutoSliceUnits);
@@ -139,10 +139,13 @@ class BoundCache {
 
   /// Slice lengths of a plan of S slices (kAutoSlices: TeraPipe's) as build_plan cuts them.
   const std::vector<int>& cuts(const ir::Scenario& sc, int S) {
-    const auto key = std::make_tuple(shape_key(sc), S, S == kAutoSlices ? sc.parallel.pipeline : 0,
+    // TeraPipe's cuts depend on p, m and the partition; on a mixed cluster rank 0's GPU
+    // (whose costs cut equal slices) on where t, p and d put it.
+    const bool mixed = sc.cluster.groups.size() > 1;
+    const auto key = std::make_tuple(shape_key(sc), S, S == kAutoSlices || mixed ? sc.parallel.pipeline : 0,
                                      S == kAutoSlices ? sc.microbatches() : 0,
-                                     S == kAutoSlices ? sc.parallel.data : 0, sc.parallel.layers_per_stage_auto,
-                                     rank_gpu(sc, 0).name);
+                                     S == kAutoSlices || mixed ? sc.parallel.data : 0, sc.parallel.layers_per_stage_auto,
+                                     gpu_key(rank_gpu(sc, 0)));
     auto it = cuts_.find(key);
     if (it != cuts_.end()) return it->second;
     std::vector<int> c = S == kAutoSlices ? auto_slice_tokens(sc, kAutoSliceUnits) : solve_slices(sc, S);
@@ -178,11 +181,16 @@ class BoundCache {
     return {sc.parallel.tensor, sc.parallel.micro_batch, static_cast<int>(sc.parallel.recompute),
             sc.parallel.sequence_parallel};
   }
-  std::map<std::tuple<Shape, std::string, double, int, int>, SliceCosts> slice_costs_;
+  /// Every field of a GpuSpec the costs read.
+  using GpuKey = std::tuple<std::string, double, double, double, double>;
+  static GpuKey gpu_key(const ir::GpuSpec& g) {
+    return {g.name, g.peak_flops, g.hbm_bytes, g.hbm_bytes_per_second, g.nvlink_bytes_per_second};
+  }
+  std::map<std::tuple<Shape, GpuKey, int, int>, SliceCosts> slice_costs_;
   std::map<std::tuple<Shape, int, int, bool, int>, std::vector<int>> partitions_;
-  std::map<std::tuple<Shape, int, int, int, int, bool, std::string>, std::vector<int>> cuts_;
+  std::map<std::tuple<Shape, int, int, int, int, bool, GpuKey>, std::vector<int>> cuts_;
   std::map<std::tuple<std::string, int, int, int>, std::vector<int>> inflight_;
-  std::map<std::tuple<Shape, std::string, double>, double> least_cut_;
+  std::map<std::tuple<Shape, GpuKey>, double> least_cut_;
 };
 
 /// What the bound and the memory prune know of a layout's plan.
@@ -280,10 +288,12 @@ TimeBound bound_of(const ir::Scenario& sc, const std::string& schedule, const Sh
   // Data parallelism: a chunk's gradient buckets are all-reduced (one after another on
   // the DP stream) once its last backward has run, and the optimizer step waits for
   // them; some chunk's buckets therefore come after the rank's last backward.
+  double buckets = 0;  // the most on any chunk: each is rounded to whole ns by the engine
   auto chunk_reduce = [&](int r, int c) {
     if (sc.parallel.data <= 1 || !lowering.grad_bytes) return 0.0;
     const std::int64_t bytes = lowering.grad_bytes(r, c), bucket = std::max<std::int64_t>(1, lowering.bucket_bytes);
     const std::int64_t whole = bytes / bucket, rest = bytes % bucket;
+    buckets = std::max(buckets, double(whole + (rest > 0)));
     return (whole > 0 ? double(whole) * allreduce_seconds(probe, r, bucket) : 0.0) +
            (rest > 0 ? allreduce_seconds(probe, r, rest) : 0.0);
   };
@@ -316,8 +326,9 @@ TimeBound bound_of(const ir::Scenario& sc, const std::string& schedule, const Sh
     out.seconds = std::max(out.seconds, t);
     out.compute_seconds = std::max(out.compute_seconds, compute + opt);
   }
-  // The engine rounds each op to whole ns: allow that much per op.
-  const double ops = double(s.m) * VS * s.S * 3 + 8.0 * s.p;
+  // The engine rounds each op to whole ns: allow that much per op (compute, transfers,
+  // gradient buckets, optimizer).
+  const double ops = double(s.m) * VS * s.S * 5 + 8.0 * s.p + 2 * buckets;
   out.seconds = std::max(0.0, out.seconds * (1 - 1e-9) - ops * 1e-9);
   return out;
 }
@@ -566,8 +577,8 @@ namespace {
 /// Activation memory no plan of this layout can go below, on the fullest rank: the
 /// schedule's peak count of units in flight (fixed-order schedules; one unit otherwise)
 /// times the smallest unit the rank holds. nullopt when every rank fits.
-std::optional<std::string> activation_prune(const ir::Scenario& sc, const Layout& l, BoundCache& cache) {
-  const Shape s = shape_of(sc, l.schedule, l.slices, cache);
+std::optional<std::string> activation_prune(const ir::Scenario& sc, const Layout& l, const Shape& s,
+                                            BoundCache& cache) {
   const int VS = s.p * s.v;
   std::vector<int> count(static_cast<std::size_t>(s.p), 1);
   if (fixed_order(l.schedule)) count = cache.inflight(l.schedule, s.p, s.m, s.v);
@@ -593,12 +604,20 @@ void evaluate_with(const ir::Scenario& base, Candidate& c, const SearchOptions& 
   const Layout& l = c.layout;
   const ir::Scenario sc = apply_layout(base, l);
   try {
-    if (auto why = activation_prune(sc, l, cache)) {
+    // Before cutting TeraPipe's slices, the plan must fit max_ops with one slice.
+    if (estimate_ops(sc, l.schedule, sliced(l.schedule) && l.slices == kAutoSlices ? 1 : slices_argument(l)) >
+        o.max_ops) {
+      c.verdict = Verdict::TooLarge;
+      c.reason = fmt::format("too large: more than {} ops (--max-ops)", o.max_ops);
+      return;
+    }
+    const Shape s = shape_of(sc, l.schedule, l.slices, cache);  // with the slices cut
+    if (auto why = activation_prune(sc, l, s, cache)) {
       c.verdict = Verdict::NoFit;
       c.reason = *why;
       return;
     }
-    if (estimate_ops(sc, l.schedule, slices_argument(l)) > o.max_ops) {
+    if (estimate_ops(sc, l.schedule, sliced(l.schedule) ? s.S : 0) > o.max_ops) {
       c.verdict = Verdict::TooLarge;
       c.reason = fmt::format("too large: more than {} ops (--max-ops)", o.max_ops);
       return;
@@ -614,8 +633,17 @@ void evaluate_with(const ir::Scenario& base, Candidate& c, const SearchOptions& 
     int busiest = 0;
     for (int r = 0; r < int(metrics.ranks.size()); ++r)
       if (metrics.ranks[r].compute_ns > metrics.ranks[busiest].compute_ns) busiest = r;
-    c.compute_seconds = double(metrics.ranks[busiest].compute_ns) * 1e-9;
-    c.comm_seconds = double(metrics.ranks[busiest].exposed_comm_ns) * 1e-9;
+    // On the busiest rank: compute, data moving while it does not compute (a RECV's span
+    // is mostly waiting for the peer: that is bubble, not communication), the rest idle.
+    std::vector<traces::TimeSpan> compute, moving;
+    for (const auto& e : trace.events) {
+      if (e.rank != busiest || !e.kind) continue;
+      if (ir::is_compute(*e.kind)) compute.emplace_back(e.start_ns, e.end_ns());
+      else if (*e.kind != ir::OpKind::RECV) moving.emplace_back(e.start_ns, e.end_ns());
+    }
+    const traces::BusyUnion busy = traces::busy_union(std::move(compute), std::move(moving));
+    c.compute_seconds = double(busy.compute_ns) * 1e-9;
+    c.comm_seconds = double(busy.exposed_comm_ns()) * 1e-9;
     c.bubble_seconds = std::max(0.0, c.iteration_seconds - c.compute_seconds - c.comm_seconds);
     double worst = -1;
     for (int r = 0; r < int(report.peak_memory_bytes_per_rank.size()); ++r) {
@@ -633,6 +661,9 @@ void evaluate_with(const ir::Scenario& base, Candidate& c, const SearchOptions& 
   } catch (const Error& e) {
     c.verdict = Verdict::Failed;
     c.reason = fmt::format("refused: {}", e.what());
+  } catch (const std::exception& e) {  // e.g. memory: the layout fails, the search goes on
+    c.verdict = Verdict::Failed;
+    c.reason = fmt::format("refused: internal error: {}", e.what());
   }
 }
 
@@ -661,9 +692,11 @@ SearchResult search_layouts(const ir::Scenario& base, const SearchOptions& o, in
                             const Exchange& exchange) {
   const auto t0 = std::chrono::steady_clock::now();
   if (o.top < 1) throw Error(fmt::format("--top {}: expected at least 1", o.top));
-  if (workers < 1 || worker < 0 || worker >= workers)
-    throw Error(fmt::format("search: worker {} of {}", worker, workers));
-  const int threads = std::max(1, o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency()));
+  if (workers < 1 || worker < 0 || worker >= workers || (workers > 1 && !exchange))
+    throw Error(fmt::format("search: worker {} of {} (several workers need an exchange)", worker, workers));
+  // Each thread holds one plan at a time (up to max_ops ops, GBs): at most 4 by default.
+  const int threads =
+      std::max(1, o.threads > 0 ? o.threads : std::min(4, int(std::thread::hardware_concurrency())));
   SearchResult res;
   res.candidates = enumerate_layouts(base, o);
   auto& cands = res.candidates;
@@ -673,7 +706,7 @@ SearchResult search_layouts(const ir::Scenario& base, const SearchOptions& o, in
   using Entry = std::pair<double, int>;
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue;
   for (int i = 0; i < int(cands.size()); ++i)
-    if (cands[i].verdict == Verdict::Bounded) queue.emplace(bound_score(i), i);
+    if (cands[i].verdict == Verdict::Bounded) queue.emplace(cands[i].bound_score = bound_score(i), i);
     else if (cands[i].verdict == Verdict::NoFit) ++res.pruned_memory;
   const std::size_t total = cands.size();
   std::size_t decided = total - queue.size();
@@ -690,7 +723,7 @@ SearchResult search_layouts(const ir::Scenario& base, const SearchOptions& o, in
       queue.pop();
       if (cands[i].rough_bound) {
         refine_bound(base, cands[i], caches[0]);
-        if (cands[i].verdict == Verdict::Bounded) queue.emplace(bound_score(i), i);
+        if (cands[i].verdict == Verdict::Bounded) queue.emplace(cands[i].bound_score = bound_score(i), i);
         else ++decided;
         continue;
       }
@@ -740,19 +773,25 @@ void rank_losers(SearchResult& res, const SearchOptions& o) {
       continue;
     }
     if (c.verdict == Verdict::Ranked) {
-      const double dc = c.compute_seconds - w.compute_seconds, db = c.bubble_seconds - w.bubble_seconds,
-                   dm = c.comm_seconds - w.comm_seconds;
-      const double most = std::max({dc, db, dm});
-      const char* part = most == dc ? "compute" : most == db ? "bubble" : "comm";
-      const double iter_delta = c.iteration_seconds - w.iteration_seconds;
-      if (o.objective != Objective::Time && std::abs(iter_delta) < 1e-12)
-        c.reason = fmt::format("{}: same iteration, more GPUs or a smaller batch", to_string(o.objective));
-      else
-        c.reason = fmt::format("{}: {:+.3f} s (iteration {:+.1f} %)", part, most,
-                               100 * iter_delta / w.iteration_seconds);
+      const double d = c.score - w.score;
+      if (o.objective == Objective::Cost) {
+        c.reason = fmt::format("cost: {:+.4f} GPU-hours per 1M tokens ({:+.1f} %)", d, 100 * d / w.score);
+      } else if (o.objective == Objective::TokensPerSecond) {
+        c.reason = fmt::format("tokens_per_s: {:+.0f} ({:+.1f} %)", -d, 100 * d / w.score);
+      } else {
+        // Where the extra time is, on each one's busiest rank.
+        const double dc = c.compute_seconds - w.compute_seconds, db = c.bubble_seconds - w.bubble_seconds,
+                     dm = c.comm_seconds - w.comm_seconds;
+        const double most = std::max({dc, db, dm});
+        const char* part = most == dc ? "compute" : most == db ? "bubble" : "comm";
+        c.reason = fmt::format("{}: {:+.3f} s (iteration {:+.1f} %)", part, most, 100 * d / w.score);
+      }
     } else if (c.verdict == Verdict::Bounded) {
-      c.reason = fmt::format("bound: at least {:.3f} s ({}), no better than the top {}", c.bound_seconds,
-                             c.bound_compute_seconds >= w.iteration_seconds ? "its compute alone" : "compute + fill",
+      c.reason = fmt::format("bound: {} {:.3f} s ({}), no better than the top {}",
+                             c.rough_bound ? "before its slices are cut, at least" : "at least", c.bound_seconds,
+                             c.bound_compute_seconds >= w.iteration_seconds
+                                 ? "its compute alone exceeds the best's iteration"
+                                 : "compute, pipeline fill and drain, gradient reduce",
                              int(res.top.size()));
     }
   }

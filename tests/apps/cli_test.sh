@@ -288,6 +288,8 @@ PY
     expect "$out" '--gpus 12: expected a multiple of cluster.gpus_per_node \(8\)' "gpus"
     out=$("$tdpipe" search scenarios/gpt3-175b-a100-8x8.yaml --global-batch 64,128 2>&1) && fail "two batches exited 0"
     expect "$out" 'several batches only compare by tokens_per_s or cost' "batches"
+    out=$("$tdpipe" search scenarios/gpt3-175b-a100-8x8.yaml --gpus 8 --no-simgrid 2>&1) && fail "175B on 8 GPUs exited 0"
+    expect "$out" 'no layout of the [0-9]+ considered fits and runs; the nearest, t8 p1 d1 mb1 .*: does not fit' "nothing fits"
     out=$("$tdpipe" search scenarios/synthetic-uniform-p4-m8.yaml 2>&1) && fail "synthetic exited 0"
     expect "$out" 'search needs a model and a cluster' "synthetic"
     ;;

@@ -61,7 +61,7 @@ struct SearchOptions {
   /// Sequence parallelism (t > 1): both, or only the given setting.
   enum class Toggle { Both, Off, On } sequence_parallel = Toggle::Both;
   std::int64_t max_ops = kDefaultMaxOps;
-  int threads = 0;  ///< plan this many candidates at once per worker; 0: one per core
+  int threads = 0;  ///< plan this many candidates at once per worker; 0: one per core, at most 4
   /// Called while planning with the fraction of layouts decided so far (0…1).
   std::function<void(double fraction, int planned)> progress;
 };
@@ -81,6 +81,7 @@ struct Candidate {
   Layout layout;
   double bound_seconds = 0;        ///< lower bound on the analytic iteration time
   double bound_compute_seconds = 0;  ///< the busiest rank's compute in the bound
+  double bound_score = 0;          ///< the objective at the bound (search_layouts)
   /// The bound is the rough one of a layout whose slice cuts are not made yet (slices
   /// auto: TeraPipe's solver runs only for the layouts the search gets to).
   bool rough_bound = false;
@@ -91,8 +92,8 @@ struct Candidate {
   bool planned = false;
   double iteration_seconds = 0;
   double compute_seconds = 0;  ///< busiest rank's compute
-  double comm_seconds = 0;     ///< that rank's exposed communication
-  double bubble_seconds = 0;   ///< iteration − the two
+  double comm_seconds = 0;     ///< that rank's data movement while it does not compute (RECV waits excluded)
+  double bubble_seconds = 0;   ///< iteration − the two (waiting for peers included)
   double tokens_per_second = 0;
   double mfu = 0;
   double peak_bytes = 0;       ///< largest per-GPU need (memory model)
@@ -124,15 +125,18 @@ void evaluate_candidate(const ir::Scenario& base, Candidate& candidate, const Se
 using Exchange = std::function<void(std::vector<Candidate>& candidates, const std::vector<int>& mine)>;
 
 /// The search: enumerate_layouts, then in bound order evaluate until the next bound
-/// cannot beat the K-th best score. With workers > 1 each round evaluates `workers`
-/// candidates, the w-th by worker w, and `exchange` shares them (every worker ends with
-/// the same result). Fills reasons for the losers (rank_losers).
+/// cannot beat the K-th best score. Each round takes workers × threads candidates; the
+/// k-th goes to worker k mod workers, which plans its share on `threads` threads, and
+/// `exchange` shares the outcomes (every worker ends with the same result — so every
+/// worker must be given the same options, threads included). Fills the losers' reasons
+/// (rank_losers).
 SearchResult search_layouts(const ir::Scenario& base, const SearchOptions& options, int worker = 0,
                             int workers = 1, const Exchange& exchange = nullptr);
 
-/// Each loser's reason against the winner `best`: "does not fit: …", or the largest of
-/// its excess compute / bubble / exposed communication ("bubble +1.2 s"), or for a bound
-/// one "bound X s ≥ K-th best" with which part (compute or fill) already loses.
+/// Each loser's reason against the winner: planned ones by the objective (time: the
+/// largest of the extra compute / bubble / communication on the busiest rank, "bubble:
+/// +1.2 s (iteration +3.0 %)"; cost, tokens_per_s: the difference), bounded ones "bound:
+/// at least X s (…)". Dropped ones keep theirs ("does not fit: …", "refused: …").
 void rank_losers(SearchResult& result, const SearchOptions& options);
 
 /// Lower bound on the analytic engine's iteration time of the plan build_plan makes for
