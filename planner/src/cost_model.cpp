@@ -42,10 +42,9 @@
 #include <string>
 
 #include <fmt/format.h>
-
-#include "tdpipe/ir/error.hpp"
 #include <nlohmann/json.hpp>
 
+#include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 
 namespace tdpipe::planner {
@@ -484,7 +483,7 @@ std::vector<int> solve_slices_by(int seq, int slices,
     if (cost(rest, prefix) <= target) return rest;
     double lo = 0, hi = rest;
     // Cuts are rounded to whole tokens: a millionth of a token is exact enough.
-    while (hi - lo > 1e-6) {
+    for (int it = 0; it < 100 && hi - lo > 1e-6; ++it) {
       const double mid = 0.5 * (lo + hi);
       (cost(mid, prefix) < target ? lo : hi) = mid;
     }
