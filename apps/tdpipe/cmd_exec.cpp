@@ -140,9 +140,7 @@ void run_exec(const ExecArgs& a) {
       // Measured: each rank's F/B/W time per micro-batch in the segment's last step.
       std::vector<double> stage_ms(static_cast<std::size_t>(plan.num_ranks()), 0.0);
       for (const auto& e : r.step_traces.back().events)
-        if (e.kind && e.rank < plan.num_ranks() &&
-            (*e.kind == ir::OpKind::F || *e.kind == ir::OpKind::B || *e.kind == ir::OpKind::W ||
-             *e.kind == ir::OpKind::BW))
+        if (e.kind && e.rank < plan.num_ranks() && ir::is_chunk_work(*e.kind))
           stage_ms[static_cast<std::size_t>(e.rank)] += 1e-6 * static_cast<double>(e.dur_ns) / plan.microbatches;
       const double measured =
           *std::max_element(stage_ms.begin(), stage_ms.end()) / *std::min_element(stage_ms.begin(), stage_ms.end()) - 1;

@@ -17,6 +17,7 @@
 #include "commands.hpp"
 #include "tdpipe/ir/atomic_file.hpp"
 #include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/scenario_check.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/generators.hpp"
@@ -132,9 +133,7 @@ nlohmann::json layout_json(const planner::Layout& l) {
           {"chunks", l.chunks},
           {"micro_batch", l.micro_batch},
           {"global_batch", l.global_batch},
-          {"recompute", l.recompute == ir::Recompute::None        ? "none"
-                        : l.recompute == ir::Recompute::Selective ? "selective"
-                                                                  : "full"},
+          {"recompute", ir::recompute_name(l.recompute)},
           {"sequence_parallel", l.sequence_parallel},
           {"schedule", l.schedule},
           {"slices", l.slices == planner::kAutoSlices ? nlohmann::json("auto") : nlohmann::json(l.slices)},
@@ -172,10 +171,7 @@ void run_search(const SearchArgs& a) {
   o.objective = planner::objective_from_string(a.objective);
   o.top = a.top;
   o.schedules = a.schedules;
-  for (const auto& r : a.recomputes)
-    o.recomputes.push_back(r == "none" ? ir::Recompute::None
-                           : r == "selective" ? ir::Recompute::Selective
-                                              : ir::Recompute::Full);
+  for (const auto& r : a.recomputes) o.recomputes.push_back(ir::recompute_from(r));
   o.sequence_parallel = a.sequence_parallel == "on"    ? planner::SearchOptions::Toggle::On
                         : a.sequence_parallel == "off" ? planner::SearchOptions::Toggle::Off
                                                        : planner::SearchOptions::Toggle::Both;
@@ -224,9 +220,7 @@ void run_search(const SearchArgs& a) {
       const planner::Candidate& c = res.candidates[res.top[k]];
       try {  // a failure here costs this row its SimGrid figure, not the ranking (or an MPI hang)
         const ir::Scenario layout = planner::apply_layout(sc, c.layout);
-        const planner::BuiltPlan built = planner::build_plan(
-            layout, c.layout.schedule,
-            c.layout.schedule == "tdpipe" || c.layout.schedule == "auto" ? c.layout.slices : 0, o.max_ops);
+        const planner::BuiltPlan built = planner::build_plan(layout, c.layout.schedule, c.layout.plan_slices(), o.max_ops);
         const sim::SimResult r = sim::simulate(built.lowered, sim::SimOptions{});
         mine[std::to_string(k)] = double(traces::compute_metrics(r.trace).iteration_ns) * 1e-9;
       } catch (const std::exception& e) {
@@ -276,7 +270,6 @@ void run_search(const SearchArgs& a) {
     for (std::size_t k = 0; k < res.top.size(); ++k) rank_of[res.top[k]] = int(k) + 1;
     for (int i = 0; i < int(res.candidates.size()); ++i) {
       const auto& c = res.candidates[i];
-      const nlohmann::json l = layout_json(c.layout);
       std::string reason;  // a CSV field: quotes doubled
       for (char ch : c.reason) reason += ch == '"' ? std::string("\"\"") : std::string(1, ch);
       const bool bounded = c.bound_seconds > 0;
@@ -284,7 +277,7 @@ void run_search(const SearchArgs& a) {
       out << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"\n",
                          k ? std::to_string(k) : "", c.layout.label(), c.layout.gpus, c.layout.tensor,
                          c.layout.pipeline, c.layout.data, c.layout.chunks, c.layout.micro_batch,
-                         c.layout.global_batch, l["recompute"].get<std::string>(), c.layout.sequence_parallel ? 1 : 0,
+                         c.layout.global_batch, ir::recompute_name(c.layout.recompute), c.layout.sequence_parallel ? 1 : 0,
                          c.layout.schedule, c.layout.slices == planner::kAutoSlices ? "auto" : std::to_string(c.layout.slices),
                          c.layout.budget, c.layout.partition_auto ? "auto" : "even", planner::to_string(c.verdict),
                          bounded ? fmt::format("{:.6g}", c.bound_seconds) : "",
@@ -396,7 +389,7 @@ void add_search_command(CLI::App& app) {
       ->check(CLI::IsMember(planner::schedule_names()));
   cmd->add_option("--recompute", args->recomputes, "Only these recompute modes (none, selective, full)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"none", "selective", "full"}));
+      ->check(CLI::IsMember(ir::scenario_recompute_names()));
   cmd->add_option("--sequence-parallel", args->sequence_parallel, "both, on or off")
       ->check(CLI::IsMember({"both", "on", "off"}))
       ->capture_default_str();

@@ -48,11 +48,7 @@ double cpu_memory_bytes(const GptConfig& c, const ir::Plan& plan) {
       max_blocks = std::max(max_blocks, double(b - a));
       params += double(stage_parameter_count(c, stage, plan.virtual_stages()));
     }
-    int live = 0, peak = 0;
-    for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(r)]) {
-      if (op.kind == ir::OpKind::F) peak = std::max(peak, ++live);
-      if (op.kind == ir::OpKind::B || op.kind == ir::OpKind::BW) --live;
-    }
+    const int peak = ir::peak_inflight(plan.ranks[static_cast<std::size_t>(r)]);
     total += params * per_param + peak * max_blocks * per_layer_act / std::max(1, plan.slices);
   }
   return total * std::max(1, plan.data);

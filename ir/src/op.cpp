@@ -1,6 +1,7 @@
 // op.cpp — names and classes of op kinds and streams.
 #include "tdpipe/ir/op.hpp"
 
+#include <algorithm>
 #include <array>
 
 namespace tdpipe::ir {
@@ -12,6 +13,18 @@ constexpr std::array<std::string_view, 3> kStreamNames = {"compute", "p2p", "dp"
 }  // namespace
 
 bool is_compute(OpKind kind) { return kind <= OpKind::OPT; }
+bool is_chunk_work(OpKind kind) {
+  return kind == OpKind::F || kind == OpKind::B || kind == OpKind::W || kind == OpKind::BW;
+}
+int peak_inflight(const std::vector<Op>& rank_ops) {
+  int live = 0, peak = 0;
+  for (const Op& op : rank_ops) {
+    if (op.kind == OpKind::F) peak = std::max(peak, ++live);
+    else if (op.kind == OpKind::B || op.kind == OpKind::BW) --live;
+  }
+  return peak;
+}
+
 bool is_p2p(OpKind kind) { return kind == OpKind::SEND || kind == OpKind::RECV; }
 bool is_collective(OpKind kind) {
   return kind == OpKind::ALLREDUCE || kind == OpKind::REDUCE_SCATTER ||

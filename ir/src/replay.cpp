@@ -190,7 +190,7 @@ class Engine {
       int d = 0;
       if (valid_global(ref, d)) deps_.push_back(static_cast<std::uint32_t>(d));
     }
-    if (op.kind == OpKind::F || op.kind == OpKind::B || op.kind == OpKind::W || op.kind == OpKind::BW) {
+    if (is_chunk_work(op.kind)) {
       const int lo = ix_.offset[static_cast<std::size_t>(rank)];
       const int hi = ix_.offset[static_cast<std::size_t>(rank) + 1];
       detail::for_each_data_dep(ix_, op, rank, [&](int prod, Slot prod_slot, int key, bool cross) {

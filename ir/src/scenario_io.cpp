@@ -393,20 +393,6 @@ ClusterConfig read_cluster(const Reporter& rep, const YAML::Node& node, YAML::Ma
 }
 #endif  // TDPIPE_HAVE_YAML
 
-Recompute recompute_from(const std::string& s) {
-  if (s == "selective") return Recompute::Selective;
-  if (s == "full") return Recompute::Full;
-  return Recompute::None;
-}
-
-std::string recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::Selective: return "selective";
-    case Recompute::Full: return "full";
-    default: return "none";
-  }
-}
-
 #if TDPIPE_HAVE_YAML
 ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::Mark where) {
   MapReader r(rep, node, "parallel", where,
@@ -756,6 +742,20 @@ Scenario scenario_from_json(const json& j) {
   }
   if (auto problem = find_problem(s)) throw Error(fmt::format("{}.{}: {}", root, problem->field, problem->what));
   return s;
+}
+
+Recompute recompute_from(const std::string& s) {
+  if (s == "selective") return Recompute::Selective;
+  if (s == "full") return Recompute::Full;
+  return Recompute::None;
+}
+
+std::string recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+    default: return "none";
+  }
 }
 
 }  // namespace tdpipe::ir

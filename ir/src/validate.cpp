@@ -153,8 +153,7 @@ class Checker {
         const Op& o = ops[static_cast<std::size_t>(i)];
         const int g = base + i;
         note_memory(o, mem, inflight, bytes);
-        const bool ids = o.kind == OpKind::F || o.kind == OpKind::B || o.kind == OpKind::W ||
-                         o.kind == OpKind::BW || detail::p2p_kind(o.kind);
+        const bool ids = is_chunk_work(o.kind) || detail::p2p_kind(o.kind);
         if (ids) {
           if (o.mb < 0 || o.mb >= plan_.microbatches)
             problem(fmt::format("{}: micro-batch {} outside 0..{} (plan.microbatches = {})", where(g), o.mb,

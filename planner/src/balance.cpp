@@ -18,10 +18,6 @@
 namespace tdpipe::planner {
 namespace {
 
-bool is_work(ir::OpKind k) {
-  return k == ir::OpKind::F || k == ir::OpKind::B || k == ir::OpKind::W || k == ir::OpKind::BW;
-}
-
 void check_square(const std::vector<std::vector<double>>& cost, const char* what) {
   for (const auto& row : cost) {
     if (row.size() != cost.size())
@@ -110,7 +106,7 @@ std::vector<double> measured_slowdown(const ir::Plan& plan, const traces::Trace&
   std::vector<std::map<std::tuple<int, int, int, int>, double>> modelled(plan.ranks.size());
   for (std::size_t r = 0; r < plan.ranks.size(); ++r)
     for (const ir::Op& op : plan.ranks[r])
-      if (is_work(op.kind)) modelled[r][{static_cast<int>(op.kind), op.mb, op.chunk, op.slice}] = op.est_seconds;
+      if (ir::is_chunk_work(op.kind)) modelled[r][{static_cast<int>(op.kind), op.mb, op.chunk, op.slice}] = op.est_seconds;
   // A trace of another partition of the same schedule has the same ops but other work.
   if (auto it = trace.metadata.find("stage_layers"); it != trace.metadata.end()) {
     const std::string mine = fmt::format("{}", fmt::join(plan.stage_layers, ","));
@@ -120,7 +116,7 @@ std::vector<double> measured_slowdown(const ir::Plan& plan, const traces::Trace&
   }
   std::vector<double> measured(plan.ranks.size(), 0.0), model(plan.ranks.size(), 0.0);
   for (const traces::TraceEvent& e : trace.events) {
-    if (!e.kind || !is_work(*e.kind) || e.rank < 0) continue;
+    if (!e.kind || !ir::is_chunk_work(*e.kind) || e.rank < 0) continue;
     // Replicas' workers are numbered replica · p + rank (the executors' traces).
     const int p = plan.num_ranks(), workers = p * std::max(1, plan.data);
     if (e.rank >= workers)

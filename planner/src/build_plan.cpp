@@ -145,16 +145,14 @@ const SliceGridCosts& slice_grid_costs(const ir::Scenario& sc, const ir::GpuSpec
   thread_local std::map<std::string, SliceGridCosts> memo;
   if (auto it = memo.find(key); it != memo.end()) return it->second;
   if (memo.size() >= 256) memo.clear();
-  // The ends of a first / last / only / middle stage: virtual stage 0 or 1 of 1, 2 or 3.
-  const int vs = first ? 0 : 1, vstages = first && last ? 1 : first || last ? 2 : 3;
-  const int seq = sc.model.seq, G = std::min(seq, max_units);
+  const std::vector<int> at = slice_grid(sc.model.seq, max_units);
+  const int G = static_cast<int>(at.size()) - 1;
   SliceGridCosts out;
   for (int a = 0; a < G; ++a)
     for (int b = a + 1; b <= G; ++b) {
-      const int from = static_cast<int>(static_cast<long long>(seq) * a / G);
-      const int len = static_cast<int>(static_cast<long long>(seq) * b / G) - from;
+      const int from = at[a], len = at[b] - at[a];
       const LayerCost layer = layer_cost(sc, gpu, len, from);
-      const LayerCost ends = chunk_costs(sc, gpu, vs, vstages, 0, len, from);
+      const LayerCost ends = stage_ends_cost(sc, gpu, first, last, len, from);
       SliceGridCosts::Kinds k;
       k.layer[0] = layer.f.seconds, k.layer[1] = layer.b.seconds, k.layer[2] = layer.w.seconds;
       k.ends[0] = ends.f.seconds, k.ends[1] = ends.b.seconds, k.ends[2] = ends.w.seconds;

@@ -382,7 +382,9 @@ ir::GpuSpec gpu_of_rank(const ir::Scenario& sc, int rank) {
   const int d = std::max(1, sc.parallel.data);
   const int per_node = std::max(1, cl.gpus_per_node);
   std::optional<ir::GpuSpec> out;
-  for (int replica = 0; replica < d; ++replica) {
+  // One kind of GPU: every GPU of the rank is it (no walk over its t·d GPUs).
+  if (cl.groups.size() == 1) out = cl.groups[0].gpu;
+  for (int replica = 0; replica < d && cl.groups.size() > 1; ++replica) {
     for (int tr = 0; tr < t; ++tr) {
       int node = ((replica * p + rank) * t + tr) / per_node;
       const ir::GpuSpec* spec = &cl.groups.back().gpu;
@@ -419,15 +421,11 @@ OpCost chunk_cost(const ir::Scenario& sc, const ir::GpuSpec& gpu, OpKind kind, i
   return OpCost{a.flops * layers + b.flops, a.seconds * layers + b.seconds};
 }
 
-LayerCost chunk_costs(const ir::Scenario& sc, const ir::GpuSpec& gpu, int virtual_stage, int virtual_stages,
-                      int layers, int tokens, int prefix) {
-  const LayerCostD l = layer_cost_d(sc, gpu, tokens, prefix);
-  const LayerCostD ends = ends_cost(sc, gpu, virtual_stage, virtual_stages, tokens, prefix);
-  auto of = [&](OpKind kind) {
-    const OpCost a = pick(l, kind), b = pick(ends, kind);
-    return OpCost{a.flops * layers + b.flops, a.seconds * layers + b.seconds};
-  };
-  return LayerCost{of(OpKind::F), of(OpKind::B), of(OpKind::W)};
+LayerCost stage_ends_cost(const ir::Scenario& sc, const ir::GpuSpec& gpu, bool first, bool last, int tokens,
+                          int prefix) {
+  // A stage of that kind: virtual stage 0 or 1 of 1 (only), 2 (first or last) or 3 (middle).
+  const LayerCostD c = ends_cost(sc, gpu, first ? 0 : 1, first && last ? 1 : first || last ? 2 : 3, tokens, prefix);
+  return LayerCost{c.f, c.b, c.w};
 }
 
 std::string cost_shape_key(const ir::Scenario& sc, const ir::GpuSpec& gpu) {
@@ -639,17 +637,22 @@ std::vector<int> partition_layers(const ir::Scenario& sc, const std::vector<std:
   return partition_by(L, per_layer, fixed);
 }
 
+std::vector<int> slice_grid(int seq, int max_units) {
+  const int G = std::max(1, std::min(seq, max_units));
+  std::vector<int> at(static_cast<std::size_t>(G) + 1);
+  for (int u = 0; u <= G; ++u) at[u] = static_cast<int>(static_cast<long long>(seq) * u / G);
+  return at;
+}
+
 std::vector<int> solve_slices_terapipe(int seq, int stages, int microbatches, int max_units,
                                        const std::function<double(double tokens, double prefix)>& compute,
                                        const std::function<double(double tokens)>& transfer) {
   if (seq < 1 || stages < 1 || microbatches < 1 || max_units < 1)
     throw Error(fmt::format("slices auto: seq = {}, p = {}, m = {}, units = {}; expected all ≥ 1", seq, stages,
                             microbatches, max_units));
-  // Cut points on a grid of G units (⌊seq·u/G⌋, so unit lengths differ by at most one
-  // token), as TeraPipe does.
-  const int G = std::min(seq, max_units);
-  std::vector<int> at(static_cast<std::size_t>(G) + 1);
-  for (int u = 0; u <= G; ++u) at[u] = static_cast<int>(static_cast<long long>(seq) * u / G);
+  // Cut points on a grid of G units, as TeraPipe does.
+  const std::vector<int> at = slice_grid(seq, max_units);
+  const int G = static_cast<int>(at.size()) - 1;
   const std::size_t n = static_cast<std::size_t>(G) + 1;
   std::vector<double> c(n * n, 0.0), t(n * n, 0.0);  // [a][b]: slice of units a … b−1
   std::vector<double> candidates;

@@ -17,6 +17,16 @@ ir::Op compute_op(ir::OpKind kind, int mb, int chunk, int slice) {
   return op;
 }
 
+std::vector<std::vector<int>> stage_placement(std::string_view schedule, int stages, int chunks) {
+  std::vector<std::vector<int>> out(static_cast<std::size_t>(std::max(stages, 0)));
+  for (int r = 0; r < stages; ++r) {
+    if (schedule == "zb-v") out[r] = {r, 2 * stages - 1 - r};
+    else
+      for (int c = 0; c < chunks; ++c) out[r].push_back(c * stages + r);
+  }
+  return out;
+}
+
 ir::Plan plan_skeleton(std::string_view name, int stages, int microbatches, int chunks,
                        int slices) {
   ir::Plan plan;
@@ -26,9 +36,7 @@ ir::Plan plan_skeleton(std::string_view name, int stages, int microbatches, int 
   plan.chunks = chunks;
   plan.slices = slices;
   plan.lowered = false;
-  plan.stage_of.assign(stages, std::vector<int>(chunks, 0));
-  for (int r = 0; r < stages; ++r)
-    for (int c = 0; c < chunks; ++c) plan.stage_of[r][c] = c * stages + r;
+  plan.stage_of = stage_placement(name, stages, chunks);
   plan.ranks.assign(stages, {});
   return plan;
 }

@@ -15,8 +15,12 @@ namespace tdpipe::planner::detail {
 /// A compute op (F, B, W or BW) of micro-batch `mb`, local chunk `chunk`, slice `slice`.
 ir::Op compute_op(ir::OpKind kind, int mb, int chunk = 0, int slice = 0);
 
-/// An empty compute-only plan: p ranks, stage_of[r][c] = c·p + r (the interleaved
+/// rank → the virtual stages of its chunks as the generator `schedule` places them:
+/// zb-v's V shape {r, 2p − 1 − r}; every other schedule c·p + r (the interleaved
 /// placement, which is `rank` when chunks == 1).
+std::vector<std::vector<int>> stage_placement(std::string_view schedule, int stages, int chunks);
+
+/// An empty compute-only plan: p ranks, stage_of = stage_placement(name, p, chunks).
 ir::Plan plan_skeleton(std::string_view name, int stages, int microbatches, int chunks,
                        int slices);
 

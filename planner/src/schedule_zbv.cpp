@@ -21,8 +21,7 @@ namespace tdpipe::planner::detail {
 
 ir::Plan make_zb_v(const ScheduleParams& params) {
   const int p = params.stages, m = params.microbatches;
-  ir::Plan plan = plan_skeleton("zb-v", p, m, 2, 1);
-  for (int r = 0; r < p; ++r) plan.stage_of[r] = {r, 2 * p - 1 - r};
+  ir::Plan plan = plan_skeleton("zb-v", p, m, 2, 1);  // the V placement
 
   const int n = std::max(m, 2 * p - 1);
   for (int r = 0; r < p; ++r) {

@@ -17,14 +17,11 @@
 #include "tdpipe/planner/search.hpp"
 
 #include <algorithm>
-#include <array>
 #include <chrono>
-#include <queue>
-#include <thread>
-#include <cmath>
 #include <limits>
 #include <map>
-#include <numeric>
+#include <queue>
+#include <thread>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -33,6 +30,7 @@
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/lowering.hpp"
 #include "tdpipe/ir/scenario_check.hpp"
+#include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/cost_model.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/generators.hpp"
@@ -52,28 +50,6 @@ bool fused_backward(const std::string& schedule) {
 /// Schedules whose op order depends on (p, m, v) only, not on costs.
 bool fixed_order(const std::string& schedule) { return !sliced(schedule); }
 
-const char* recompute_name(ir::Recompute r) {
-  return r == ir::Recompute::None ? "none" : r == ir::Recompute::Selective ? "selective" : "full";
-}
-
-/// gpu_of_rank, without its walk over every GPU of the rank when all GPUs are alike.
-ir::GpuSpec rank_gpu(const ir::Scenario& sc, int rank) {
-  return sc.cluster.groups.size() == 1 ? sc.cluster.groups[0].gpu : gpu_of_rank(sc, rank);
-}
-
-/// rank → its virtual stages, as the generators place them.
-std::vector<std::vector<int>> stage_map(const std::string& schedule, int p, int v) {
-  std::vector<std::vector<int>> out(static_cast<std::size_t>(p));
-  for (int r = 0; r < p; ++r) {
-    if (schedule == "zb-v") out[r] = {r, 2 * p - 1 - r};
-    else
-      for (int c = 0; c < v; ++c) out[r].push_back(c * p + r);
-  }
-  return out;
-}
-
-/// build_plan's `slices` argument for a layout.
-int slices_argument(const Layout& l) { return sliced(l.schedule) ? l.slices : 0; }
 
 /// Costs the bound needs, memoised across layouts: one layer and each end (embedding on
 /// the first stage, head + loss on the last, both when there is one stage) per
@@ -91,19 +67,14 @@ class BoundCache {
     const auto key = std::make_tuple(shape_key(sc), gpu_key(gpu), tokens, prefix);
     auto it = slice_costs_.find(key);
     if (it != slice_costs_.end()) return it->second;
-    // chunk_cost = layers · (a layer's) + (the stage's ends), exactly: the layer from
-    // layer_cost, the ends as a chunk of no layers.
-    auto ends = [&](int vs, int vstages) {
-      const LayerCost l = chunk_costs(sc, gpu, vs, vstages, 0, tokens, prefix);
-      return KindCosts{l.f.seconds, l.b.seconds, l.w.seconds};
-    };
+    // chunk_cost = layers · layer_cost + stage_ends_cost, exactly.
+    auto seconds = [](const LayerCost& l) { return KindCosts{l.f.seconds, l.b.seconds, l.w.seconds}; };
     SliceCosts c;
-    const LayerCost layer = layer_cost(sc, gpu, tokens, prefix);
-    c.layer = KindCosts{layer.f.seconds, layer.b.seconds, layer.w.seconds};
-    c.first = ends(0, 2);
-    c.last = ends(1, 2);
-    c.both = ends(0, 1);
-    c.middle = ends(1, 3);  // Megatron's scatter/gather of pipeline tensors without SP
+    c.layer = seconds(layer_cost(sc, gpu, tokens, prefix));
+    c.first = seconds(stage_ends_cost(sc, gpu, true, false, tokens, prefix));
+    c.last = seconds(stage_ends_cost(sc, gpu, false, true, tokens, prefix));
+    c.both = seconds(stage_ends_cost(sc, gpu, true, true, tokens, prefix));
+    c.middle = seconds(stage_ends_cost(sc, gpu, false, false, tokens, prefix));
     return slice_costs_.emplace(key, c).first->second;
   }
 
@@ -115,7 +86,8 @@ class BoundCache {
     auto it = partitions_.find(key);
     if (it != partitions_.end()) return it->second;
     const int p = sc.parallel.pipeline;
-    return partitions_.emplace(key, partition_layers(sc, stage_map(schedule, p, v), p * v)).first->second;
+    return partitions_.emplace(key, partition_layers(sc, detail::stage_placement(schedule, p, v), p * v))
+        .first->second;
   }
 
   /// The least Σ over any cut on TeraPipe's grid of one layer's F+B+W (no cut's slices
@@ -124,9 +96,8 @@ class BoundCache {
     const auto key = std::make_tuple(shape_key(sc), gpu_key(gpu));
     auto it = least_cut_.find(key);
     if (it != least_cut_.end()) return it->second;
-    const int seq = sc.model.seq, G = std::min(seq, kAutoSliceUnits);
-    std::vector<int> at(static_cast<std::size_t>(G) + 1);
-    for (int u = 0; u <= G; ++u) at[u] = static_cast<int>(static_cast<long long>(seq) * u / G);
+    const std::vector<int> at = slice_grid(sc.model.seq, kAutoSliceUnits);
+    const int G = static_cast<int>(at.size()) - 1;
     std::vector<double> f(static_cast<std::size_t>(G) + 1, kInf);
     f[0] = 0;
     for (int b = 1; b <= G; ++b)
@@ -145,7 +116,7 @@ class BoundCache {
     const auto key = std::make_tuple(shape_key(sc), S, S == kAutoSlices || mixed ? sc.parallel.pipeline : 0,
                                      S == kAutoSlices ? sc.microbatches() : 0,
                                      S == kAutoSlices || mixed ? sc.parallel.data : 0, sc.parallel.layers_per_stage_auto,
-                                     gpu_key(rank_gpu(sc, 0)));
+                                     gpu_key(gpu_of_rank(sc, 0)));
     auto it = cuts_.find(key);
     if (it != cuts_.end()) return it->second;
     std::vector<int> c = S == kAutoSlices ? auto_slice_tokens(sc, kAutoSliceUnits) : solve_slices(sc, S);
@@ -164,14 +135,7 @@ class BoundCache {
     params.chunks = v;
     const ir::Plan plan = make_schedule(schedule, params);
     std::vector<int> peak;
-    for (const auto& ops : plan.ranks) {
-      int live = 0, most = 0;
-      for (const ir::Op& op : ops) {
-        if (op.kind == ir::OpKind::F) most = std::max(most, ++live);
-        else if (op.kind == ir::OpKind::B || op.kind == ir::OpKind::BW) --live;
-      }
-      peak.push_back(most);
-    }
+    for (const auto& ops : plan.ranks) peak.push_back(ir::peak_inflight(ops));
     return inflight_.emplace(key, std::move(peak)).first->second;
   }
 
@@ -213,7 +177,7 @@ Shape shape_of(const ir::Scenario& sc, const std::string& schedule, int slices, 
   s.p = sc.parallel.pipeline;
   s.v = chunks_for(schedule, sc);
   s.m = sc.microbatches();
-  s.stage_of = stage_map(schedule, s.p, s.v);
+  s.stage_of = detail::stage_placement(schedule, s.p, s.v);
   const int VS = s.p * s.v;
   if (sc.parallel.layers_per_stage_auto) s.layers = cache.partition(sc, schedule, s.v);
   else if (!sc.parallel.layers_per_stage.empty()) s.layers = sc.parallel.layers_per_stage;
@@ -231,7 +195,7 @@ Shape shape_of(const ir::Scenario& sc, const std::string& schedule, int slices, 
   for (int r = 0; r < s.p; ++r)
     for (int vs : s.stage_of[r]) s.owner[vs] = r;
   for (int r = 0; r < s.p; ++r) {
-    s.gpu.push_back(rank_gpu(sc, r));
+    s.gpu.push_back(gpu_of_rank(sc, r));
     double params = 0;
     for (int vs : s.stage_of[r]) params += params_of_chunk(sc, vs, VS, s.layers[vs]);
     s.params.push_back(params);
@@ -376,7 +340,7 @@ const char* to_string(Verdict v) {
 
 std::string Layout::label() const {
   std::string s = fmt::format("t{} p{} d{} mb{}", tensor, pipeline, data, micro_batch);
-  if (recompute != ir::Recompute::None) s += fmt::format(" rc={}", recompute_name(recompute));
+  if (recompute != ir::Recompute::None) s += " rc=" + ir::recompute_name(recompute);
   if (sequence_parallel) s += " sp";
   s += " " + schedule;
   if (!budget.empty()) s += ":" + budget;
@@ -525,7 +489,7 @@ std::vector<Candidate> enumerate_layouts(const ir::Scenario& base, const SearchO
                       // before partitioning when even the average cannot fit.
                       const double total = VS == 1 ? params_of_chunk(sc, 0, 1, L)
                                                    : params_of_chunk(sc, 0, 2, L) + params_of_chunk(sc, 1, 2, 0);
-                      const double smallest_hbm = rank_gpu(sc, 0).hbm_bytes;
+                      const double smallest_hbm = gpu_of_rank(sc, 0).hbm_bytes;
                       if (homogeneous && total / p * kStaticBytesPerParam > smallest_hbm) {
                         c.static_bytes = total / p * kStaticBytesPerParam;
                         c.hbm_bytes = smallest_hbm;
@@ -605,7 +569,7 @@ void evaluate_with(const ir::Scenario& base, Candidate& c, const SearchOptions& 
   const ir::Scenario sc = apply_layout(base, l);
   try {
     // Before cutting TeraPipe's slices, the plan must fit max_ops with one slice.
-    if (estimate_ops(sc, l.schedule, sliced(l.schedule) && l.slices == kAutoSlices ? 1 : slices_argument(l)) >
+    if (estimate_ops(sc, l.schedule, sliced(l.schedule) && l.slices == kAutoSlices ? 1 : l.plan_slices()) >
         o.max_ops) {
       c.verdict = Verdict::TooLarge;
       c.reason = fmt::format("too large: more than {} ops (--max-ops)", o.max_ops);
@@ -622,7 +586,7 @@ void evaluate_with(const ir::Scenario& base, Candidate& c, const SearchOptions& 
       c.reason = fmt::format("too large: more than {} ops (--max-ops)", o.max_ops);
       return;
     }
-    const BuiltPlan built = build_plan(sc, l.schedule, slices_argument(l), o.max_ops);
+    const BuiltPlan built = build_plan(sc, l.schedule, l.plan_slices(), o.max_ops);
     const traces::Trace trace = evaluate(built.lowered);
     const ScheduleReport report = make_report(built, trace, "analytic");
     const traces::Metrics metrics = traces::compute_metrics(trace);
@@ -647,7 +611,7 @@ void evaluate_with(const ir::Scenario& base, Candidate& c, const SearchOptions& 
     c.bubble_seconds = std::max(0.0, c.iteration_seconds - c.compute_seconds - c.comm_seconds);
     double worst = -1;
     for (int r = 0; r < int(report.peak_memory_bytes_per_rank.size()); ++r) {
-      const double have = rank_gpu(sc, r).hbm_bytes;
+      const double have = gpu_of_rank(sc, r).hbm_bytes;
       const double need = report.peak_memory_bytes_per_rank[r];
       if (need / have > worst) worst = need / have, c.peak_bytes = need, c.hbm_bytes = have;
     }

@@ -16,11 +16,12 @@
 #include "tdpipe/planner/cost_model.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 
+#include "planner_test_util.hpp"
+
 using namespace tdpipe;
+using planner::test::scenario_path;
 
 namespace {
-
-std::string scenario_path(const std::string& name) { return std::string(TDPIPE_SOURCE_DIR) + "/scenarios/" + name; }
 
 double total(const std::vector<std::vector<double>>& c, const std::vector<int>& a) {
   double s = 0;

@@ -17,11 +17,12 @@
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/cost_model.hpp"
 
+#include "planner_test_util.hpp"
+
 using namespace tdpipe;
+using planner::test::scenario_path;
 
 namespace {
-
-std::string scenario_path(const std::string& name) { return std::string(TDPIPE_SOURCE_DIR) + "/scenarios/" + name; }
 
 /// Every composition of `total` into `parts` parts ≥ 1, in lexicographic order.
 void compositions(int total, int parts, std::vector<int>& prefix, const std::function<void(const std::vector<int>&)>& f) {

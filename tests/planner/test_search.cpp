@@ -10,11 +10,12 @@
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/search.hpp"
 
+#include "planner_test_util.hpp"
+
 using namespace tdpipe;
+using planner::test::scenario_path;
 
 namespace {
-
-std::string scenario_path(const std::string& name) { return std::string(TDPIPE_SOURCE_DIR) + "/scenarios/" + name; }
 
 /// A small GPT on 2 nodes × 4 A100 80GB (NVLink inside a node, HDR between nodes):
 /// every schedule, tensor, pipeline and data degree is reachable, and both links carry

@@ -67,6 +67,12 @@ struct Op {
 
 /// True for F, B, W, BW and OPT.
 bool is_compute(OpKind kind);
+/// True for F, B, W and BW: a micro-batch's (slice's) work on a model chunk — the
+/// compute ops but the optimizer step.
+bool is_chunk_work(OpKind kind);
+/// Most activations alive at once over one rank's ops in issue order: an F adds one,
+/// a B or BW frees one (the W-held GEMM inputs are not counted).
+int peak_inflight(const std::vector<Op>& rank_ops);
 /// True for SEND and RECV.
 bool is_p2p(OpKind kind);
 /// True for ALLREDUCE, REDUCE_SCATTER and ALL_GATHER.

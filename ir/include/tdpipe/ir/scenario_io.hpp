@@ -22,6 +22,11 @@ GpuSpec gpu_preset(std::string_view name);
 std::vector<std::string> gpu_preset_names();
 
 nlohmann::json to_json(const Scenario& scenario);
+
+/// parallel.recompute's names: "none", "selective", "full" (recompute_from reads any
+/// other text as none; the readers check the name first).
+std::string recompute_name(Recompute recompute);
+Recompute recompute_from(const std::string& name);
 Scenario scenario_from_json(const nlohmann::json& j);
 
 }  // namespace tdpipe::ir

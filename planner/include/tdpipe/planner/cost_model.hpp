@@ -94,9 +94,12 @@ LayerCost layer_cost(const ir::Scenario& scenario, const ir::GpuSpec& gpu, int t
 OpCost chunk_cost(const ir::Scenario& scenario, const ir::GpuSpec& gpu, ir::OpKind kind,
                   int virtual_stage, int virtual_stages, int layers, int tokens, int prefix);
 
-/// chunk_cost's F, B and W at once (the same sums).
-LayerCost chunk_costs(const ir::Scenario& scenario, const ir::GpuSpec& gpu, int virtual_stage, int virtual_stages,
-                      int layers, int tokens, int prefix);
+/// F, B and W of a stage's ends alone: the embedding on the first stage, the LM head and
+/// loss on the last (both on a one-stage pipeline), and without sequence parallelism
+/// Megatron's scatter/gather of pipeline tensors on the others. chunk_cost of a stage
+/// of n layers = n · layer_cost + this, exactly (its own sum).
+LayerCost stage_ends_cost(const ir::Scenario& scenario, const ir::GpuSpec& gpu, bool first, bool last, int tokens,
+                          int prefix);
 
 /// A key naming everything layer and end costs on `gpu` read from `scenario` (the model,
 /// the tensor-parallel shape, recompute, the fabric): equal keys, equal costs. For memos
@@ -133,6 +136,10 @@ std::vector<int> solve_slices(const ir::Scenario& scenario, int slices);
 /// integer lengths ≥ 1 summing to `seq`, each slice's cost as equal as rounding allows.
 std::vector<int> solve_slices_by(int seq, int slices,
                                  const std::function<double(double tokens, double prefix)>& cost);
+
+/// The cut points of TeraPipe's grid: ⌊seq·u/G⌋ for u = 0 … G, G = min(seq, max_units)
+/// (unit lengths differ by at most one token).
+std::vector<int> slice_grid(int seq, int max_units);
 
 /// TeraPipe's dynamic programme (Li et al., ICML 2021, §3.3) for the number and
 /// lengths of slices: cut points on a grid of min(seq, max_units) units; for each

@@ -39,6 +39,8 @@ struct Layout {
   bool partition_auto = false;  ///< layers_per_stage: auto (false: the even split)
   /// "t8 p16 d4 mb1 1f1b", with v, S, recompute, SP, budget and partition when they apply.
   std::string label() const;
+  /// build_plan's `slices` for this layout: `slices` for tdpipe and auto, else 0.
+  int plan_slices() const { return schedule == "tdpipe" || schedule == "auto" ? slices : 0; }
 };
 
 /// The scenario `base` with `layout` applied (cluster resized for layout.gpus when
