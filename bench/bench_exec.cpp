@@ -17,15 +17,13 @@
 #include "tdpipe/ir/replay.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/traces/metrics.hpp"
 
 using namespace tdpipe;
 
-namespace {
+using traces::median;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+namespace {
 
 // Produces and consumes 1-element tensors and does no math: what remains of an
 // iteration is the interpreter's and the transport's cost.

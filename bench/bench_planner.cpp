@@ -295,7 +295,7 @@ void partition_and_slices() {
                                    {"gpt3-175b-a100-8x8.yaml", {1, 1, 1, 1.5, 1, 1, 1, 1}}}) {
     const ir::Scenario sc = ir::load_scenario(dir + file);
     const double w0 = wall_now();
-    const planner::Rebalance b = planner::rebalance(sc, slow);
+    const planner::Rebalance b = planner::rebalance(sc, {slow, {}});
     const double wall = wall_now() - w0;
     std::printf("  %-28s slowdown [%s]  %7.3f ms  layers [%s] -> [%s]  slowest/fastest %+.1f%% -> %+.1f%%  (%d rounds)\n",
                 file, [&] {

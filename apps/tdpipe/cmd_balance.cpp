@@ -36,23 +36,27 @@ void run_balance(const BalanceArgs& a) {
     throw Error(fmt::format("--alpha {}: expected 0 < alpha <= 1 (the weight of each newer trace)", a.alpha));
   const ir::Scenario sc = ir::load_scenario(a.scenario);
   const std::string schedule = a.schedule.empty() ? sc.schedule : a.schedule;
-  std::vector<double> slowdown(static_cast<std::size_t>(sc.stages()), 1.0);
+  const std::vector<double> ones(static_cast<std::size_t>(sc.stages()), 1.0);
+  planner::Slowdown slowdown{ones, ones};
   if (!a.traces.empty()) {
     const planner::BuiltPlan built = planner::build_plan(sc, schedule, 0, a.max_ops);
-    planner::Ewma ewma(a.alpha);
+    planner::Ewma device(a.alpha), ends(a.alpha);
     for (const std::string& path : a.traces) {
       try {
-        ewma.add(planner::measured_slowdown(built.lowered, traces::read_trace(path)));
+        const planner::Slowdown s = planner::measured_slowdown(sc, built.lowered, traces::read_trace(path));
+        device.add(s.device);
+        ends.add(s.ends);
       } catch (const Error& e) {
         throw Error(fmt::format("{}: {}", path, e.what()));
       }
     }
-    slowdown = ewma.value();
+    slowdown = {device.value(), ends.value()};
   }
   const planner::Rebalance b = planner::rebalance(sc, slowdown);
   if (!a.output.empty()) ir::write_file_atomic(a.output, ir::to_json(b.scenario).dump(2) + "\n", "balanced scenario");
   if (a.json) {
-    nlohmann::json j = {{"slowdown", slowdown},           {"layers_before", b.layers_before},
+    nlohmann::json j = {{"slowdown", slowdown.device}, {"ends_slowdown", slowdown.ends},
+                                 {"layers_before", b.layers_before},
                         {"layers_after", b.layers_after}, {"device_of_stage", b.device_of_stage},
                         {"seconds_before", b.seconds_before}, {"seconds_after", b.seconds_after},
                         {"spread_before", b.spread_before},   {"spread_after", b.spread_after},
@@ -62,12 +66,12 @@ void run_balance(const BalanceArgs& a) {
   }
   fmt::print("scenario {}: p={} {} layers; {} trace(s), EWMA alpha {}\n\n", sc.name, sc.stages(), sc.model.layers,
              a.traces.size(), a.alpha);
-  fmt::print("{:>5} | {:>8} {:>10} {:>6} {:>12} | {:>4} {:>10} {:>6} {:>12}\n", "stage", "slowdown", "gpu", "layers",
-             "F+B+W", "slot", "gpu", "layers", "F+B+W");
+  fmt::print("{:>5} | {:>8} {:>6} {:>10} {:>6} {:>12} | {:>4} {:>10} {:>6} {:>12}\n", "stage", "slowdown", "ends",
+             "gpu", "layers", "F+B+W", "slot", "gpu", "layers", "F+B+W");
   for (int k = 0; k < sc.stages(); ++k) {
     const int slot = b.device_of_stage[static_cast<std::size_t>(k)];
-    fmt::print("{:>5} | {:>8.3f} {:>10} {:>6} {:>9.2f} ms | {:>4} {:>10} {:>6} {:>9.2f} ms\n", k, slowdown[k],
-               planner::gpu_of_rank(sc, k).name, b.layers_before[k], 1e3 * b.seconds_before[k], slot,
+    fmt::print("{:>5} | {:>8.3f} {:>6.3f} {:>10} {:>6} {:>9.2f} ms | {:>4} {:>10} {:>6} {:>9.2f} ms\n", k,
+               slowdown.device[k], slowdown.ends[k], planner::gpu_of_rank(sc, k).name, b.layers_before[k], 1e3 * b.seconds_before[k], slot,
                planner::gpu_of_rank(sc, slot).name, b.layers_after[k], 1e3 * b.seconds_after[k]);
   }
   fmt::print("\nslowest / fastest stage: {:.1f} % before, {:.1f} % after ({} round(s) of partition and "

@@ -3,8 +3,7 @@
 #include <algorithm>
 #include <iostream>
 #include <memory>
-#include <set>
-#include <stdexcept>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,11 +12,10 @@
 
 #include "commands.hpp"
 #include "cuda_commands.hpp"
+#include "exec_balance.hpp"
 #include "exec_common.hpp"
 #include "tdpipe/exec/cpu/run.hpp"
 #include "tdpipe/ir/error.hpp"
-#include "tdpipe/planner/balance.hpp"
-#include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
 
@@ -38,53 +36,16 @@ struct ExecArgs {
   bool json = false;
   bool check = false;
   bool pin = false;                    // cpu backend
-  std::string rank_speed;              // cpu backend: "r:speed,…"
-  int balance_every = 0;               // cpu backend: re-balance every K steps (0: never)
+  std::string rank_speed;              // "r:speed,…"
+  int balance_every = 0;               // re-balance every K steps (0: never)
   double balance_alpha = 0.3;
   std::string transport = "loopback";  // cuda backend
   int device = -1;                     // cuda backend, loopback
   std::int64_t max_ops = 0;
 };
 
-/// --rank-speed "0:1,1:0.5": a speed in [0.01, 1] per listed pipeline rank (each once), 1
-/// for the rest.
-std::vector<double> parse_rank_speed(const std::string& text, int ranks) {
-  std::vector<double> out(static_cast<std::size_t>(ranks), 1.0);
-  if (text.empty()) return out;
-  std::set<int> seen;
-  std::size_t at = 0;
-  while (at <= text.size()) {
-    const std::size_t comma = std::min(text.find(',', at), text.size());
-    const std::string item = text.substr(at, comma - at);
-    const std::size_t colon = item.find(':');
-    int rank = -1;
-    double speed = 0;
-    std::size_t used_r = 0, used_s = 0;
-    try {
-      if (colon == std::string::npos) throw std::invalid_argument("no colon");
-      rank = std::stoi(item.substr(0, colon), &used_r);
-      speed = std::stod(item.substr(colon + 1), &used_s);
-    } catch (const std::exception&) {
-      used_r = used_s = 0;
-    }
-    if (colon == std::string::npos || used_r != colon || used_s != item.size() - colon - 1 || used_s == 0)
-      throw Error(fmt::format("--rank-speed {}: '{}' is not RANK:SPEED (e.g. 1:0.5)", text, item));
-    if (rank < 0 || rank >= ranks)
-      throw Error(fmt::format("--rank-speed {}: rank {} is not one of the plan's {} pipeline ranks", text, rank, ranks));
-    if (!(speed >= 0.01 && speed <= 1))
-      throw Error(fmt::format("--rank-speed {}: speed {} of rank {}; expected 0.01 ≤ speed ≤ 1", text, speed, rank));
-    if (seen.count(rank)) throw Error(fmt::format("--rank-speed {}: rank {} is given twice", text, rank));
-    seen.insert(rank);
-    out[static_cast<std::size_t>(rank)] = speed;
-    at = comma + 1;
-  }
-  return out;
-}
-
 void run_exec(const ExecArgs& a) {
 #ifdef TDPIPE_HAVE_CUDA
-  if (a.backend == "cuda" && (!a.rank_speed.empty() || a.balance_every > 0))
-    throw Error("--rank-speed and --balance-every are the CPU backend's (--backend cpu)");
   if (a.backend == "cuda") {
     CudaExecRequest c;
     c.scenario = a.scenario;
@@ -101,6 +62,9 @@ void run_exec(const ExecArgs& a) {
     c.json = a.json;
     c.check = a.check;
     c.max_ops = a.max_ops;
+    c.rank_speed = a.rank_speed;
+    c.balance_every = a.balance_every;
+    c.balance_alpha = a.balance_alpha;
     run_exec_cuda(c);
     return;
   }
@@ -116,57 +80,20 @@ void run_exec(const ExecArgs& a) {
   opt.pin_threads = a.pin;
   opt.train.rank_speed = parse_rank_speed(a.rank_speed, plan.num_ranks());
   exec::cpu::RunResult r;
-  if (a.balance_every > 0 && (plan.chunks != 1 || sc.synthetic))
-    throw Error(fmt::format("--balance-every: the balancer re-partitions one model chunk per rank; {} runs {} "
-                            "chunks", plan.schedule, plan.chunks));
   if (a.balance_every <= 0 || a.steps == 0) {
     r = exec::cpu::run_cpu(plan, opt);
   } else {
-    // The load balancer in the loop: K steps, then each rank's slowdown from every
-    // step's measured trace (EWMA), re-partition, re-plan, and go on from the weights and
-    // Adam state of the last step (they migrate by name with their layers).
-    planner::Ewma ewma(a.balance_alpha);
-    ir::Scenario current = sc;
-    std::vector<double> losses, iters;
-    for (int done = 0; done < a.steps;) {
-      opt.train.steps = std::min(a.balance_every, a.steps - done);
-      opt.keep_step_traces = true;
-      r = exec::cpu::run_cpu(plan, opt);
-      for (const auto& t : r.step_traces) ewma.add(planner::measured_slowdown(plan, t));
-      done += opt.train.steps;
-      losses.insert(losses.end(), r.loss_per_step.begin(), r.loss_per_step.end());
-      iters.insert(iters.end(), r.iteration_seconds.begin(), r.iteration_seconds.end());
-      opt.start = r.state;
-      // Measured: each rank's F/B/W time per micro-batch in the segment's last step.
-      std::vector<double> stage_ms(static_cast<std::size_t>(plan.num_ranks()), 0.0);
-      for (const auto& e : r.step_traces.back().events)
-        if (e.kind && e.rank < plan.num_ranks() && ir::is_chunk_work(*e.kind))
-          stage_ms[static_cast<std::size_t>(e.rank)] += 1e-6 * static_cast<double>(e.dur_ns) / plan.microbatches;
-      const double measured =
-          *std::max_element(stage_ms.begin(), stage_ms.end()) / *std::min_element(stage_ms.begin(), stage_ms.end()) - 1;
-      fmt::print(stderr, "steps {}-{} on layers [{}]: F+B+W per micro-batch [{:.1f}] ms, slowest / fastest {:.0f} % "
-                 "(measured, last step)\n",
-                 done - opt.train.steps, done - 1, fmt::join(plan.stage_layers, ","), fmt::join(stage_ms, ", "),
-                 100 * measured);
-      if (done >= a.steps) break;
-      const planner::Rebalance b = planner::rebalance(current, ewma.value());
-      if (b.layers_after == plan.stage_layers && b.scenario.cluster.groups == current.cluster.groups) continue;
-      fmt::print(stderr, "step {}: re-balanced to layers [{}] ({:.0f} % predicted)\n", done,
-                 fmt::join(b.layers_after, ","), 100 * b.spread_after);
-      // Stages that moved to other devices take those devices' history (and, in this
-      // emulation, their speed) with them.
-      ewma.reorder(b.device_of_stage);
-      std::vector<double> speed = opt.train.rank_speed;
-      for (std::size_t k = 0; k < speed.size(); ++k)
-        speed[k] = opt.train.rank_speed[static_cast<std::size_t>(b.device_of_stage[k])];
-      opt.train.rank_speed = speed;
-      current = b.scenario;
-      plan = planner::build_plan(current, loaded.schedule, a.slices, a.max_ops).lowered;
-    }
-    r.loss_per_step = std::move(losses);  // every segment's, in order
-    r.iteration_seconds = std::move(iters);
-    r.step_traces.clear();
-    opt.train.steps = a.steps;  // the whole run, for the reference below
+    r = run_balanced(sc, plan, a.steps, opt.train.rank_speed,
+                     {a.balance_every, a.balance_alpha, loaded.schedule, a.slices, a.max_ops},
+                     [&](const ir::Plan& segment, int steps, const std::optional<exec::cpu::TrainState>& start,
+                         const std::vector<double>& speed) {
+                       exec::cpu::CpuRunOptions o = opt;
+                       o.train.steps = steps;
+                       o.train.rank_speed = speed;
+                       o.start = start;
+                       o.keep_step_traces = true;
+                       return exec::cpu::run_cpu(segment, o);
+                     });
   }
   if (!a.trace_out.empty()) traces::write_trace(r.trace, a.trace_out);
 
@@ -226,14 +153,14 @@ void add_exec_command(CLI::App& app) {
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
   cmd->add_flag("--pin", args->pin, "Pin rank w's threads to core w mod cores");
   cmd->add_option("--balance-every", args->balance_every,
-                  "cpu backend: every K steps, re-partition the layers by the measured stage times (tdpipe "
-                  "balance) and continue from the same weights and Adam state")
+                  "Every K steps, re-partition the layers by the measured stage times (tdpipe balance) and "
+                  "continue from the same weights and Adam state (cuda backend: loopback transport)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--balance-alpha", args->balance_alpha, "EWMA weight of each newer step for --balance-every")
       ->check(CLI::Range(1e-6, 1.0));
   cmd->add_option("--rank-speed", args->rank_speed,
-                  "cpu backend: RANK:SPEED,… with SPEED in [0.01, 1] — stretch each F/B/W of those pipeline ranks to "
-                  "1/SPEED of its time, a slower device (see `tdpipe balance`)");
+                  "RANK:SPEED,… with SPEED in [0.01, 1] — stretch each F/B/W of those pipeline ranks to 1/SPEED of "
+                  "its time, a slower device (see `tdpipe balance`)");
   cmd->add_flag("--check", args->check, "Also run the single-device reference and report the difference");
   add_max_ops_option(cmd, args->max_ops);
   cmd->callback([args] { run_exec(*args); });

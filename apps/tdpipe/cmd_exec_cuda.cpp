@@ -6,14 +6,19 @@
 #if defined(TDPIPE_HAVE_CUDA)
 
 #include <iostream>
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "exec_balance.hpp"
 #include "exec_common.hpp"
 #include "tdpipe/exec/cpu/run.hpp"
 #include "tdpipe/exec/cuda/calibrate.hpp"
 #include "tdpipe/exec/cuda/run.hpp"
+#include "tdpipe/ir/error.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
 #include "tdpipe/traces/profile.hpp"
 
@@ -22,14 +27,37 @@ namespace tdpipe::apps {
 void run_exec_cuda(const CudaExecRequest& a) {
   const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices, a.max_ops);
   const ir::Scenario& sc = loaded.scenario;
-  const ir::Plan& plan = loaded.built.lowered;
+  ir::Plan plan = loaded.built.lowered;
 
   exec::cuda::CudaRunOptions opt;
   opt.train = train_options(a.steps, a.lr, a.seed, a.corpus);
+  opt.train.rank_speed = parse_rank_speed(a.rank_speed, plan.num_ranks());
   opt.transport = exec::cuda::transport_from_string(a.transport);
   opt.watchdog_seconds = a.watchdog;
   opt.device = a.device;
-  const exec::cuda::CudaRunResult r = exec::cuda::run_cuda(plan, opt);
+  exec::cuda::CudaRunResult r;
+  if (a.balance_every <= 0) {
+    r = exec::cuda::run_cuda(plan, opt);
+  } else {
+    if (opt.transport != exec::cuda::TransportKind::Loopback)
+      throw Error("--balance-every on the cuda backend needs --transport loopback (one process holding every rank's "
+                  "weights, which migrate with their layers)");
+    // The last segment's CUDA result (device, weights' norm); the loop keeps the rest.
+    r.run = run_balanced(sc, plan, a.steps, opt.train.rank_speed,
+                         {a.balance_every, a.balance_alpha, loaded.schedule, a.slices, a.max_ops},
+                         [&](const ir::Plan& segment, int steps, const std::optional<exec::cpu::TrainState>& start,
+                             const std::vector<double>& speed) {
+                           exec::cuda::CudaRunOptions o = opt;
+                           o.train.steps = steps;
+                           o.train.rank_speed = speed;
+                           o.start = start;
+                           o.keep_step_traces = true;
+                           exec::cuda::CudaRunResult one = exec::cuda::run_cuda(segment, o);
+                           r.weights_l2 = one.weights_l2;
+                           r.device_name = one.device_name;
+                           return std::move(one.run);
+                         });
+  }
   if (!a.trace_out.empty()) {
     // Without MPI each NCCL process has only its own events: one file per process.
     const bool own_file = !r.root || (r.world_size > 1 && !exec::cuda::built_with_mpi());

@@ -12,9 +12,11 @@ namespace tdpipe::apps {
 
 struct CudaExecRequest {
   std::string scenario, schedule, transport = "loopback", trace_out, corpus;
+  std::string rank_speed;  ///< --rank-speed text
   int slices = 0, steps = 20, device = -1;
+  int balance_every = 0;   ///< --balance-every (loopback)
   std::int64_t max_ops = 0;
-  double lr = 3e-3, watchdog = 120;
+  double lr = 3e-3, watchdog = 120, balance_alpha = 0.3;
   std::uint64_t seed = 7;
   bool json = false, check = false;
 };

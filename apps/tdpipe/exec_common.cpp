@@ -5,22 +5,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
+#include "tdpipe/traces/metrics.hpp"
 
 namespace tdpipe::apps {
-namespace {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-}  // namespace
+using traces::median;
 
 LoadedPlan load_plan(const std::string& scenario_path, const std::string& schedule, int slices,
                      std::int64_t max_ops) {
@@ -117,6 +115,39 @@ void print_run_report(const nlohmann::json& j, const exec::cpu::RunResult& r, do
                j["reference"]["max_rel_weight_error"].get<double>(),
                j["reference"]["max_rel_grad_error"].get<double>());
   if (!trace_out.empty()) fmt::print("measured trace (last step): {}\n", trace_out);
+}
+
+std::vector<double> parse_rank_speed(const std::string& text, int ranks) {
+  std::vector<double> out(static_cast<std::size_t>(ranks), 1.0);
+  if (text.empty()) return out;
+  std::set<int> seen;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    const std::size_t colon = item.find(':');
+    int rank = -1;
+    double speed = 0;
+    std::size_t used_r = 0, used_s = 0;
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("no colon");
+      rank = std::stoi(item.substr(0, colon), &used_r);
+      speed = std::stod(item.substr(colon + 1), &used_s);
+    } catch (const std::exception&) {
+      used_r = used_s = 0;
+    }
+    if (colon == std::string::npos || used_r != colon || used_s != item.size() - colon - 1 || used_s == 0)
+      throw Error(fmt::format("--rank-speed {}: '{}' is not RANK:SPEED (e.g. 1:0.5)", text, item));
+    if (rank < 0 || rank >= ranks)
+      throw Error(fmt::format("--rank-speed {}: rank {} is not one of the plan's {} pipeline ranks", text, rank, ranks));
+    if (!(speed >= 0.01 && speed <= 1))
+      throw Error(fmt::format("--rank-speed {}: speed {} of rank {}; expected 0.01 ≤ speed ≤ 1", text, speed, rank));
+    if (seen.count(rank)) throw Error(fmt::format("--rank-speed {}: rank {} is given twice", text, rank));
+    seen.insert(rank);
+    out[static_cast<std::size_t>(rank)] = speed;
+    at = comma + 1;
+  }
+  return out;
 }
 
 }  // namespace tdpipe::apps

@@ -32,6 +32,10 @@ void check_cpu_backend(const std::string& backend);
 /// The training options `exec` takes from its command line, on either backend.
 exec::cpu::TrainOptions train_options(int steps, double lr, std::uint64_t seed, const std::string& corpus);
 
+/// --rank-speed "0:1,1:0.5": a speed in [0.01, 1] per listed pipeline rank (each once), 1
+/// for the rest of the plan's `ranks`. Throws naming the item and what was expected.
+std::vector<double> parse_rank_speed(const std::string& text, int ranks);
+
 /// Median of the iteration times after step 0 (the first step pays for allocations).
 double steady_iteration_seconds(const std::vector<double>& iteration_seconds);
 

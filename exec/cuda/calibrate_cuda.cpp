@@ -20,16 +20,13 @@
 #include "tdpipe/exec/cuda/run.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/traces/handoff.hpp"
+#include "tdpipe/traces/metrics.hpp"
 
 namespace tdpipe::exec::cuda {
 
-namespace {
+using traces::median;
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+namespace {
 
 // Runs `mine` here and `theirs` on a second thread (the peer rank). A failure on
 // either side fails `control` and aborts `fabric`, so the other side's waits end

@@ -2,8 +2,10 @@
 #include "cuda_compute.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
+#include <thread>
 
 #include "check.hpp"
 #include "nvtx.hpp"
@@ -34,6 +36,10 @@ CudaCompute::CudaCompute(const cpu::GptConfig& config, const ir::Plan& plan, int
     stages_.emplace_back(config_, stage, plan.virtual_stages(), ctx.compute(), ctx.cublas());
   loss_ = DeviceMemory(sizeof(double), ctx.compute(), true);
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
+  if (static_cast<std::size_t>(rank) < options.rank_speed.size()) speed_ = options.rank_speed[static_cast<std::size_t>(rank)];
+  if (!(speed_ >= 0.01 && speed_ <= 1))
+    throw Error("rank speed of rank " + std::to_string(rank) + " is " + std::to_string(speed_) +
+                "; expected 0.01 ≤ speed ≤ 1 (a fraction of this GPU's)");
 }
 
 CudaCompute::~CudaCompute() {
@@ -115,6 +121,9 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
   if (op.mb < 0 || op.mb >= microbatches_)
     throw Error("micro-batch " + std::to_string(op.mb) + " out of range (m = " + std::to_string(microbatches_) + ")");
   GptStageCuda& st = chunk_stage(op.chunk);
+  // A slower device (rank_speed < 1): the op's time stretched to 1/speed by idling the
+  // host after it, as the CPU backend does (every op ends in a host wait today).
+  const auto host_start = std::chrono::steady_clock::now();
   const int t0 = offsets_[static_cast<std::size_t>(op.slice)];
   const int t1 = offsets_[static_cast<std::size_t>(op.slice) + 1];
   const std::int64_t elements = std::int64_t(config_.micro_batch) * (t1 - t0) * config_.hidden;
@@ -151,6 +160,9 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
       throw Error(std::string(ir::to_string(op.kind)) + " is not a compute op");
   }
   wait_stream(stream, control_);
+  if (speed_ != 1)
+    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(
+        (std::chrono::steady_clock::now() - host_start) * (1 / speed_ - 1)));
   return out;
 }
 

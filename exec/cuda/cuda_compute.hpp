@@ -53,6 +53,7 @@ class CudaCompute final : public Compute {
   std::map<int, DeviceBatch> batches_;
   DeviceMemory loss_;  // one double
   int step_ = 0;
+  double speed_ = 1;  ///< options.rank_speed of this rank (a slower device, emulated)
 };
 
 /// Event timestamps relative to an origin event; one per rank, sharing the origin

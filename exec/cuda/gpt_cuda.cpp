@@ -3,8 +3,11 @@
 // precision choices.
 #include "gpt_cuda.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "check.hpp"
 #include "device_memory.hpp"
@@ -480,6 +483,32 @@ cpu::ParamMap GptStageCuda::named_params() const {
 }
 cpu::ParamMap GptStageCuda::named_grads() const {
   return download(impl_->specs, impl_->grad.as<float>(), impl_->total, impl_->stream);
+}
+cpu::ParamMap GptStageCuda::named_moments(int which) const {
+  if (which != 1 && which != 2) throw Error("named_moments(" + std::to_string(which) + "): expected 1 or 2");
+  return download(impl_->specs, (which == 1 ? impl_->m1 : impl_->m2).as<float>(), impl_->total, impl_->stream);
+}
+
+void GptStageCuda::load_state(const cpu::ParamMap& params, const cpu::ParamMap& m1, const cpu::ParamMap& m2) {
+  Impl& I = *impl_;
+  std::vector<float> host(static_cast<std::size_t>(I.total));
+  for (auto [map, into, what] : {std::tuple<const cpu::ParamMap*, DeviceMemory*, const char*>{&params, &I.master, "parameters"},
+                                 {&m1, &I.m1, "first moments"},
+                                 {&m2, &I.m2, "second moments"}}) {
+    for (const Spec& sp : I.specs) {
+      const auto it = map->find(sp.name);
+      if (it == map->end() || static_cast<std::int64_t>(it->second.size()) != sp.size())
+        throw Error("CUDA GPT stage " + std::to_string(I.stage) + ": the " + what + " to load have no " + sp.name +
+                    " of " + std::to_string(sp.size()) + " values");
+      std::copy(it->second.begin(), it->second.end(), host.begin() + sp.offset);
+    }
+    if (I.total > 0)
+      TDPIPE_CUDA_CHECK(cudaMemcpyAsync(into->get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                        I.stream));
+    TDPIPE_CUDA_CHECK(cudaStreamSynchronize(I.stream));  // `host` is refilled next
+  }
+  k::to_bf16(I.master.as<float>(), I.wbf.as<bf16>(), I.total, I.stream);
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(I.stream));
 }
 
 }  // namespace tdpipe::exec::cuda

@@ -52,6 +52,13 @@ class GptStageCuda {
   /// Downloaded copies (fp32 → double), named like cpu::GptStage.
   cpu::ParamMap named_params() const;
   cpu::ParamMap named_grads() const;
+  /// Adam's first (which = 1) or second (2) moment, downloaded, by parameter name.
+  cpu::ParamMap named_moments(int which) const;
+  /// Takes this stage's parameters and Adam moments by name from maps holding (at least)
+  /// them — the state of another partition of the same model (cpu::GptStage::load_state's
+  /// contract); the bf16 copy of the weights follows. Throws naming a missing or mis-sized
+  /// tensor.
+  void load_state(const cpu::ParamMap& params, const cpu::ParamMap& m1, const cpu::ParamMap& m2);
   /// Device bytes of weights, gradients and Adam state.
   std::int64_t state_bytes() const;
 

@@ -190,6 +190,12 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
                                                        &control));
       transports.push_back(std::make_unique<LoopbackTransport>(fabric, *contexts.back(), k, r, p, d));
     }
+  const int first = options.start ? options.start->steps_done : 0;
+  if (first < 0) throw Error("start state: " + std::to_string(first) + " steps done; expected ≥ 0");
+  if (options.start)
+    for (auto& c : computes)
+      for (int ch = 0; ch < c->chunks(); ++ch)
+        c->chunk_stage(ch).load_state(options.start->params, options.start->m1, options.start->m2);
   // One origin for every rank: all share the device, so event times compare directly.
   // It is re-recorded at the start of every step (origin.record): cudaEventElapsedTime
   // returns float ms, whose 24-bit mantissa would lose µs after ~20 s of a long run.
@@ -222,7 +228,7 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
           try {
             contexts[i]->bind();
             Backend backend{computes[i].get(), transports[i].get(), clocks[i].get()};
-            outs[i] = run_rank_step(plan, w % p, w, step, backend, control);
+            outs[i] = run_rank_step(plan, w % p, w, first + step, backend, control);
           } catch (const Aborted&) {
           } catch (const std::exception& e) {
             control.fail("rank " + std::to_string(w) + ": " + e.what());
@@ -248,8 +254,12 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
       ss += sum_squares(w);
       result.weights.merge(w);
       result.grads.merge(c.chunk_stage(ch).named_grads());
+      result.state.m1.merge(c.chunk_stage(ch).named_moments(1));
+      result.state.m2.merge(c.chunk_stage(ch).named_moments(2));
     }
   }
+  result.state.params = result.weights;
+  result.state.steps_done = first + steps;
   for (int k = 1; k < d; ++k)
     for (int r = 0; r < p; ++r) {
       auto& c0 = *computes[static_cast<std::size_t>(r)];
@@ -541,21 +551,24 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options, cons
 }
 
 // What run_cuda and run_cuda_rank refuse before touching a GPU.
-void check_request(const ir::Plan& plan, const CudaRunOptions& options) {
+void check_request(const ir::Plan& plan, const CudaRunOptions& options, TransportKind transport) {
   check_runnable(plan);
   if (options.train.steps < 1) throw Error("--steps: expected at least 1");
+  if (options.start && transport != TransportKind::Loopback)
+    throw Error("a start state (re-balancing, --balance-every) needs the loopback transport: an NCCL process "
+                "holds only its own ranks' weights");
 }
 
 }  // namespace
 
 CudaRunResult run_cuda(const ir::Plan& plan, const CudaRunOptions& options) {
-  check_request(plan, options);
+  check_request(plan, options, options.transport);
   return options.transport == TransportKind::Loopback ? run_loopback(plan, options)
                                                       : run_nccl(plan, options, parse_launch_env(process_env()));
 }
 
 CudaRunResult run_cuda_rank(const ir::Plan& plan, const CudaRunOptions& options, const LaunchEnv& launch) {
-  check_request(plan, options);
+  check_request(plan, options, TransportKind::Nccl);
   CudaRunOptions nccl = options;
   nccl.transport = TransportKind::Nccl;
   return run_nccl(plan, nccl, launch);

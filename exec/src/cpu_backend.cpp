@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -82,11 +83,18 @@ CpuCompute::CpuCompute(const GptConfig& config, const ir::Plan& plan, int rank, 
 }
 
 Buffer CpuCompute::run(const ComputeOp& op, Buffer input) {
-  if (speed_ == 1 || op.kind == ir::OpKind::OPT) return run_op(op, std::move(input));
+  last_layers_ns_ = -1;
+  if (op.kind == ir::OpKind::OPT || op.chunk < 0 || op.chunk >= chunks())
+    return run_op(op, std::move(input));  // (which names a chunk out of range)
+  GptStage& st = chunk_stage(op.chunk);
+  st.take_block_ns();
   const auto t0 = std::chrono::steady_clock::now();
   Buffer out = run_op(op, std::move(input));
   const auto work = std::chrono::steady_clock::now() - t0;
-  std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(work * (1 / speed_ - 1)));
+  // A slower device stretches every part of the op alike.
+  last_layers_ns_ = std::llround(static_cast<double>(st.take_block_ns()) / speed_);
+  if (speed_ != 1)
+    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(work * (1 / speed_ - 1)));
   return out;
 }
 

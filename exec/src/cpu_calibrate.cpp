@@ -20,14 +20,9 @@
 #include "tdpipe/traces/sharing.hpp"
 
 namespace tdpipe::exec::cpu {
-namespace {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using traces::median;
+namespace {
 
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");

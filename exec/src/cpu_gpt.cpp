@@ -1,9 +1,11 @@
 // cpu_gpt.cpp — forward, split backward (B / W) and Adam of one GPT virtual stage.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -111,6 +113,15 @@ struct GptStage::Impl {
   std::vector<double> params, grads, m1, m2;
   std::map<std::pair<int, int>, SliceState> slices;          // (mb, slice)
   std::map<std::pair<int, int>, KvState> kv;                 // (mb, block)
+  std::int64_t block_ns = 0;  // time in decoder blocks since take_block_ns()
+
+  /// Runs `f` (a loop over this stage's blocks) and adds its time to block_ns.
+  template <class F>
+  void timed_blocks(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    block_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  }
 
   bool first() const { return stage == 0; }
   bool last() const { return stage == stages - 1; }
@@ -370,6 +381,7 @@ bool GptStage::is_first() const { return impl_->first(); }
 bool GptStage::is_last() const { return impl_->last(); }
 std::vector<double>& GptStage::params() { return impl_->params; }
 std::vector<double>& GptStage::grads() { return impl_->grads; }
+std::int64_t GptStage::take_block_ns() { return std::exchange(impl_->block_ns, 0); }
 std::int64_t GptStage::activation_elements(int tokens) const {
   return static_cast<std::int64_t>(impl_->cfg.micro_batch) * tokens * impl_->cfg.hidden;
 }
@@ -418,8 +430,10 @@ Mat GptStage::forward(int mb, int slice, int t0, int t1, const Mat& x,
     act = x;
   }
   st.blocks.resize(static_cast<std::size_t>(I.nblocks()));
-  for (int l = I.first_block; l < I.last_block; ++l)
-    act = I.block_forward(mb, l, t0, t1, act, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+  I.timed_blocks([&] {
+    for (int l = I.first_block; l < I.last_block; ++l)
+      act = I.block_forward(mb, l, t0, t1, act, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+  });
   if (!I.last()) return act;
 
   HeadState& hs = st.head;
@@ -467,8 +481,10 @@ Mat GptStage::backward_input(int mb, int slice, const Mat& dy) {
                               slice, dy.rows(), dy.cols(), rows, I.cfg.hidden));
     grad = dy;
   }
-  for (int l = I.last_block - 1; l >= I.first_block; --l)
-    grad = I.block_backward(mb, l, st.t0, st.t1, grad, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+  I.timed_blocks([&] {
+    for (int l = I.last_block - 1; l >= I.first_block; --l)
+      grad = I.block_backward(mb, l, st.t0, st.t1, grad, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+  });
   if (slice == 0) {
     // Slice 0 is the last backward of this micro-batch: its KV state is spent.
     for (int l = I.first_block; l < I.last_block; ++l) I.kv.erase({mb, l});
@@ -494,8 +510,10 @@ void GptStage::backward_weight(int mb, int slice) {
     I.Gv("head.ln.g") += (hs.dhf.array() * hs.xhatf.array()).matrix().colwise().sum();
     I.Gv("head.ln.b") += hs.dhf.colwise().sum();
   }
-  for (int l = I.last_block - 1; l >= I.first_block; --l)
-    I.block_weight(l, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+  I.timed_blocks([&] {
+    for (int l = I.last_block - 1; l >= I.first_block; --l)
+      I.block_weight(l, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+  });
   if (I.first()) {
     MapMat gtok = I.G("embed.tok");
     MapMat gpos = I.G("embed.pos");

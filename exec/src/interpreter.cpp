@@ -171,8 +171,11 @@ class RankRun {
     events_[static_cast<std::size_t>(i)] = std::move(e);
   }
 
-  void finish(const Item& item, std::int64_t start, std::int64_t end) {
-    for (int i = item.first; i < item.last; ++i) record(i, start, end);
+  void finish(const Item& item, std::int64_t start, std::int64_t end, std::int64_t layers_ns = -1) {
+    for (int i = item.first; i < item.last; ++i) {
+      record(i, start, end);
+      events_[static_cast<std::size_t>(i)].layers_ns = layers_ns;
+    }
     std::lock_guard lock(control_.mutex());
     for (int i = item.first; i < item.last; ++i) done_[static_cast<std::size_t>(i)] = 1;
     control_.progress();
@@ -228,13 +231,14 @@ class RankRun {
     control_.progress();
     Buffer out = backend_.compute->run(cop, std::move(input));
     const std::int64_t end = backend_.clock->now_ns(stream);
+    const std::int64_t layers_ns = backend_.compute->last_layers_ns();
     if (op.kind != OpKind::OPT) {
       if (const auto key = output_key(op); key && !out.empty()) {
         std::lock_guard lock(control_.mutex());
         tensors_[*key] = std::move(out);
       }
     }
-    finish({i, i + 1}, start, end);
+    finish({i, i + 1}, start, end, layers_ns < 0 ? -1 : std::min(layers_ns, end - start));
   }
 
   void run_batch(const Item& item, ir::Stream stream) {

@@ -100,9 +100,25 @@ std::optional<std::vector<ir::NodeGroup>> reorder_groups(const ir::Scenario& sc,
   return out;
 }
 
+/// The cost model's one-micro-batch, full-sequence F+B+W of one decoder layer and of
+/// the ends (embedding / head / loss) of stage k of p on `gpu`.
+struct StageModel {
+  double layer = 0, ends = 0;
+};
+StageModel stage_model(const ir::Scenario& sc, const ir::GpuSpec& gpu, int k, int p) {
+  StageModel m;
+  for (ir::OpKind kind : {ir::OpKind::F, ir::OpKind::B, ir::OpKind::W}) {
+    const double one = chunk_cost(sc, gpu, kind, k, p, 1, sc.model.seq, 0).seconds;
+    const double none = chunk_cost(sc, gpu, kind, k, p, 0, sc.model.seq, 0).seconds;
+    m.layer += one - none;
+    m.ends += none;
+  }
+  return m;
+}
+
 }  // namespace
 
-std::vector<double> measured_slowdown(const ir::Plan& plan, const traces::Trace& trace) {
+Slowdown measured_slowdown(const ir::Scenario& sc, const ir::Plan& plan, const traces::Trace& trace) {
   std::vector<std::map<std::tuple<int, int, int, int>, double>> modelled(plan.ranks.size());
   for (std::size_t r = 0; r < plan.ranks.size(); ++r)
     for (const ir::Op& op : plan.ranks[r])
@@ -114,14 +130,16 @@ std::vector<double> measured_slowdown(const ir::Plan& plan, const traces::Trace&
       throw Error(fmt::format("trace: measured with stage_layers [{}], the plan has [{}]; balance the scenario the "
                               "trace ran (its -o output, if it was balanced)", it->second, mine));
   }
+  const int p = plan.num_ranks(), replicas = std::max(1, plan.data), workers = p * replicas;
   std::vector<double> measured(plan.ranks.size(), 0.0), model(plan.ranks.size(), 0.0);
+  std::vector<double> in_layers(plan.ranks.size(), 0.0);
+  std::vector<char> split(plan.ranks.size(), 1);  // every event of the rank says its layers' part
   for (const traces::TraceEvent& e : trace.events) {
     if (!e.kind || !ir::is_chunk_work(*e.kind) || e.rank < 0) continue;
     // Replicas' workers are numbered replica · p + rank (the executors' traces).
-    const int p = plan.num_ranks(), workers = p * std::max(1, plan.data);
     if (e.rank >= workers)
       throw Error(fmt::format("trace: event {} on rank {}, but the plan has {} ranks x {} replicas", e.name, e.rank,
-                              p, std::max(1, plan.data)));
+                              p, replicas));
     const int r = e.rank % p;
     const auto it = modelled[r].find({static_cast<int>(*e.kind), e.mb, e.chunk, e.slice});
     if (it == modelled[r].end())
@@ -129,13 +147,31 @@ std::vector<double> measured_slowdown(const ir::Plan& plan, const traces::Trace&
                               e.name, e.rank, plan.schedule));
     measured[r] += static_cast<double>(e.dur_ns) * 1e-9;
     model[r] += it->second;
+    if (e.layers_ns < 0) split[r] = 0;
+    else in_layers[r] += static_cast<double>(e.layers_ns) * 1e-9;
   }
-  std::vector<double> out;
-  for (int r = 0; r < plan.num_ranks(); ++r) {
+  Slowdown out;
+  out.ends.assign(static_cast<std::size_t>(p), 1.0);
+  for (int r = 0; r < p; ++r) {
     if (!(model[r] > 0) || !(measured[r] > 0))
       throw Error(fmt::format("trace: no compute op of rank {} with a time (measured {} s, modelled {} s)", r,
                               measured[r], model[r]));
-    out.push_back(measured[r] / model[r]);
+    out.device.push_back(measured[r] / model[r]);
+  }
+  // Layers apart from the ends: per micro-batch against the model's full-sequence F+B+W.
+  const bool one_chunk = plan.chunks == 1 && static_cast<int>(plan.stage_layers.size()) == p && !sc.synthetic &&
+                         sc.stages() == p;
+  for (int r = 0; one_chunk && r < p; ++r) {
+    const int n = plan.stage_layers[static_cast<std::size_t>(r)];
+    if (!split[r] || n <= 0 || !(in_layers[r] > 0)) continue;
+    const StageModel m = stage_model(sc, gpu_of_rank(sc, r), r, p);
+    const double per_mb = 1.0 / (static_cast<double>(plan.microbatches) * replicas);
+    const double device = in_layers[r] * per_mb / (n * m.layer);
+    const double rest = (measured[r] - in_layers[r]) * per_mb;
+    if (!(m.layer > 0) || !std::isfinite(device)) continue;
+    out.device[r] = device;
+    // Stages without ends (the model's are nought) keep their small rest in no factor.
+    if (m.ends > 1e-12 * m.layer && rest > 0) out.ends[r] = rest / (device * m.ends);
   }
   return out;
 }
@@ -234,30 +270,33 @@ std::vector<int> bottleneck_assignment(const std::vector<std::vector<double>>& c
   return min_sum_assignment(within);
 }
 
-Rebalance rebalance(const ir::Scenario& sc, const std::vector<double>& slowdown) {
+Rebalance rebalance(const ir::Scenario& sc, const Slowdown& slowdown) {
   if (sc.synthetic) throw Error(fmt::format("{}: balancing re-partitions a model's layers; a synthetic scenario has none", sc.name));
   if (sc.parallel.chunks != 1)
     throw Error(fmt::format("{}: balancing handles one model chunk per rank (parallel.chunks = {})", sc.name,
                             sc.parallel.chunks));
   const int p = sc.parallel.pipeline, L = sc.model.layers;
-  if (static_cast<int>(slowdown.size()) != p)
-    throw Error(fmt::format("balance: {} slowdowns for {} pipeline ranks; expected one per rank", slowdown.size(), p));
-  for (double s : slowdown)
-    if (!(s > 0) || !std::isfinite(s))
-      throw Error(fmt::format("balance: slowdown {}; expected a positive finite factor", s));
+  if (static_cast<int>(slowdown.device.size()) != p)
+    throw Error(fmt::format("balance: {} slowdowns for {} pipeline ranks; expected one per rank",
+                            slowdown.device.size(), p));
+  if (!slowdown.ends.empty() && static_cast<int>(slowdown.ends.size()) != p)
+    throw Error(fmt::format("balance: {} ends factors for {} stages; expected one per stage (or none)",
+                            slowdown.ends.size(), p));
+  for (const auto* v : {&slowdown.device, &slowdown.ends})
+    for (double s : *v)
+      if (!(s > 0) || !std::isfinite(s))
+        throw Error(fmt::format("balance: slowdown {}; expected a positive finite factor", s));
   // One layer and the ends (embedding / head) of stage k on slot j: one micro-batch's
-  // full-sequence F+B+W, on slot j's GPU, times its slowdown.
+  // full-sequence F+B+W, on slot j's GPU, times slot j's device factor (and the ends'
+  // own factor, which stays with stage k).
   std::vector<std::vector<double>> layer(p, std::vector<double>(p)), ends(p, std::vector<double>(p));
   for (int j = 0; j < p; ++j) {
     const ir::GpuSpec gpu = gpu_of_rank(sc, j);
     for (int k = 0; k < p; ++k) {
-      double one = 0, none = 0;
-      for (ir::OpKind kind : {ir::OpKind::F, ir::OpKind::B, ir::OpKind::W}) {
-        one += chunk_cost(sc, gpu, kind, k, p, 1, sc.model.seq, 0).seconds;
-        none += chunk_cost(sc, gpu, kind, k, p, 0, sc.model.seq, 0).seconds;
-      }
-      layer[k][j] = slowdown[j] * (one - none);
-      ends[k][j] = slowdown[j] * none;
+      const StageModel m = stage_model(sc, gpu, k, p);
+      const double own = slowdown.ends.empty() ? 1.0 : slowdown.ends[static_cast<std::size_t>(k)];
+      layer[k][j] = slowdown.device[j] * m.layer;
+      ends[k][j] = slowdown.device[j] * own * m.ends;
     }
   }
   auto stage_seconds = [&](const std::vector<int>& parts, const std::vector<int>& slot) {

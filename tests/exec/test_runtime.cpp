@@ -185,6 +185,12 @@ TEST_CASE("measured trace: every op once, streams in plan order, data before use
       first = std::min(first, e.start_ns);
       CHECK(e.dur_ns >= 0);
       REQUIRE(e.kind.has_value());
+      // The balancer's input: how much of each F/B/W ran in decoder layers (every
+      // stage here holds one; OPT and transfers have none).
+      if (ir::is_chunk_work(*e.kind))
+        CHECK((e.layers_ns > 0 && e.layers_ns <= e.dur_ns));
+      else
+        CHECK(e.layers_ns == -1);
       by_stream[{e.rank, e.stream}].push_back(&e);
       if (*e.kind == OpKind::RECV && e.name.rfind("RECV(F", 0) == 0) recv_end[{e.rank, e.mb}] = e.end_ns();
     }

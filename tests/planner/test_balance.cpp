@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -98,27 +99,80 @@ TEST_CASE("measured slowdown: 1 for the engine's own trace - the factor a slow r
   const ir::Scenario sc = ir::load_scenario(scenario_path("llama2-70b-a100-4x8.yaml"));
   const auto built = planner::build_plan(sc, "1f1b");
   traces::Trace trace = planner::evaluate(built.lowered);
-  for (double s : planner::measured_slowdown(built.lowered, trace)) CHECK(s == Approx(1).epsilon(1e-6));
+  for (double s : planner::measured_slowdown(sc, built.lowered, trace).device) CHECK(s == Approx(1).epsilon(1e-6));
   for (auto& e : trace.events)
     if (e.rank == 2 && e.kind && ir::is_compute(*e.kind)) e.dur_ns = 3 * e.dur_ns;
-  const auto slow = planner::measured_slowdown(built.lowered, trace);
+  const auto slow = planner::measured_slowdown(sc, built.lowered, trace).device;
   CHECK(slow[2] == Approx(3).epsilon(1e-6));
   CHECK(slow[1] == Approx(1).epsilon(1e-6));
   // A trace that says it ran another partition is refused.
   traces::Trace other_cut = planner::evaluate(built.lowered);
   other_cut.metadata["stage_layers"] = "30,10,20,20";
-  CHECK_THROWS_WITH(planner::measured_slowdown(built.lowered, other_cut),
+  CHECK_THROWS_WITH(planner::measured_slowdown(sc, built.lowered, other_cut),
                     Catch::Contains("measured with stage_layers [30,10,20,20], the plan has [20,20,20,20]"));
   // A trace of another schedule does not describe this plan.
   const auto other = planner::build_plan(sc, "zb-h1");
-  CHECK_THROWS_WITH(planner::measured_slowdown(built.lowered, planner::evaluate(other.lowered)),
+  CHECK_THROWS_WITH(planner::measured_slowdown(sc, built.lowered, planner::evaluate(other.lowered)),
                     Catch::Contains("is not an op of the plan"));
+}
+
+TEST_CASE("measured slowdown with the layers' part: device factors move with speed - ends factors do not", "[planner][balance]") {
+  const ir::Scenario sc = ir::load_scenario(scenario_path("tiny-gpt-cpu.yaml"));
+  const auto built = planner::build_plan(sc, "1f1b");
+  const traces::Trace engine = planner::evaluate(built.lowered);
+  auto with_layers = [&](double layers_part, int rank, double speed_factor, double ends_factor) {
+    traces::Trace t = engine;
+    for (auto& e : t.events) {
+      if (!e.kind || !ir::is_chunk_work(*e.kind)) continue;
+      double layers = layers_part * static_cast<double>(e.dur_ns), rest = static_cast<double>(e.dur_ns) - layers;
+      if (e.rank == rank) layers *= speed_factor, rest *= speed_factor * ends_factor;
+      e.layers_ns = std::llround(layers);
+      e.dur_ns = std::llround(layers + rest);
+    }
+    return planner::measured_slowdown(sc, built.lowered, t);
+  };
+  const planner::Slowdown base = with_layers(0.8, -1, 1, 1);
+  // A device three times slower: its device factor triples, every ends factor stays.
+  const planner::Slowdown slow = with_layers(0.8, 1, 3, 1);
+  CHECK(slow.device[1] == Approx(3 * base.device[1]).epsilon(1e-6));
+  CHECK(slow.device[0] == Approx(base.device[0]).epsilon(1e-6));
+  for (int k = 0; k < 2; ++k) CHECK(slow.ends[k] == Approx(base.ends[k]).epsilon(1e-6));
+  // The head (stage 1's ends) twice as long as before: only its ends factor doubles.
+  const planner::Slowdown head = with_layers(0.8, 1, 1, 2);
+  CHECK(head.device[1] == Approx(base.device[1]).epsilon(1e-6));
+  CHECK(head.ends[1] == Approx(2 * base.ends[1]).epsilon(1e-6));
+  CHECK(head.ends[0] == Approx(base.ends[0]).epsilon(1e-6));
+  // Without the layers' part (other engines' traces): the whole ratio, ends as modelled.
+  const planner::Slowdown whole = planner::measured_slowdown(sc, built.lowered, engine);
+  for (int k = 0; k < 2; ++k) CHECK((whole.device[k] == Approx(1).epsilon(1e-6) && whole.ends[k] == 1));
+}
+
+TEST_CASE("rebalance is the best partition by brute force - and a costly head sheds layers", "[planner][balance]") {
+  const ir::Scenario sc = ir::load_scenario(scenario_path("llama2-70b-a100-4x8.yaml"));
+  for (const planner::Slowdown& s : {planner::Slowdown{{1, 1, 1, 1}, {1, 1, 1, 1}}, planner::Slowdown{{1, 2, 1, 1}, {}},
+                                     planner::Slowdown{{1, 1, 1.5, 1}, {3, 1, 1, 30}}}) {
+    const planner::Rebalance b = planner::rebalance(sc, s);
+    // Each fixed partition's bottleneck (its seconds_before) over a sweep of the last
+    // two stages' cut, the first two as chosen: none beats the balancer's.
+    const double best = *std::max_element(b.seconds_after.begin(), b.seconds_after.end());
+    for (int a = 1; a < b.layers_after[2] + b.layers_after[3]; ++a) {
+      ir::Scenario fixed = sc;
+      fixed.parallel.layers_per_stage = {b.layers_after[0], b.layers_after[1], a, b.layers_after[2] + b.layers_after[3] - a};
+      const planner::Rebalance f = planner::rebalance(fixed, s);
+      CHECK(*std::max_element(f.seconds_before.begin(), f.seconds_before.end()) >= best * (1 - 1e-12));
+    }
+  }
+  const int last_plain = planner::rebalance(sc, {{1, 1, 1, 1}, {1, 1, 1, 1}}).layers_after[3];
+  const int last_costly = planner::rebalance(sc, {{1, 1, 1, 1}, {1, 1, 1, 30}}).layers_after[3];
+  CHECK(last_costly < last_plain);
+  CHECK_THROWS_WITH(planner::rebalance(sc, {{1, 1, 1, 1}, {1, 1}}), Catch::Contains("expected one per stage"));
+  CHECK_THROWS_WITH(planner::rebalance(sc, {{1, 1, 1, 1}, {1, 1, -1, 1}}), Catch::Contains("positive finite"));
 }
 
 TEST_CASE("rebalance moves layers off a slow rank until its stages are within 15 percent", "[planner][balance]") {
   const ir::Scenario sc = ir::load_scenario(scenario_path("llama2-70b-a100-4x8.yaml"));
   // Rank 1 runs at half speed (a straggler node): the even split is 2x unbalanced.
-  const planner::Rebalance b = planner::rebalance(sc, {1, 2, 1, 1});
+  const planner::Rebalance b = planner::rebalance(sc, {{1, 2, 1, 1}, {}});
   CHECK(b.layers_before == std::vector<int>{20, 20, 20, 20});
   CHECK(b.spread_before > 0.9);
   CHECK(std::accumulate(b.layers_after.begin(), b.layers_after.end(), 0) == 80);
@@ -136,7 +190,7 @@ TEST_CASE("rebalance moves layers off a slow rank until its stages are within 15
 
 TEST_CASE("rebalance on the mixed A100 and H100 cluster - H100 stages take more layers", "[planner][balance]") {
   const ir::Scenario sc = ir::load_scenario(scenario_path("mixed-a100-h100.yaml"));
-  const planner::Rebalance b = planner::rebalance(sc, {1, 1, 1, 1});
+  const planner::Rebalance b = planner::rebalance(sc, {{1, 1, 1, 1}, {}});
   CHECK(b.layers_before == std::vector<int>{20, 20, 20, 20});
   CHECK(b.layers_after[2] + b.layers_after[3] > b.layers_after[0] + b.layers_after[1]);
   CHECK(b.spread_after < b.spread_before);
@@ -146,7 +200,7 @@ TEST_CASE("rebalance on the mixed A100 and H100 cluster - H100 stages take more 
   // A slow A100-class H100 node: whatever order the stages end in, each runs on the GPU
   // (and the device) its time was computed for.
   for (const std::vector<double>& slow : {std::vector<double>{1, 1, 2, 1}, {1, 1, 1, 3}, {2, 1, 1, 1}}) {
-    const planner::Rebalance m = planner::rebalance(sc, slow);
+    const planner::Rebalance m = planner::rebalance(sc, {slow, {}});
     INFO("slowdown " << slow[0] << " " << slow[1] << " " << slow[2] << " " << slow[3]);
     for (int k = 0; k < 4; ++k)
       CHECK(planner::gpu_of_rank(m.scenario, k).name == planner::gpu_of_rank(sc, m.device_of_stage[k]).name);
@@ -158,7 +212,7 @@ TEST_CASE("rebalance on the mixed A100 and H100 cluster - H100 stages take more 
   // One group of identical nodes: no order of slots can be written in the scenario.
   const ir::Scenario uniform = ir::load_scenario(scenario_path("llama2-70b-a100-4x8.yaml"));
   for (const std::vector<double>& slow : {std::vector<double>{1, 1, 1, 2}, {3, 1, 1, 1}})
-    CHECK(planner::rebalance(uniform, slow).device_of_stage == std::vector<int>{0, 1, 2, 3});
-  CHECK_THROWS_WITH(planner::rebalance(sc, {1, 1, 1}), Catch::Contains("expected one per rank"));
-  CHECK_THROWS_WITH(planner::rebalance(sc, {1, 1, 0, 1}), Catch::Contains("positive finite"));
+    CHECK(planner::rebalance(uniform, {slow, {}}).device_of_stage == std::vector<int>{0, 1, 2, 3});
+  CHECK_THROWS_WITH(planner::rebalance(sc, {{1, 1, 1}, {}}), Catch::Contains("expected one per rank"));
+  CHECK_THROWS_WITH(planner::rebalance(sc, {{1, 1, 0, 1}, {}}), Catch::Contains("positive finite"));
 }

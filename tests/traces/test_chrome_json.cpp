@@ -42,6 +42,7 @@ Trace sample() {
   f.mb = 0;
   f.chunk = 1;
   f.slice = 2;
+  f.layers_ns = 17000003;  // the CPU backend's part in decoder layers
   t.events.push_back(f);
   auto s = ev(0, 1, "SEND(F0.c1:s2>r1)", ir::OpKind::SEND, 18522002, 601);
   s.mb = 0;
@@ -87,6 +88,8 @@ TEST_CASE("Chrome JSON round trip is exact", "[traces][chrome]") {
   REQUIRE(x["ts"].get<double>() == Approx(0.001));
   REQUIRE(x["dur"].get<double>() == Approx(18522.001));
   REQUIRE(x["args"]["kind"] == "F");
+  REQUIRE(x["args"]["layers_us"].get<double>() == Approx(17000.003));
+  REQUIRE(!j["traceEvents"][j["traceEvents"].size() - 3]["args"].contains("layers_us"));  // unknown: not written
   REQUIRE(j["otherData"]["origin"] == "analytic");
   REQUIRE(j["otherData"]["ranks"] == 2);
 }
@@ -219,6 +222,10 @@ TEST_CASE("Malformed traces are rejected naming the source, event and field", "[
              Catch::Contains("field \"args.mb\": expected an integer"));
   CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[{"ph":"X","name":"F0","pid":0,"tid":0,"ts":0,"dur":1,"args":{"kind":"FWD"}}]})J")),
              Catch::Contains("field \"args.kind\": unknown op kind \"FWD\""));
+  CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[{"ph":"X","name":"F0","pid":0,"tid":0,"ts":0,"dur":1,"args":{"layers_us":2}}]})J")),
+             Catch::Contains("field \"args.layers_us\": expected the µs of dur spent in layers (0 ≤ layers_us ≤ dur), got 2"));
+  CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[{"ph":"X","name":"F0","pid":0,"tid":0,"ts":0,"dur":1,"args":{"layers_us":"x"}}]})J")),
+             Catch::Contains("field \"args.layers_us\": expected the µs"));
   // tdpipe traces: pid must be a rank and within otherData.ranks.
   CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[{"ph":"X","name":"F0","pid":"r0","tid":0,"ts":0,"dur":1}],
                                           "otherData":{"generator":"tdpipe","ranks":1}})J")),

@@ -46,6 +46,7 @@ std::string stream_name(int stream) {
 json event_json(const TraceEvent& e) {
   json args = {{"mb", e.mb}, {"chunk", e.chunk}, {"slice", e.slice}, {"peer", e.peer}, {"bytes", e.bytes}};
   if (e.kind) args["kind"] = std::string(ir::to_string(*e.kind));
+  if (e.layers_ns >= 0) args["layers_us"] = double(e.layers_ns) / 1000.0;
   return json{{"ph", "X"},
               {"name", e.name},
               {"pid", e.rank},
@@ -163,6 +164,13 @@ class Reader {
           if (!b->is_number_integer() || b->get<std::int64_t>() < 0)
             fail_event(i, "args.bytes", fmt::format("expected an integer ≥ 0, got {}", ir::quote_json(*b)));
           e.bytes = b->get<std::int64_t>();
+        }
+        if (auto l = args->find("layers_us"); l != args->end()) {
+          if (!l->is_number() || !(l->get<double>() >= 0) || l->get<double>() > micros_field(ev, "dur", i) + 1e-3)
+            fail_event(i, "args.layers_us",
+                       fmt::format("expected the µs of dur spent in layers (0 ≤ layers_us ≤ dur), got {}",
+                                   ir::quote_json(*l)));
+          e.layers_ns = std::min<std::int64_t>(e.dur_ns, std::llround(l->get<double>() * 1000.0));
         }
       }
       trace.events.push_back(std::move(e));

@@ -15,6 +15,7 @@
 // later steps stays within the same 1e-2.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -93,4 +94,49 @@ TEST_CASE("CUDA loopback matches the CPU backend: 1f1b, 2 stages x 2 replicas", 
 }
 TEST_CASE("CUDA loopback matches the CPU backend: tdpipe S=2, uneven stages of 3 and 1 layers", "[gpu][equivalence]") {
   check_case({"tdpipe", 2, 2, 1, 4, {3, 1}});
+}
+
+TEST_CASE("CUDA re-partitioning mid-training carries weights and Adam state - 2+2 steps equal 4", "[gpu][equivalence]") {
+  // What `tdpipe exec --backend cuda --balance-every` does between segments. Each layer
+  // computes the same bf16 GEMMs on the same inputs whichever stage holds it, so the
+  // carried run matches the uninterrupted one to fp32 rounding of the loss sum only.
+  ir::Scenario sc = cuda::test::tiny_scenario(2, 1, 4);
+  const ir::Plan even = planner::build_plan(sc, "1f1b").lowered;
+  cuda::CudaRunOptions go;
+  go.train = cuda::test::train_options(4);
+  const cuda::CudaRunResult whole = cuda::run_cuda(even, go);
+  go.train = cuda::test::train_options(2);
+  const cuda::CudaRunResult first = cuda::run_cuda(even, go);
+  REQUIRE(first.run.state.steps_done == 2);
+  REQUIRE(first.run.state.m1.size() == first.run.weights.size());
+  REQUIRE(first.run.state.m2.size() == first.run.weights.size());
+  sc.parallel.layers_per_stage = {3, 1};
+  const ir::Plan moved = planner::build_plan(sc, "zb-h1").lowered;
+  REQUIRE(moved.stage_layers == std::vector<int>{3, 1});
+  go.start = first.run.state;
+  const cuda::CudaRunResult second = cuda::run_cuda(moved, go);
+  REQUIRE(second.run.loss_per_step.size() == 2);
+  CHECK(second.run.state.steps_done == 4);
+  for (int s = 0; s < 4; ++s) {
+    const double got = s < 2 ? first.run.loss_per_step[s] : second.run.loss_per_step[s - 2];
+    INFO("step " << s << " carried " << got << " whole " << whole.run.loss_per_step[s]);
+    CHECK(got == Approx(whole.run.loss_per_step[s]).epsilon(1e-6));
+  }
+  std::string worst;
+  const double err = cuda::test::max_rel_error(second.run.weights, whole.run.weights, &worst);
+  INFO("worst weight " << worst << " relative L2 error " << err);
+  CHECK(err <= 1e-6);
+  // Without the moments (a fresh Adam) the weights would differ: the carry is needed.
+  cpu::TrainState no_moments = first.run.state;
+  for (auto& [name, v] : no_moments.m1) std::fill(v.begin(), v.end(), 0.0);
+  go.start = no_moments;
+  CHECK(cuda::test::max_rel_error(cuda::run_cuda(moved, go).run.weights, whole.run.weights, &worst) > 1e-4);
+  // A state missing a tensor is refused by name; NCCL processes take no state.
+  cpu::TrainState broken = first.run.state;
+  broken.m2.erase("block1.wq");
+  go.start = broken;
+  CHECK_THROWS_WITH(cuda::run_cuda(moved, go), Catch::Contains("block1.wq"));
+  go.start = first.run.state;
+  go.transport = cuda::TransportKind::Nccl;
+  CHECK_THROWS_WITH(cuda::run_cuda(moved, go), Catch::Contains("needs the loopback transport"));
 }

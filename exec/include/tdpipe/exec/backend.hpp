@@ -46,6 +46,11 @@ class Compute {
   /// B of slice j adds key/value gradients for them (B runs slices in reverse order).
   virtual Buffer run(const ComputeOp& op, Buffer input) = 0;
 
+  /// Of the last run()'s time, the nanoseconds spent in the model's decoder layers (the
+  /// rest: embedding, head, loss), as the trace's TraceEvent::layers_ns; −1 when the
+  /// backend does not measure it. Called on the thread that called run().
+  virtual std::int64_t last_layers_ns() const { return -1; }
+
   /// A fresh buffer sized for tensor `key`, for a RECV to fill. Called from the p2p
   /// stream thread, concurrently with run(): must be thread-safe.
   virtual Buffer allocate(const TensorKey& key) = 0;

@@ -11,14 +11,28 @@
 
 namespace tdpipe::planner {
 
-/// Each pipeline rank's speed relative to the cost model in one measured iteration:
-/// Σ measured durations of its compute ops (F, B, W, BW) in `trace` ÷ Σ the plan's
+/// What measured iterations say about a pipeline, relative to the cost model.
+struct Slowdown {
+  /// Per pipeline slot: its device's decoder-layer time over the cost model's (1 = as
+  /// modelled, 2 = twice as slow). A device property: it moves with the device.
+  std::vector<double> device;
+  /// Per stage: its embedding / head / loss time over the cost model's, once its
+  /// device's factor is taken out — the cost model's error on the ends, which stays with
+  /// the stage when it moves to another device. Empty or 1: as modelled.
+  std::vector<double> ends;
+};
+
+/// The Slowdown of one measured iteration of `plan` (of `scenario`). Per rank, the
+/// measured durations of its compute ops (F, B, W, BW) in `trace` against the plan's
 /// est_seconds of the same ops (matched by kind, micro-batch, chunk and slice); with
 /// data-parallel replicas (workers replica · p + rank) all replicas of a rank together.
-/// 1 = as modelled, 2 = twice as slow. Throws tdpipe::Error when the trace has no compute
-/// op of a rank, names ops the plan does not have, or says (metadata "stage_layers") it
-/// ran another partition.
-std::vector<double> measured_slowdown(const ir::Plan& plan, const traces::Trace& trace);
+/// Where every compute event of a rank says how much of it ran in decoder layers
+/// (TraceEvent::layers_ns, the CPU backend's) and the plan has one chunk per rank, the
+/// layers give `device` and the rest gives `ends`, each against the cost model's
+/// one-micro-batch F+B+W of that part; otherwise `device` is the whole ratio and `ends`
+/// is 1. Throws tdpipe::Error when the trace has no compute op of a rank, names ops the
+/// plan does not have, or says (metadata "stage_layers") it ran another partition.
+Slowdown measured_slowdown(const ir::Scenario& scenario, const ir::Plan& plan, const traces::Trace& trace);
 
 /// Exponentially weighted moving average of per-rank values over iterations:
 /// x ← α·sample + (1−α)·x, the first sample taken as is (α in (0, 1]).
@@ -56,14 +70,14 @@ struct Rebalance {
 };
 
 /// Re-plans the layer partition (and which device slot runs which stage) for the
-/// scenario's plan layout (one chunk per rank) given each slot's slowdown relative to
-/// the cost model (1 = as modelled; from measured_slowdown, smoothed). A stage's time
-/// on slot j with n layers is slowdown[j] · (n · layer + ends) on slot j's GPU.
-/// Alternates the exact min-max partition for a fixed assignment with the bottleneck
-/// assignment for a fixed partition until neither changes (each step can only lower
-/// the bottleneck). Assignments that cannot be written as an order of the cluster's
-/// node groups (each group's slots consecutive) are not applied: the slots stay in
-/// rank order. Throws for scenarios with chunks > 1 or synthetic ones.
-Rebalance rebalance(const ir::Scenario& scenario, const std::vector<double>& slowdown);
+/// scenario's plan layout (one chunk per rank) given the measured Slowdown (smoothed).
+/// Stage k with n layers on slot j takes device[j] · (n · layer + ends[k] · ends_k) on
+/// slot j's GPU (layer, ends_k: the cost model's one-micro-batch F+B+W). Alternates
+/// the exact min-max partition for a fixed assignment with the bottleneck assignment
+/// for a fixed partition until neither changes (each step can only lower the
+/// bottleneck). Assignments that cannot be written as an order of the cluster's node
+/// groups (each group's slots consecutive) are not applied: the slots stay in rank
+/// order. Throws for scenarios with chunks > 1 or synthetic ones.
+Rebalance rebalance(const ir::Scenario& scenario, const Slowdown& slowdown);
 
 }  // namespace tdpipe::planner

@@ -26,6 +26,10 @@ struct Metrics {
 
 Metrics compute_metrics(const Trace& trace);
 
+/// The median of measured samples (the mean of the middle two for an even count); 0
+/// for none.
+double median(std::vector<double> samples);
+
 /// A [start, end) span in ns; empty or reversed spans are ignored.
 using TimeSpan = std::pair<std::int64_t, std::int64_t>;
 

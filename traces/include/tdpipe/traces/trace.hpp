@@ -24,6 +24,9 @@ struct TraceEvent {
   std::int64_t bytes = 0;
   std::int64_t start_ns = 0;
   std::int64_t dur_ns = 0;
+  /// Of dur_ns, the time spent in the model's decoder layers (the rest: embedding, head,
+  /// loss) where the executor measured it (the CPU backend's F/B/W/BW); −1 unknown.
+  std::int64_t layers_ns = -1;
 
   std::int64_t end_ns() const { return start_ns + dur_ns; }
   friend bool operator==(const TraceEvent&, const TraceEvent&) = default;

@@ -43,6 +43,7 @@ class CpuCompute final : public Compute {
 
   void begin_step(int step) override;
   Buffer run(const ComputeOp& op, Buffer input) override;
+  std::int64_t last_layers_ns() const override { return last_layers_ns_; }
   /// run() without the rank-speed stretch.
   Buffer run_op(const ComputeOp& op, Buffer input);
   Buffer allocate(const TensorKey& key) override;
@@ -63,6 +64,7 @@ class CpuCompute final : public Compute {
   std::vector<int> offsets_;
   double loss_scale_;
   double speed_ = 1;  ///< options.rank_speed of this rank
+  std::int64_t last_layers_ns_ = -1;
   std::vector<GptStage> stages_;
   std::map<int, MicroBatch> batches_;
   int step_ = 0;

@@ -105,6 +105,10 @@ class GptStage {
   /// them — the state of another partition of the same model. Throws naming a missing
   /// or mis-sized tensor.
   void load_state(const ParamMap& params, const ParamMap& m1, const ParamMap& m2);
+  /// Nanoseconds spent in this stage's decoder blocks (forward, input- and
+  /// weight-gradient backward) since the previous call; the rest of an op's time is the
+  /// embedding, the head and the loss (the load balancer tells the two apart).
+  std::int64_t take_block_ns();
   /// Bytes of one (b·T) × hidden activation of a slice of T tokens.
   std::int64_t activation_elements(int tokens) const;
 

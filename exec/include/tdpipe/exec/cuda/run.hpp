@@ -3,6 +3,8 @@
 // model, data and outputs as cpu::run_cpu. Plain C++: no CUDA types here.
 #pragma once
 
+#include <optional>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -26,6 +28,10 @@ struct CudaRunOptions {
   int trace_step = -1;  ///< step whose timeline is returned (−1: the last)
   int device = -1;      ///< loopback: GPU index (−1: device 0; NCCL runs use the local rank)
   bool keep_step_traces = false;  ///< also keep every step's timeline (calibration)
+  /// Continue from this state (cpu::CpuRunOptions::start's contract: another partition's,
+  /// e.g. after re-balancing; steps, data and Adam go on from state.steps_done). Loopback
+  /// only: an NCCL process holds only its own ranks, so it neither takes nor returns one.
+  std::optional<cpu::TrainState> start;
 };
 
 struct CudaRunResult {
