@@ -79,13 +79,19 @@ class AutoScheduler {
         f_end_(static_cast<std::size_t>(p) * n_, kNotYet), b_end_(static_cast<std::size_t>(p) * n_, kNotYet),
         next_f_(p, 0), next_b_(p, 0), live_(p, 0.0), free_at_(p, 0.0), pending_w_(p) {
     for (int r = 0; r < p; ++r) {
+      double work = 0;
+      for (int s = 0; s < S; ++s) work += c.f_seconds[r][s] + c.b_seconds[r][s] + c.w_seconds[r][s];
+      left_.push_back(work * m);
       const int ahead = policy.cap == Cap::OneF1B ? p - r : policy.cap == Cap::TwoF1B ? 2 * (p - r) - 1 : n_;
       caps_.push_back(std::max(ahead, 1) * S);
       trail_.push_back(policy.w == WMode::Trail ? r : policy.w == WMode::Trail2 ? 2 * r : -1);
     }
   }
 
-  Schedule run() {
+  /// Schedules everything; or, once some rank's free time plus the compute it has left
+  /// passes *cutoff (the best makespan found so far, which this run then cannot beat),
+  /// stops with makespan = ∞.
+  Schedule run(const std::atomic<double>* cutoff = nullptr) {
     Schedule out;
     out.ranks.resize(p_);
     for (auto& ops : out.ranks) ops.reserve(static_cast<std::size_t>(n_) * (c_.split_backward ? 3 : 2));
@@ -101,6 +107,12 @@ class AutoScheduler {
       if (t != free_at_[r]) continue;  // superseded
       const double next = step(r, t, out.ranks[r]);
       if (next < kInf) {
+        // Rank r's remaining ops run one after another from `next`: a lower bound on the
+        // makespan (with a margin over the rounding of the running sum).
+        if (cutoff && next + left_[r] > cutoff->load(std::memory_order_relaxed) * (1 + 1e-9)) {
+          out.makespan = kInf;
+          return out;
+        }
         free_at_[r] = next;
         heap.push({next, r});
       }
@@ -206,6 +218,7 @@ class AutoScheduler {
     const int k = next_f_[r]++;
     const int s = k % S_;
     live_[r] += c_.f_bytes[r][s];
+    left_[r] -= f_dur(r, s);
     out_->f_inputs[at(r, k)] = r > 0 ? f_end_[at(r - 1, k)] + c_.p2p_seconds[r - 1] : 0.0;
     f_end_[at(r, k)] = t + f_dur(r, s);
     ops.push_back(compute_op(ir::OpKind::F, k / S_, 0, s));
@@ -219,6 +232,7 @@ class AutoScheduler {
     out_->b_inputs[at(r, k)] =
         std::max(f_end_[at(r, idx)], r + 1 < p_ ? b_end_[at(r + 1, idx)] + c_.p2p_seconds[r] : 0.0);
     b_end_[at(r, idx)] = t + b_dur(r, s);
+    left_[r] -= b_dur(r, s);
     if (c_.split_backward) {
       live_[r] += c_.b_bytes[r][s];
       pending_w_[r].push_back(idx);
@@ -235,6 +249,7 @@ class AutoScheduler {
     pending_w_[r].pop_front();
     const int s = idx % S_;
     live_[r] += c_.w_bytes[r][s];
+    left_[r] -= c_.w_seconds[r][s];
     ops.push_back(compute_op(ir::OpKind::W, idx / S_, 0, s));
     return t + c_.w_seconds[r][s];
   }
@@ -257,6 +272,7 @@ class AutoScheduler {
   std::vector<double> f_end_, b_end_;
   std::vector<int> next_f_, next_b_, caps_, trail_;
   std::vector<double> live_, free_at_;
+  std::vector<double> left_;  ///< per rank: seconds of compute not yet placed
   std::vector<std::deque<int>> pending_w_;
 };
 
@@ -331,14 +347,25 @@ ir::Plan make_auto(const ScheduleParams& params) {
     return a.schedule.makespan < b.schedule.makespan ||
            (a.schedule.makespan == b.schedule.makespan && a.policy < b.policy);
   };
+  // The least makespan any worker has built so far. A policy's last pass stops once it
+  // runs past it (it cannot be kept); earlier passes run whole, since the next pass reads
+  // their times. Which runs stop depends on thread timing, what is kept does not: a
+  // stopped run is longer than a kept one.
+  std::atomic<double> cutoff{kInf};
+  auto lower_cutoff = [&cutoff](double makespan) {
+    double seen = cutoff.load();
+    while (makespan < seen && !cutoff.compare_exchange_weak(seen, makespan)) {
+    }
+  };
   auto build = [&](std::size_t i, Best& best) {
     const Policy& policy = policies[i];
     // Pass 0 forecasts gaps by lower bounds only; each further pass by the input times
     // the previous pass saw, so a W goes where the last pass had a gap it fits.
     Schedule previous;
     for (int pass = 0; pass < kPasses; ++pass) {
-      Best candidate{i, AutoScheduler(p, m, S, costs, policy, pass ? &previous : nullptr).run()};
       const bool last = pass + 1 == kPasses || policy.w != WMode::Fit;  // only a fitted W reads forecasts
+      Best candidate{i, AutoScheduler(p, m, S, costs, policy, pass ? &previous : nullptr).run(last ? &cutoff : nullptr)};
+      lower_cutoff(candidate.schedule.makespan);
       if (better(candidate, best)) {
         if (last) {
           best = std::move(candidate);
