@@ -31,7 +31,6 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
-#include <mutex>
 #include <thread>
 #include <cmath>
 #include <deque>
@@ -384,15 +383,20 @@ ir::Plan make_auto(const ScheduleParams& params) {
   std::vector<Best> bests(workers);
   for (auto& b : bests) b.schedule.makespan = kInf;
   std::atomic<std::size_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mu;
+  // Per policy, what its build threw. A policy stuck under the budget (tdpipe::Error) is
+  // only a policy that does not fit: the others may; anything else fails the plan. The
+  // error reported is the earliest policy's, the same on any machine.
+  std::vector<std::exception_ptr> errors(policies.size());
+  std::vector<char> stuck(policies.size(), 0);
   auto worker = [&](std::size_t w) {
     for (std::size_t i; (i = next++) < policies.size();) {
       try {
         build(i, bests[w]);
+      } catch (const Error&) {
+        errors[i] = std::current_exception();
+        stuck[i] = 1;
       } catch (...) {
-        std::lock_guard lock(error_mu);
-        if (!error) error = std::current_exception();
+        errors[i] = std::current_exception();
       }
     }
   };
@@ -400,10 +404,11 @@ ir::Plan make_auto(const ScheduleParams& params) {
   for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(worker, w);
   worker(0);
   for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
   Best* best = &bests[0];
   for (auto& b : bests)
     if (better(b, *best)) best = &b;
+  for (std::size_t i = 0; i < policies.size(); ++i)
+    if (errors[i] && (!stuck[i] || !(best->schedule.makespan < kInf))) std::rethrow_exception(errors[i]);
   ir::Plan plan = plan_skeleton("auto", p, m, 1, S);
   plan.ranks = std::move(best->schedule.ranks);
   return plan;
