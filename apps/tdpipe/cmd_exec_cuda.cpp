@@ -36,8 +36,8 @@ void run_exec_cuda(const CudaExecRequest& a) {
   opt.watchdog_seconds = a.watchdog;
   opt.device = a.device;
   exec::cuda::CudaRunResult r;
-  if (a.balance_every <= 0) {
-    r = exec::cuda::run_cuda(plan, opt);
+  if (a.balance_every <= 0 || a.steps == 0) {
+    r = exec::cuda::run_cuda(plan, opt);  // (which refuses --steps 0)
   } else {
     if (opt.transport != exec::cuda::TransportKind::Loopback)
       throw Error("--balance-every on the cuda backend needs --transport loopback (one process holding every rank's "

@@ -1,9 +1,10 @@
 // exec_balance.cpp — the load balancer in the training loop (see exec_balance.hpp).
 #include "exec_balance.hpp"
 
+#include "exec_common.hpp"
+
 #include <algorithm>
 #include <cstdio>
-#include <limits>
 #include <map>
 #include <numeric>
 #include <utility>
@@ -48,7 +49,9 @@ std::vector<double> stage_ms(const ir::Plan& plan, const std::vector<traces::Tra
 exec::cpu::RunResult run_balanced(const ir::Scenario& sc, ir::Plan& plan, int steps,
                                   const std::vector<double>& rank_speed, const BalanceLoop& loop,
                                   const RunSegment& run_segment) {
-  if (plan.chunks != 1 || sc.synthetic)
+  if (sc.synthetic)
+    throw Error(fmt::format("--balance-every: {} is synthetic; the balancer re-partitions a model's layers", sc.name));
+  if (plan.chunks != 1)
     throw Error(fmt::format("--balance-every: the balancer re-partitions one model chunk per rank; {} runs {} "
                             "chunks",
                             plan.schedule, plan.chunks));
@@ -76,7 +79,9 @@ exec::cpu::RunResult run_balanced(const ir::Scenario& sc, ir::Plan& plan, int st
     losses.insert(losses.end(), out.loss_per_step.begin(), out.loss_per_step.end());
     iterations.insert(iterations.end(), out.iteration_seconds.begin(), out.iteration_seconds.end());
     const std::vector<double> ms = stage_ms(plan, out.step_traces);
-    const double iteration = traces::median(out.iteration_seconds);
+    // Each segment starts a fresh run whose first step pays for allocations: its
+    // iteration is the median of the steps after it (of the only step, for K = 1).
+    const double iteration = steady_iteration_seconds(out.iteration_seconds);
     fmt::print(stderr,
                "steps {}-{} on layers [{}]: F+B+W per micro-batch [{:.1f}] ms, slowest / fastest {:.0f} % "
                "(measured, median of {} steps), iteration {:.1f} ms\n",

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -37,9 +38,11 @@ CudaCompute::CudaCompute(const cpu::GptConfig& config, const ir::Plan& plan, int
   loss_ = DeviceMemory(sizeof(double), ctx.compute(), true);
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
   if (static_cast<std::size_t>(rank) < options.rank_speed.size()) speed_ = options.rank_speed[static_cast<std::size_t>(rank)];
-  if (!(speed_ >= 0.01 && speed_ <= 1))
-    throw Error("rank speed of rank " + std::to_string(rank) + " is " + std::to_string(speed_) +
-                "; expected 0.01 ≤ speed ≤ 1 (a fraction of this GPU's)");
+  if (!(speed_ >= 0.01 && speed_ <= 1)) {
+    std::ostringstream text;
+    text << "rank speed of rank " << rank << " is " << speed_ << "; expected 0.01 ≤ speed ≤ 1 (a fraction of this GPU's)";
+    throw Error(text.str());
+  }
 }
 
 CudaCompute::~CudaCompute() {

@@ -497,9 +497,12 @@ void GptStageCuda::load_state(const cpu::ParamMap& params, const cpu::ParamMap& 
                                  {&m2, &I.m2, "second moments"}}) {
     for (const Spec& sp : I.specs) {
       const auto it = map->find(sp.name);
-      if (it == map->end() || static_cast<std::int64_t>(it->second.size()) != sp.size())
-        throw Error("CUDA GPT stage " + std::to_string(I.stage) + ": the " + what + " to load have no " + sp.name +
-                    " of " + std::to_string(sp.size()) + " values");
+      if (it == map->end())
+        throw Error("CUDA GPT stage " + std::to_string(I.stage) + ": the " + what + " to load have no " + sp.name);
+      if (static_cast<std::int64_t>(it->second.size()) != sp.size())
+        throw Error("CUDA GPT stage " + std::to_string(I.stage) + ": the " + what + " to load have " +
+                    std::to_string(it->second.size()) + " values of " + sp.name + "; expected " +
+                    std::to_string(sp.size()));
       std::copy(it->second.begin(), it->second.end(), host.begin() + sp.offset);
     }
     if (I.total > 0)

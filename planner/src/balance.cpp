@@ -166,12 +166,18 @@ Slowdown measured_slowdown(const ir::Scenario& sc, const ir::Plan& plan, const t
     if (!split[r] || n <= 0 || !(in_layers[r] > 0)) continue;
     const StageModel m = stage_model(sc, gpu_of_rank(sc, r), r, p);
     const double per_mb = 1.0 / (static_cast<double>(plan.microbatches) * replicas);
-    const double device = in_layers[r] * per_mb / (n * m.layer);
+    if (!(m.layer > 0)) continue;
     const double rest = (measured[r] - in_layers[r]) * per_mb;
-    if (!(m.layer > 0) || !std::isfinite(device)) continue;
+    if (!(m.ends > 1e-12 * m.layer)) {
+      // A stage without modelled ends: its small rest (copies, bookkeeping) scales with
+      // its device like its layers, so it joins the device's factor.
+      out.device[r] = measured[r] * per_mb / (n * m.layer);
+      continue;
+    }
+    const double device = in_layers[r] * per_mb / (n * m.layer);
+    if (!std::isfinite(device)) continue;
     out.device[r] = device;
-    // Stages without ends (the model's are nought) keep their small rest in no factor.
-    if (m.ends > 1e-12 * m.layer && rest > 0) out.ends[r] = rest / (device * m.ends);
+    if (rest > 0) out.ends[r] = rest / (device * m.ends);
   }
   return out;
 }

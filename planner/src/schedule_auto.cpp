@@ -45,6 +45,11 @@
 namespace tdpipe::planner::detail {
 namespace {
 
+/// A policy that cannot place its next op under the memory budget.
+struct Stuck : Error {
+  using Error::Error;
+};
+
 constexpr double kNotYet = -1.0;
 constexpr int kPasses = 2;
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -253,13 +258,13 @@ class AutoScheduler {
     return t + c_.w_seconds[r][s];
   }
 
-  Error stuck() const {
+  Stuck stuck() const {
     std::string where;
     for (int r = 0; r < p_; ++r)
       if (next_b_[r] < n_)
         where += fmt::format("; rank {}: {:.4g} of {:.4g} bytes live, {} of {} F and {} B placed", r, live_[r],
                              c_.budget_bytes[r], next_f_[r], n_, next_b_[r]);
-    return Error(fmt::format("schedule auto: no op can be placed under the memory budget (p = {}, m = {}, S = {}){}",
+    return Stuck(fmt::format("schedule auto: no op can be placed under the memory budget (p = {}, m = {}, S = {}){}",
                              p_, m_, S_, where));
   }
 
@@ -383,7 +388,7 @@ ir::Plan make_auto(const ScheduleParams& params) {
   std::vector<Best> bests(workers);
   for (auto& b : bests) b.schedule.makespan = kInf;
   std::atomic<std::size_t> next{0};
-  // Per policy, what its build threw. A policy stuck under the budget (tdpipe::Error) is
+  // Per policy, what its build threw. A policy stuck under the budget (Stuck) is
   // only a policy that does not fit: the others may; anything else fails the plan. The
   // error reported is the earliest policy's, the same on any machine.
   std::vector<std::exception_ptr> errors(policies.size());
@@ -392,7 +397,7 @@ ir::Plan make_auto(const ScheduleParams& params) {
     for (std::size_t i; (i = next++) < policies.size();) {
       try {
         build(i, bests[w]);
-      } catch (const Error&) {
+      } catch (const Stuck&) {
         errors[i] = std::current_exception();
         stuck[i] = 1;
       } catch (...) {

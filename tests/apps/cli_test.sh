@@ -237,11 +237,14 @@ PY
           "$out" || fail "balanced run differs from the single-device run: $out"
       # Re-balancing inside one run: segments of 2 steps, weights and Adam state carried
       # across the re-partition; the whole run equals the single-device one.
-      out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 4 --rank-speed 1:0.5 --balance-every 2 --check --json \
+      # (Rank 1 at a quarter speed: [3, 1] wins by far, so the re-partition surely happens.)
+      out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 4 --rank-speed 1:0.25 --balance-every 2 --check --json \
             2>"$work/balance.err") || fail "exec --balance-every exited $?: $(cat "$work/balance.err")"
       python3 -c 'import json,sys; r=json.loads(sys.argv[1]); e=r["reference"]; assert max(e.values())<=1e-9, e; assert len(r["loss_per_step"])==4, r.keys()' \
           "$out" || fail "balanced-in-run exec differs from the single-device run: $out"
-      expect "$(cat "$work/balance.err")" '^steps 0-1 on layers \[2,2\]: F\+B\+W per micro-batch \[[0-9.]+, [0-9.]+\] ms, slowest / fastest [0-9]+ % \(measured, median of 2 steps\)' "segment report"
+      expect "$(cat "$work/balance.err")" '^steps 0-1 on layers \[2,2\]: F\+B\+W per micro-batch \[[0-9.]+, [0-9.]+\] ms, slowest / fastest [0-9]+ % \(measured, median of 2 steps\), iteration [0-9.]+ ms' "segment report"
+      expect "$(cat "$work/balance.err")" '^step 2: re-balanced to layers \[3,1\]' "re-partitioned"
+      expect "$(cat "$work/balance.err")" '^steps 2-3 on layers \[3,1\]' "second segment on the new partition"
       # A measured trace of the balanced scenario, given with the original one, is refused.
       "$tdpipe" exec "$work/tiny.json" --steps 1 --trace-out "$work/moved.json" > /dev/null || fail "exec exited $?"
       if [ "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["parallel"]["layers_per_stage"])' "$work/tiny.json")" != "[2, 2]" ]; then
@@ -257,10 +260,10 @@ PY
     expect "$out" '--alpha 0: expected 0 < alpha <= 1' "alpha"
     ;;
   balance-cuda)
-    # The CUDA backend (on the emulated GPU) in the balancer's loop: rank 1 at half speed,
+    # The CUDA backend (on the emulated GPU) in the balancer's loop: rank 1 at a quarter speed,
     # segments of 2 steps, weights and Adam state carried across the re-partition — the
     # run ends where the uninterrupted CUDA run does.
-    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --steps 4 --rank-speed 1:0.5 --balance-every 2 \
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --steps 4 --rank-speed 1:0.25 --balance-every 2 \
           --json 2>"$work/balance.err") || fail "cuda exec --balance-every exited $?: $(cat "$work/balance.err")"
     whole=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --steps 4 --json) || fail "cuda exec exited $?"
     python3 - "$out" "$whole" <<'PY' || fail "balanced cuda run differs from the uninterrupted one"
@@ -272,6 +275,7 @@ for a, b in zip(got["loss_per_step"], want["loss_per_step"]):
 assert abs(got["weights_l2"] - want["weights_l2"]) <= 1e-6 * want["weights_l2"], (got["weights_l2"], want["weights_l2"])
 PY
     expect "$(cat "$work/balance.err")" '^steps 0-1 on layers \[2,2\]: F\+B\+W per micro-batch' "segment report"
+    expect "$(cat "$work/balance.err")" '^step 2: re-balanced to layers \[3,1\]' "re-partitioned"
     out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --transport nccl --steps 2 --balance-every 1 2>&1) \
       && fail "--balance-every with nccl exited 0"
     expect "$out" 'needs --transport loopback' "nccl refused"

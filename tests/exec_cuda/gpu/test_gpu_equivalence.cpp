@@ -96,7 +96,7 @@ TEST_CASE("CUDA loopback matches the CPU backend: tdpipe S=2, uneven stages of 3
   check_case({"tdpipe", 2, 2, 1, 4, {3, 1}});
 }
 
-TEST_CASE("CUDA re-partitioning mid-training carries weights and Adam state - 2+2 steps equal 4", "[gpu][equivalence]") {
+TEST_CASE("CUDA re-partitioning mid-training carries weights and Adam state - 2+2 steps equal 4", "[gpu][balance]") {
   // What `tdpipe exec --backend cuda --balance-every` does between segments. Each layer
   // computes the same bf16 GEMMs on the same inputs whichever stage holds it, so the
   // carried run matches the uninterrupted one to fp32 rounding of the loss sum only.

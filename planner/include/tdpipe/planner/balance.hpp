@@ -29,8 +29,8 @@ struct Slowdown {
 /// Where every compute event of a rank says how much of it ran in decoder layers
 /// (TraceEvent::layers_ns, the CPU backend's) and the plan has one chunk per rank, the
 /// layers give `device` and the rest gives `ends`, each against the cost model's
-/// one-micro-batch F+B+W of that part; otherwise `device` is the whole ratio and `ends`
-/// is 1. Throws tdpipe::Error when the trace has no compute op of a rank, names ops the
+/// one-micro-batch F+B+W of that part (a stage the model gives no ends: its whole time
+/// against its layers'); otherwise `device` is the whole ratio and `ends` is 1. Throws tdpipe::Error when the trace has no compute op of a rank, names ops the
 /// plan does not have, or says (metadata "stage_layers") it ran another partition.
 Slowdown measured_slowdown(const ir::Scenario& scenario, const ir::Plan& plan, const traces::Trace& trace);
 
