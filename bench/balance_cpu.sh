@@ -30,7 +30,7 @@ segments, predicted = [], "-"
 for line in open(sys.argv[1]):
     if m := seg.search(line): segments.append(m.groups())
     if m := reb.search(line): predicted = m.group(2) + " %"
-    if "back to" in line: predicted = "(back)"  # the loop returned to a layout it had measured
+    if "staying with the fastest measured" in line: predicted = "(kept)"  # a layout it had measured
 first, last = segments[0], segments[-1]
 print(f"{sys.argv[2]:<7} {sys.argv[3]:<6} {sys.argv[4]:<4} | [{first[0]}]{'':<{8 - len(first[0])}} {first[1]:>6} % "
       f"{first[2]:>6} ms | [{last[0]}]{'':<{8 - len(last[0])}} {predicted:>9} {last[1]:>6} % {last[2]:>6} ms")

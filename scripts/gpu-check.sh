@@ -128,7 +128,7 @@ done
 # speed, segments of 3 steps, weights and Adam moments carried across the re-partition.
 "$tdp" exec scenarios/tiny-gpt-cpu.yaml --backend "$run_backend" --rank-speed 1:0.25 --balance-every 3 --steps 9 \
     --json > "$out/balance.json" 2> "$out/balance.err" || tail -3 "$out/balance.err"
-grep -E "^steps|re-balanced|back to" "$out/balance.err" | sed 's/^/  balance: /' | tee -a "$out/summary.txt"
+grep -E "^steps|re-balanced|staying with" "$out/balance.err" | sed 's/^/  balance: /' | tee -a "$out/summary.txt"
 
 # --------------------------------------------------------- 3. one layer vs PyTorch
 step "3/4 one decoder block F/B/W vs PyTorch eager (h=1536, 12 heads, ffn 6144, seq 2048, b=2)"

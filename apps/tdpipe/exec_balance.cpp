@@ -103,7 +103,7 @@ exec::cpu::RunResult run_balanced(const ir::Scenario& sc, ir::Plan& plan, int st
     if (auto it = measured.find(next.key());
         it != measured.end() && next.key() != best->first && it->second.second > best->second.second) {
       fmt::print(stderr, "step {}: the balancer proposes layers [{}], which measured {:.1f} ms an iteration; "
-                 "back to [{}] ({:.1f} ms)\n",
+                 "staying with the fastest measured, [{}] ({:.1f} ms)\n",
                  done, fmt::join(next.layers, ","), 1e3 * it->second.second, fmt::join(best->second.first.layers, ","),
                  1e3 * best->second.second);
       next = best->second.first;
