@@ -87,12 +87,7 @@ void run_exec(const ExecArgs& a) {
                      {a.balance_every, a.balance_alpha, loaded.schedule, a.slices, a.max_ops},
                      [&](const ir::Plan& segment, int steps, const std::optional<exec::cpu::TrainState>& start,
                          const std::vector<double>& speed) {
-                       exec::cpu::CpuRunOptions o = opt;
-                       o.train.steps = steps;
-                       o.train.rank_speed = speed;
-                       o.start = start;
-                       o.keep_step_traces = true;
-                       return exec::cpu::run_cpu(segment, o);
+                       return exec::cpu::run_cpu(segment, segment_options(opt, steps, start, speed));
                      });
   }
   if (!a.trace_out.empty()) traces::write_trace(r.trace, a.trace_out);

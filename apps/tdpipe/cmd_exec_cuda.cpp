@@ -47,12 +47,8 @@ void run_exec_cuda(const CudaExecRequest& a) {
                          {a.balance_every, a.balance_alpha, loaded.schedule, a.slices, a.max_ops},
                          [&](const ir::Plan& segment, int steps, const std::optional<exec::cpu::TrainState>& start,
                              const std::vector<double>& speed) {
-                           exec::cuda::CudaRunOptions o = opt;
-                           o.train.steps = steps;
-                           o.train.rank_speed = speed;
-                           o.start = start;
-                           o.keep_step_traces = true;
-                           exec::cuda::CudaRunResult one = exec::cuda::run_cuda(segment, o);
+                           exec::cuda::CudaRunResult one =
+                               exec::cuda::run_cuda(segment, segment_options(opt, steps, start, speed));
                            r.weights_l2 = one.weights_l2;
                            r.device_name = one.device_name;
                            return std::move(one.run);

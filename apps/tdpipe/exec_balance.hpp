@@ -24,6 +24,18 @@ using RunSegment = std::function<exec::cpu::RunResult(const ir::Plan& plan, int 
                                                       const std::optional<exec::cpu::TrainState>& start,
                                                       const std::vector<double>& rank_speed)>;
 
+/// `base` (CpuRunOptions or CudaRunOptions) as one segment runs it: its steps, its
+/// ranks' speeds, the state it starts from, and every step's trace kept.
+template <class RunOptions>
+RunOptions segment_options(RunOptions base, int steps, const std::optional<exec::cpu::TrainState>& start,
+                           const std::vector<double>& rank_speed) {
+  base.train.steps = steps;
+  base.train.rank_speed = rank_speed;
+  base.start = start;
+  base.keep_step_traces = true;
+  return base;
+}
+
 struct BalanceLoop {
   int every = 0;        ///< steps per segment (K)
   double alpha = 0.3;   ///< EWMA weight of each newer step

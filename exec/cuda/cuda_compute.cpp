@@ -4,9 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <sstream>
 #include <string>
-#include <thread>
 
 #include "check.hpp"
 #include "nvtx.hpp"
@@ -37,12 +35,7 @@ CudaCompute::CudaCompute(const cpu::GptConfig& config, const ir::Plan& plan, int
     stages_.emplace_back(config_, stage, plan.virtual_stages(), ctx.compute(), ctx.cublas());
   loss_ = DeviceMemory(sizeof(double), ctx.compute(), true);
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
-  if (static_cast<std::size_t>(rank) < options.rank_speed.size()) speed_ = options.rank_speed[static_cast<std::size_t>(rank)];
-  if (!(speed_ >= 0.01 && speed_ <= 1)) {
-    std::ostringstream text;
-    text << "rank speed of rank " << rank << " is " << speed_ << "; expected 0.01 ≤ speed ≤ 1 (a fraction of this GPU's)";
-    throw Error(text.str());
-  }
+  speed_ = cpu::rank_speed_of(options, rank);
 }
 
 CudaCompute::~CudaCompute() {
@@ -163,9 +156,7 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
       throw Error(std::string(ir::to_string(op.kind)) + " is not a compute op");
   }
   wait_stream(stream, control_);
-  if (speed_ != 1)
-    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(
-        (std::chrono::steady_clock::now() - host_start) * (1 / speed_ - 1)));
+  cpu::stretch_to_speed(std::chrono::steady_clock::now() - host_start, speed_);
   return out;
 }
 

@@ -190,12 +190,7 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
                                                        &control));
       transports.push_back(std::make_unique<LoopbackTransport>(fabric, *contexts.back(), k, r, p, d));
     }
-  const int first = options.start ? options.start->steps_done : 0;
-  if (first < 0) throw Error("start state: " + std::to_string(first) + " steps done; expected ≥ 0");
-  if (options.start)
-    for (auto& c : computes)
-      for (int ch = 0; ch < c->chunks(); ++ch)
-        c->chunk_stage(ch).load_state(options.start->params, options.start->m1, options.start->m2);
+  const int first = cpu::load_start_state(options.start, computes);
   // One origin for every rank: all share the device, so event times compare directly.
   // It is re-recorded at the start of every step (origin.record): cudaEventElapsedTime
   // returns float ms, whose 24-bit mantissa would lose µs after ~20 s of a long run.

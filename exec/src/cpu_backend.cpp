@@ -76,10 +76,22 @@ CpuCompute::CpuCompute(const GptConfig& config, const ir::Plan& plan, int rank, 
                        config.seq);
   const auto& chunks = plan.stage_of.at(static_cast<std::size_t>(rank));
   for (int stage : chunks) stages_.emplace_back(config_, stage, virtual_stages_);
-  if (static_cast<std::size_t>(rank) < options.rank_speed.size()) speed_ = options.rank_speed[static_cast<std::size_t>(rank)];
-  if (!(speed_ >= 0.01 && speed_ <= 1))
-    throw Error(fmt::format("rank speed of rank {} is {}; expected 0.01 ≤ speed ≤ 1 (a fraction of this machine's)",
-                            rank, speed_));
+  speed_ = rank_speed_of(options, rank);
+}
+
+double rank_speed_of(const TrainOptions& options, int rank) {
+  const double speed = rank >= 0 && static_cast<std::size_t>(rank) < options.rank_speed.size()
+                           ? options.rank_speed[static_cast<std::size_t>(rank)]
+                           : 1.0;
+  if (!(speed >= 0.01 && speed <= 1))
+    throw Error(fmt::format("rank speed of rank {} is {}; expected 0.01 ≤ speed ≤ 1 (a fraction of this device's)",
+                            rank, speed));
+  return speed;
+}
+
+void stretch_to_speed(std::chrono::steady_clock::duration work, double speed) {
+  if (speed != 1)
+    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(work * (1 / speed - 1)));
 }
 
 Buffer CpuCompute::run(const ComputeOp& op, Buffer input) {
@@ -93,8 +105,7 @@ Buffer CpuCompute::run(const ComputeOp& op, Buffer input) {
   const auto work = std::chrono::steady_clock::now() - t0;
   // A slower device stretches every part of the op alike.
   last_layers_ns_ = std::llround(static_cast<double>(st.take_block_ns()) / speed_);
-  if (speed_ != 1)
-    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(work * (1 / speed_ - 1)));
+  stretch_to_speed(work, speed_);
   return out;
 }
 

@@ -110,12 +110,7 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
       computes.push_back(std::make_unique<CpuCompute>(config, plan, r, k, corpus, options.train));
       transports.push_back(std::make_unique<CpuTransport>(fabric, k, r, p, d));
     }
-  const int first = options.start ? options.start->steps_done : 0;
-  if (first < 0) throw Error(fmt::format("start state: {} steps done; expected ≥ 0", first));
-  if (options.start)
-    for (auto& c : computes)
-      for (int ch = 0; ch < c->chunks(); ++ch)
-        c->chunk_stage(ch).load_state(options.start->params, options.start->m1, options.start->m2);
+  const int first = load_start_state(options.start, computes);
 
   RunResult result;
   const int steps = options.train.steps;

@@ -31,6 +31,14 @@ struct TrainOptions {
   std::vector<double> rank_speed;
 };
 
+/// options.rank_speed of pipeline rank `rank` (1 when not given). Throws tdpipe::Error
+/// for a speed outside [0.01, 1].
+double rank_speed_of(const TrainOptions& options, int rank);
+
+/// The emulated slower device of both backends: after an op that took `work`, idles the
+/// calling thread for work · (1/speed − 1), so the op takes work / speed.
+void stretch_to_speed(std::chrono::steady_clock::duration work, double speed);
+
 /// Token boundaries of the plan's slices: S + 1 offsets from 0 to seq
 /// (plan.slice_tokens, or an equal split when it is empty).
 std::vector<int> slice_offsets(const ir::Plan& plan, int seq);

@@ -3,11 +3,12 @@
 #pragma once
 
 #include <optional>
-
+#include <string>
 #include <vector>
 
 #include "tdpipe/exec/cpu/backend.hpp"
 #include "tdpipe/exec/cpu/gpt.hpp"
+#include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/plan.hpp"
 #include "tdpipe/traces/trace.hpp"
 
@@ -20,6 +21,19 @@ struct TrainState {
   ParamMap params, m1, m2;
   int steps_done = 0;
 };
+
+/// Loads `start` (when given) into every chunk of every compute of a run — the CPU or
+/// the CUDA backend's, each with chunks() and chunk_stage(ch).load_state — and returns
+/// the steps already done, from which the run's step numbering, data and Adam go on.
+template <class Computes>
+int load_start_state(const std::optional<TrainState>& start, Computes& computes) {
+  if (!start) return 0;
+  if (start->steps_done < 0)
+    throw Error("start state: " + std::to_string(start->steps_done) + " steps done; expected ≥ 0");
+  for (auto& c : computes)
+    for (int ch = 0; ch < c->chunks(); ++ch) c->chunk_stage(ch).load_state(start->params, start->m1, start->m2);
+  return start->steps_done;
+}
 
 struct CpuRunOptions {
   TrainOptions train;
