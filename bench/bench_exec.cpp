@@ -38,6 +38,7 @@ class NullCompute final : public exec::Compute {
   }
   exec::Buffer allocate(const exec::TensorKey&) override { return exec::cpu::host_buffer(1); }
   exec::Buffer grad_bucket(int, int, int) override { return exec::cpu::host_buffer(1); }
+  exec::Buffer param_bucket(int, int, int) override { return exec::cpu::host_buffer(1); }
   double end_step() override { return 0; }
 
  private:

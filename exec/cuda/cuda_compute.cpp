@@ -83,7 +83,11 @@ void CudaCompute::begin_step(int step) {
   step_ = step;
   batches_.clear();
   TDPIPE_CUDA_CHECK(cudaMemsetAsync(loss_.get(), 0, sizeof(double), ctx_->compute()));
-  for (auto& s : stages_) s.begin_step();
+  for (auto& s : stages_) {
+    if (gathered_) s.refresh_bf16_weights();  // the all-gather wrote other replicas' parts
+    s.begin_step();
+  }
+  gathered_ = false;
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->compute()));
 }
 
@@ -105,7 +109,18 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
   NvtxRange range(std::string("r") + std::to_string(rank_) + " " + trace_name(named));
   cudaStream_t stream = ctx_->compute();
   if (op.kind == ir::OpKind::OPT) {
-    for (auto& s : stages_) s.adam(options_.adam, step_ + 1);
+    for (int c = 0; c < chunks(); ++c) {
+      GptStageCuda& s = chunk_stage(c);
+      if (!op.shard) {
+        s.adam(options_.adam, step_ + 1);
+        continue;
+      }
+      const auto& per_chunk = op.shard->buckets_per_chunk;
+      const int buckets = c < static_cast<int>(per_chunk.size()) ? per_chunk[static_cast<std::size_t>(c)] : 0;
+      for (const auto& [b, e] : owned_ranges(s.parameter_count(), buckets, *op.shard))
+        s.adam(options_.adam, step_ + 1, b, e);
+      gathered_ = true;
+    }
     wait_stream(stream, control_);
     return {};
   }
@@ -176,11 +191,24 @@ Buffer CudaCompute::grad_bucket(int chunk, int index, int count) {
     throw Error("gradient bucket " + std::to_string(index) + " of " + std::to_string(count) + " of chunk " +
                 std::to_string(chunk) + ": out of range");
   GptStageCuda& st = chunk_stage(chunk);
-  const std::int64_t n = st.parameter_count();
-  const std::int64_t begin = n * index / count, end = n * (index + 1) / count;
+  const auto [begin, end] = part_range(st.parameter_count(), index, count);
   Buffer b;
   // A view of the stage's gradients: valid until end_step (Compute::grad_bucket).
   b.data = std::shared_ptr<void>(st.grads() + begin, [](void*) {});
+  b.elements = end - begin;
+  b.dtype = DType::F32;
+  return b;
+}
+
+Buffer CudaCompute::param_bucket(int chunk, int index, int count) {
+  if (chunk < 0 || chunk >= chunks() || count < 1 || index < 0 || index >= count)
+    throw Error("parameter bucket " + std::to_string(index) + " of " + std::to_string(count) + " of chunk " +
+                std::to_string(chunk) + ": out of range");
+  GptStageCuda& st = chunk_stage(chunk);
+  const auto [begin, end] = part_range(st.parameter_count(), index, count);
+  Buffer b;
+  // A view of the fp32 master weights (Compute::param_bucket); bf16 follows in begin_step.
+  b.data = std::shared_ptr<void>(st.master_params() + begin, [](void*) {});
   b.elements = end - begin;
   b.dtype = DType::F32;
   return b;

@@ -30,6 +30,7 @@ class CudaCompute final : public Compute {
   Buffer run(const ComputeOp& op, Buffer input) override;
   Buffer allocate(const TensorKey& key) override;
   Buffer grad_bucket(int chunk, int index, int count) override;
+  Buffer param_bucket(int chunk, int index, int count) override;
   double end_step() override;
 
   int chunks() const { return static_cast<int>(stages_.size()); }
@@ -54,6 +55,7 @@ class CudaCompute final : public Compute {
   DeviceMemory loss_;  // one double
   int step_ = 0;
   double speed_ = 1;  ///< options.rank_speed of this rank (a slower device, emulated)
+  bool gathered_ = false;  ///< a sharded OPT ran: the bf16 weights follow the gathered master
 };
 
 /// Event timestamps relative to an origin event; one per rank, sharing the origin

@@ -327,6 +327,7 @@ GptStageCuda& GptStageCuda::operator=(GptStageCuda&&) noexcept = default;
 bool GptStageCuda::is_first() const { return impl_->first(); }
 bool GptStageCuda::is_last() const { return impl_->last(); }
 float* GptStageCuda::grads() const { return impl_->grad.as<float>(); }
+float* GptStageCuda::master_params() const { return impl_->master.as<float>(); }
 std::int64_t GptStageCuda::parameter_count() const { return impl_->total; }
 std::int64_t GptStageCuda::state_bytes() const { return stage_state_bytes(impl_->total); }
 
@@ -455,12 +456,25 @@ void GptStageCuda::backward_weight(int mb, int slice) {
   I.slices.erase(it);
 }
 
-void GptStageCuda::adam(const cpu::AdamConfig& a, int t) {
+void GptStageCuda::adam(const cpu::AdamConfig& a, int t) { adam(a, t, 0, impl_->total); }
+
+void GptStageCuda::adam(const cpu::AdamConfig& a, int t, std::int64_t first, std::int64_t last) {
   Impl& I = *impl_;
+  if (first < 0 || last < first || last > I.total)
+    throw Error("Adam over parameters [" + std::to_string(first) + ", " + std::to_string(last) + ") of " +
+                std::to_string(I.total));
+  if (last == first) return;
   const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, t);
-  k::adam(I.master.as<float>(), I.grad.as<float>(), I.m1.as<float>(), I.m2.as<float>(), I.wbf.as<bf16>(), I.total,
-          static_cast<float>(a.lr), static_cast<float>(a.beta1), static_cast<float>(a.beta2),
-          static_cast<float>(a.eps), static_cast<float>(c1), static_cast<float>(c2), I.stream);
+  // Elementwise: a part of the flat vectors is stepped exactly as in the full step.
+  k::adam(I.master.as<float>() + first, I.grad.as<float>() + first, I.m1.as<float>() + first,
+          I.m2.as<float>() + first, I.wbf.as<bf16>() + first, last - first, static_cast<float>(a.lr),
+          static_cast<float>(a.beta1), static_cast<float>(a.beta2), static_cast<float>(a.eps),
+          static_cast<float>(c1), static_cast<float>(c2), I.stream);
+}
+
+void GptStageCuda::refresh_bf16_weights() {
+  Impl& I = *impl_;
+  if (I.total > 0) k::to_bf16(I.master.as<float>(), I.wbf.as<bf16>(), I.total, I.stream);
 }
 
 namespace {

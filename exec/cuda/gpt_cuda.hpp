@@ -46,8 +46,14 @@ class GptStageCuda {
   void backward_weight(int mb, int slice);
   /// One Adam step (t = 1, 2, …).
   void adam(const cpu::AdamConfig& adam, int t);
+  /// The same step over parameters [first, last) only (a sharded optimizer's part); the
+  /// bf16 copy of the rest is refreshed by refresh_bf16_weights once they are gathered.
+  void adam(const cpu::AdamConfig& adam, int t, std::int64_t first, std::int64_t last);
+  /// Recasts the bf16 weights from the fp32 master (after an all-gather wrote it).
+  void refresh_bf16_weights();
 
   float* grads() const;
+  float* master_params() const;
   std::int64_t parameter_count() const;
   /// Downloaded copies (fp32 → double), named like cpu::GptStage.
   cpu::ParamMap named_params() const;

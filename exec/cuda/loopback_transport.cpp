@@ -50,32 +50,48 @@ void LoopbackFabric::abort(const std::string& why) {
   cv_.notify_all();
 }
 
-void LoopbackFabric::all_reduce(int rank, int replica, int data, long call, const Buffer& buffer,
+void LoopbackFabric::collective(Collective what, int rank, int replica, int data, long call, const Buffer& buffer,
                                 const DeviceContext& ctx) {
   if (data <= 1) return;
-  if (buffer.dtype != DType::F32) throw Error("loopback all-reduce: expected fp32 gradients");
+  if (buffer.dtype != DType::F32) throw Error("loopback data-parallel collective: expected fp32 buffers");
   std::unique_lock lock(mu_);
   Group& g = groups_[{rank, call}];
   if (g.ptrs.empty()) g.ptrs.assign(static_cast<std::size_t>(data), nullptr);
   if (g.elements >= 0 && g.elements != buffer.elements)
-    g.error = "loopback all-reduce of pipeline rank " + std::to_string(rank) + ": replica " +
-              std::to_string(replica) + " reduces " + std::to_string(buffer.elements) +
+    g.error = "loopback collective of pipeline rank " + std::to_string(rank) + ": replica " +
+              std::to_string(replica) + " has " + std::to_string(buffer.elements) +
               " elements, another replica " + std::to_string(g.elements);
   g.elements = buffer.elements;
   g.ptrs[static_cast<std::size_t>(replica)] = buffer.as<float>();
   if (++g.arrived == data && g.error.empty()) {
-    // The last member sums in replica order into scratch and writes it back to all.
+    // The last member does the work for all: a sum in replica order into scratch,
+    // written back to all (all-reduce) or to each member's owned segment; or each
+    // member's owned segment copied to the others (all-gather).
     try {
       cudaStream_t s = ctx.dp();
-      DeviceMemory sum(static_cast<std::size_t>(g.elements) * sizeof(float), s);
-      TDPIPE_CUDA_CHECK(cudaMemcpyAsync(sum.get(), g.ptrs[0], static_cast<std::size_t>(g.elements) * sizeof(float),
-                                        cudaMemcpyDeviceToDevice, s));
-      for (int k = 1; k < data; ++k)
-        kernels::add(sum.as<float>(), sum.as<float>(), g.ptrs[static_cast<std::size_t>(k)], g.elements, s);
-      for (int k = 0; k < data; ++k)
-        TDPIPE_CUDA_CHECK(cudaMemcpyAsync(g.ptrs[static_cast<std::size_t>(k)], sum.get(),
-                                          static_cast<std::size_t>(g.elements) * sizeof(float),
-                                          cudaMemcpyDeviceToDevice, s));
+      auto copy = [&](float* to, const float* from, std::int64_t n) {
+        if (n > 0 && to != from)
+          TDPIPE_CUDA_CHECK(cudaMemcpyAsync(to, from, static_cast<std::size_t>(n) * sizeof(float),
+                                            cudaMemcpyDeviceToDevice, s));
+      };
+      auto segment = [&](int member) { return part_range(g.elements, owned_segment(member, data), data); };
+      if (what == Collective::AllGather) {
+        for (int k = 0; k < data; ++k) {
+          const auto [b, e] = segment(k);
+          for (int j = 0; j < data; ++j)
+            if (j != k) copy(g.ptrs[static_cast<std::size_t>(j)] + b, g.ptrs[static_cast<std::size_t>(k)] + b, e - b);
+        }
+      } else {
+        DeviceMemory sum(static_cast<std::size_t>(g.elements) * sizeof(float), s);
+        copy(sum.as<float>(), g.ptrs[0], g.elements);
+        for (int k = 1; k < data; ++k)
+          kernels::add(sum.as<float>(), sum.as<float>(), g.ptrs[static_cast<std::size_t>(k)], g.elements, s);
+        for (int k = 0; k < data; ++k) {
+          const auto [b, e] = what == Collective::AllReduce ? std::pair<std::int64_t, std::int64_t>{0, g.elements}
+                                                            : segment(k);
+          copy(g.ptrs[static_cast<std::size_t>(k)] + b, sum.as<float>() + b, e - b);
+        }
+      }  // (scratch is freed in stream order)
       TDPIPE_CUDA_CHECK(cudaStreamSynchronize(s));
     } catch (const std::exception& e) {
       g.error = e.what();
@@ -178,10 +194,23 @@ void LoopbackTransport::drain(const std::vector<std::shared_ptr<RendezvousTicket
   }
 }
 
-void LoopbackTransport::all_reduce(const Buffer& buffer, int tag) {
+void LoopbackTransport::run(LoopbackFabric::Collective what, const char* name, const Buffer& buffer, int tag) {
   ctx_->bind();
-  NvtxRange range(std::string("r") + std::to_string(replica_ * stages_ + rank_) + " ALLREDUCE(b" + std::to_string(tag) + ")");
-  fabric_->all_reduce(rank_, replica_, data_, calls_++, buffer, *ctx_);
+  NvtxRange range(std::string("r") + std::to_string(replica_ * stages_ + rank_) + " " + name + "(b" +
+                  std::to_string(tag) + ")");
+  fabric_->collective(what, rank_, replica_, data_, calls_++, buffer, *ctx_);
+}
+
+void LoopbackTransport::all_reduce(const Buffer& buffer, int tag) {
+  run(LoopbackFabric::Collective::AllReduce, "ALLREDUCE", buffer, tag);
+}
+
+void LoopbackTransport::reduce_scatter(const Buffer& buffer, int tag) {
+  run(LoopbackFabric::Collective::ReduceScatter, "REDUCE_SCATTER", buffer, tag);
+}
+
+void LoopbackTransport::all_gather(const Buffer& buffer, int tag) {
+  run(LoopbackFabric::Collective::AllGather, "ALL_GATHER", buffer, tag);
 }
 
 }  // namespace tdpipe::exec::cuda

@@ -45,9 +45,13 @@ class LoopbackFabric {
   Rendezvous<LoopbackSend, LoopbackRecv, EventHandle>& p2p() { return p2p_; }
   RunControl& control() { return *control_; }
 
-  /// Sums `buffer` over the `data` replicas of pipeline rank `rank` (call `call` of
-  /// that rank's members); blocks until every member arrived and the sum is written.
-  void all_reduce(int rank, int replica, int data, long call, const Buffer& buffer, const DeviceContext& ctx);
+  /// What a data-parallel collective writes to each member (Transport's contracts).
+  enum class Collective { AllReduce, ReduceScatter, AllGather };
+  /// Runs `what` over `buffer` of the `data` replicas of pipeline rank `rank` (call
+  /// `call` of that rank's members); blocks until every member arrived and the result
+  /// is written. Sums run in replica order, so reduce-scatter equals all-reduce.
+  void collective(Collective what, int rank, int replica, int data, long call, const Buffer& buffer,
+                  const DeviceContext& ctx);
   /// Fails every pending exchange (a rank failed).
   void abort(const std::string& why);
 
@@ -73,8 +77,12 @@ class LoopbackTransport final : public Transport {
       : fabric_(&fabric), ctx_(&ctx), replica_(replica), rank_(rank), stages_(stages), data_(data) {}
   void post(std::span<P2POp> batch) override;
   void all_reduce(const Buffer& buffer, int tag) override;
+  void reduce_scatter(const Buffer& buffer, int tag) override;
+  void all_gather(const Buffer& buffer, int tag) override;
+  std::pair<int, int> dp_member() const override { return {replica_, data_}; }
 
  private:
+  void run(LoopbackFabric::Collective what, const char* name, const Buffer& buffer, int tag);
   /// After a failure inside post(): abort the fabric and wait for this batch's copies.
   void drain(const std::vector<std::shared_ptr<RendezvousTicket<EventHandle>>>& tickets);
   LoopbackFabric* fabric_;

@@ -70,7 +70,49 @@ void NcclTransport::all_reduce(const Buffer& buffer, int tag) {
   wait(ctx_->dp(), dp_);
 }
 
-void NcclTransport::warm_up(const std::set<int>& pipeline_peers, const std::vector<Buffer>& dp_buckets) {
+std::pair<int, int> NcclTransport::dp_member() const {
+  if (dp_ == nullptr) return {0, 1};
+  int members = 1, member = 0;
+  TDPIPE_NCCL_CHECK(ncclCommCount(dp_, &members));
+  TDPIPE_NCCL_CHECK(ncclCommUserRank(dp_, &member));
+  return {member, members};
+}
+
+void NcclTransport::segments(const Buffer& buffer, int tag, bool reduce) {
+  ctx_->bind();
+  NvtxRange range(std::string("r") + std::to_string(replica_ * stages_ + rank_) +
+                  (reduce ? " REDUCE_SCATTER(b" : " ALL_GATHER(b") + std::to_string(tag) + ")");
+  if (dp_ == nullptr) return;
+  if (buffer.dtype != DType::F32) throw Error("NCCL data-parallel collective: expected fp32 buffers");
+  const auto [member, members] = dp_member();
+  (void)member;
+  float* data = buffer.as<float>();
+  TDPIPE_NCCL_CHECK(ncclGroupStart());
+  try {
+    for (int owner = 0; owner < members; ++owner) {
+      const auto [b, e] = part_range(buffer.elements, owned_segment(owner, members), members);
+      if (e == b) continue;
+      if (reduce)
+        TDPIPE_NCCL_CHECK(ncclReduce(data + b, data + b, static_cast<std::size_t>(e - b), ncclFloat32, ncclSum,
+                                     owner, dp_, ctx_->dp()));
+      else
+        TDPIPE_NCCL_CHECK(ncclBroadcast(data + b, data + b, static_cast<std::size_t>(e - b), ncclFloat32, owner,
+                                        dp_, ctx_->dp()));
+    }
+  } catch (...) {
+    ncclGroupEnd();
+    throw;
+  }
+  TDPIPE_NCCL_CHECK(ncclGroupEnd());
+  wait(ctx_->dp(), dp_);
+}
+
+void NcclTransport::reduce_scatter(const Buffer& buffer, int tag) { segments(buffer, tag, true); }
+
+void NcclTransport::all_gather(const Buffer& buffer, int tag) { segments(buffer, tag, false); }
+
+void NcclTransport::warm_up(const std::set<int>& pipeline_peers, const std::vector<Buffer>& dp_buckets,
+                            bool sharded) {
   ctx_->bind();
   cudaStream_t s = ctx_->p2p();
   const int n = static_cast<int>(pipeline_peers.size());
@@ -97,6 +139,11 @@ void NcclTransport::warm_up(const std::set<int>& pipeline_peers, const std::vect
     // The buckets' own sizes (their contents are gradients that begin_step zeroes).
     for (const Buffer& b : dp_buckets) {
       if (b.dtype != DType::F32 || b.elements < 1) throw Error("NCCL warm-up: expected non-empty fp32 gradient buckets");
+      if (sharded) {  // the plan's own calls: reduce and broadcast chains per segment
+        segments(b, -1, true);
+        segments(b, -1, false);
+        continue;
+      }
       TDPIPE_NCCL_CHECK(ncclAllReduce(b.data.get(), b.data.get(), static_cast<std::size_t>(b.elements), ncclFloat32,
                                       ncclSum, dp_, ctx_->dp()));
       wait(ctx_->dp(), dp_);

@@ -23,18 +23,27 @@ class NcclTransport final : public Transport {
       : world_(world), dp_(dp), ctx_(&ctx), replica_(replica), rank_(rank), stages_(stages), control_(control) {}
   void post(std::span<P2POp> batch) override;
   void all_reduce(const Buffer& buffer, int tag) override;
+  /// One group of d ncclReduce calls, segment s to its owner (owned_segment): NCCL's own
+  /// ncclReduceScatter needs equal segments, the near-equal split need not be.
+  void reduce_scatter(const Buffer& buffer, int tag) override;
+  /// One group of d ncclBroadcast calls, each owner's segment to the others.
+  void all_gather(const Buffer& buffer, int tag) override;
+  std::pair<int, int> dp_member() const override;
 
   /// Connects every pipeline peer of this rank (one tiny send and receive each way,
   /// in one group) and the dp communicator with one all-reduce of each gradient bucket
   /// the plan reduces (NCCL picks its algorithm by size and connects it on first use:
   /// mid-step, that setup would run while p2p kernels spin on the other communicator),
   /// so no timed op pays NCCL's lazy setup.
-  void warm_up(const std::set<int>& pipeline_peers, const std::vector<Buffer>& dp_buckets);
+  /// `sharded`: the plan reduce-scatters and all-gathers its buckets instead.
+  void warm_up(const std::set<int>& pipeline_peers, const std::vector<Buffer>& dp_buckets, bool sharded);
 
  private:
   /// Polls `stream` until NCCL's work on it is done; throws on `comm`'s asynchronous
   /// error and Aborted once the run failed elsewhere (never blocks in the driver).
   void wait(cudaStream_t stream, ncclComm_t comm);
+  /// reduce_scatter (reduce) or all_gather over the owners' segments.
+  void segments(const Buffer& buffer, int tag, bool reduce);
   ncclComm_t world_, dp_;
   const DeviceContext* ctx_;
   int replica_, rank_, stages_;

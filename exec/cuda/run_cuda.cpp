@@ -426,14 +426,18 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
     if (ir::is_p2p(op.kind)) peers.insert(op.peer);
   // This rank's all-reduce buckets, as the interpreter will cut them (Compute::grad_bucket).
   std::vector<Buffer> buckets;
+  bool sharded = false;
   if (d > 1) {
     std::map<int, int> per_chunk;
     for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)])
-      if (op.kind == ir::OpKind::ALLREDUCE) ++per_chunk[op.chunk];
+      if (op.kind == ir::OpKind::ALLREDUCE || op.kind == ir::OpKind::REDUCE_SCATTER) {
+        ++per_chunk[op.chunk];
+        sharded = sharded || op.kind == ir::OpKind::REDUCE_SCATTER;
+      }
     for (const auto& [chunk, count] : per_chunk)
       for (int i = 0; i < count; ++i) buckets.push_back(compute.grad_bucket(chunk, i, count));
   }
-  transport.warm_up(peers, buckets);
+  transport.warm_up(peers, buckets, sharded);
 
   DeviceMemory scratch(2 * sizeof(double), ctx.compute(), true);
   // A world-wide sum (and barrier), on the compute stream from this (main) thread —

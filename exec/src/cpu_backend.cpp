@@ -129,7 +129,17 @@ double CpuCompute::end_step() { return loss_; }
 
 Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
   if (op.kind == ir::OpKind::OPT) {
-    for (auto& s : stages_) s.adam(options_.adam, step_ + 1);
+    for (int c = 0; c < chunks(); ++c) {
+      GptStage& s = chunk_stage(c);
+      if (!op.shard) {
+        s.adam(options_.adam, step_ + 1);
+        continue;
+      }
+      const auto& per_chunk = op.shard->buckets_per_chunk;
+      const int buckets = c < static_cast<int>(per_chunk.size()) ? per_chunk[static_cast<std::size_t>(c)] : 0;
+      for (const auto& [b, e] : owned_ranges(static_cast<std::int64_t>(s.params().size()), buckets, *op.shard))
+        s.adam(options_.adam, step_ + 1, b, e);
+    }
     return {};
   }
   if (op.chunk < 0 || op.chunk >= chunks())
@@ -176,18 +186,31 @@ Buffer CpuCompute::allocate(const TensorKey& key) {
   return host_buffer(static_cast<std::int64_t>(config_.micro_batch) * tokens * config_.hidden);
 }
 
-Buffer CpuCompute::grad_bucket(int chunk, int index, int count) {
-  if (chunk < 0 || chunk >= chunks() || count < 1 || index < 0 || index >= count)
-    throw Error(fmt::format("gradient bucket {} of {} of chunk {}: out of range", index, count, chunk));
-  std::vector<double>& g = chunk_stage(chunk).grads();
-  const auto n = static_cast<std::int64_t>(g.size());
-  const std::int64_t begin = n * index / count, end = n * (index + 1) / count;
+namespace {
+// A view of part `index` of `count` of a stage's flat vector: the stage owns the memory,
+// valid until end_step (see Compute::grad_bucket).
+Buffer part_view(std::vector<double>& v, int chunk, int index, int count, const char* what) {
+  if (count < 1 || index < 0 || index >= count)
+    throw Error(fmt::format("{} bucket {} of {} of chunk {}: out of range", what, index, count, chunk));
+  const auto [begin, end] = part_range(static_cast<std::int64_t>(v.size()), index, count);
   Buffer b;
-  // A view: the stage owns the memory, valid until end_step (see Compute::grad_bucket).
-  b.data = std::shared_ptr<void>(g.data() + begin, [](void*) {});
+  b.data = std::shared_ptr<void>(v.data() + begin, [](void*) {});
   b.elements = end - begin;
   b.dtype = DType::F64;
   return b;
+}
+}  // namespace
+
+Buffer CpuCompute::grad_bucket(int chunk, int index, int count) {
+  if (chunk < 0 || chunk >= chunks())
+    throw Error(fmt::format("gradient bucket {} of {} of chunk {}: out of range", index, count, chunk));
+  return part_view(chunk_stage(chunk).grads(), chunk, index, count, "gradient");
+}
+
+Buffer CpuCompute::param_bucket(int chunk, int index, int count) {
+  if (chunk < 0 || chunk >= chunks())
+    throw Error(fmt::format("parameter bucket {} of {} of chunk {}: out of range", index, count, chunk));
+  return part_view(chunk_stage(chunk).params(), chunk, index, count, "parameter");
 }
 
 // ---------------------------------------------------------------------------------
@@ -265,17 +288,27 @@ void CpuTransport::post(std::span<P2POp> batch) {
 }
 
 void CpuTransport::all_reduce(const Buffer& buffer, int tag) {
+  ring(buffer, tag, true);
+  ring(buffer, tag, false);
+}
+
+void CpuTransport::reduce_scatter(const Buffer& buffer, int tag) { ring(buffer, tag, true); }
+
+void CpuTransport::all_gather(const Buffer& buffer, int tag) { ring(buffer, tag, false); }
+
+void CpuTransport::ring(const Buffer& buffer, int tag, bool reduce) {
   const int n = data_;
   if (n <= 1) return;
-  if (buffer.dtype != DType::F64) throw Error("CPU all-reduce: expected doubles");
+  if (buffer.dtype != DType::F64) throw Error("CPU data-parallel collective: expected doubles");
   double* data = buffer.as<double>();
   const std::int64_t len = buffer.elements;
-  auto seg_begin = [&](int s) { return len * s / n; };
-  auto seg_len = [&](int s) { return seg_begin(s + 1) - seg_begin(s); };
+  auto seg_begin = [&](int s) { return part_range(len, s, n).first; };
+  auto seg_len = [&](int s) { const auto [b, e] = part_range(len, s, n); return e - b; };
   const int self = replica_ * stages_ + rank_;
   const int next = ((replica_ + 1) % n) * stages_ + rank_;
   const int prev = ((replica_ + n - 1) % n) * stages_ + rank_;
   const int i = replica_;
+  const char* name = reduce ? "reduce-scatter" : "all-gather";
   auto exchange = [&](int step, int send_seg, int recv_seg) {
     P2POp ops[2];
     ops[0].kind = ir::OpKind::SEND;
@@ -284,25 +317,29 @@ void CpuTransport::all_reduce(const Buffer& buffer, int tag) {
     ops[0].buffer = host_buffer(seg_len(send_seg));
     std::copy(data + seg_begin(send_seg), data + seg_begin(send_seg) + seg_len(send_seg),
               ops[0].buffer.as<double>());
-    ops[0].label = fmt::format("ALLREDUCE(b{}) ring step {} send to rank {}", tag, step, next);
+    ops[0].label = fmt::format("{}(b{}) ring step {} send to rank {}", name, tag, step, next);
     ops[1].kind = ir::OpKind::RECV;
     ops[1].peer = prev;
     ops[1].key = TensorKey{ir::OpKind::ALLREDUCE, tag, step, recv_seg};
     ops[1].buffer = host_buffer(seg_len(recv_seg));
-    ops[1].label = fmt::format("ALLREDUCE(b{}) ring step {} receive from rank {}", tag, step, prev);
+    ops[1].label = fmt::format("{}(b{}) ring step {} receive from rank {}", name, tag, step, prev);
     fabric_->post(CpuFabric::kDP, self, ops);
     return ops[1].buffer;
   };
-  // Reduce-scatter: after n − 1 steps, replica i holds the full sum of segment i + 1.
-  for (int s = 0; s < n - 1; ++s) {
-    const int send_seg = ((i - s) % n + n) % n;
-    const int recv_seg = ((i - s - 1) % n + n) % n;
-    Buffer got = exchange(s, send_seg, recv_seg);
-    double* dst = data + seg_begin(recv_seg);
-    const double* src = got.as<double>();
-    for (std::int64_t k = 0; k < seg_len(recv_seg); ++k) dst[k] += src[k];
+  if (reduce) {
+    // Reduce-scatter: after n − 1 steps, replica i holds the full sum of segment
+    // i + 1 = owned_segment(i, n).
+    for (int s = 0; s < n - 1; ++s) {
+      const int send_seg = ((i - s) % n + n) % n;
+      const int recv_seg = ((i - s - 1) % n + n) % n;
+      Buffer got = exchange(s, send_seg, recv_seg);
+      double* dst = data + seg_begin(recv_seg);
+      const double* src = got.as<double>();
+      for (std::int64_t k = 0; k < seg_len(recv_seg); ++k) dst[k] += src[k];
+    }
+    return;
   }
-  // All-gather the finished segments around the ring.
+  // All-gather the owned segments around the ring.
   for (int s = 0; s < n - 1; ++s) {
     const int send_seg = ((i + 1 - s) % n + n) % n;
     const int recv_seg = ((i - s) % n + n) % n;

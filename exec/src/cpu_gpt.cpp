@@ -381,6 +381,10 @@ bool GptStage::is_first() const { return impl_->first(); }
 bool GptStage::is_last() const { return impl_->last(); }
 std::vector<double>& GptStage::params() { return impl_->params; }
 std::vector<double>& GptStage::grads() { return impl_->grads; }
+std::vector<double>& GptStage::moments(int which) {
+  if (which != 1 && which != 2) throw Error(fmt::format("Adam moment {}: expected 1 or 2", which));
+  return which == 1 ? impl_->m1 : impl_->m2;
+}
 std::int64_t GptStage::take_block_ns() { return std::exchange(impl_->block_ns, 0); }
 std::int64_t GptStage::activation_elements(int tokens) const {
   return static_cast<std::int64_t>(impl_->cfg.micro_batch) * tokens * impl_->cfg.hidden;
@@ -527,10 +531,14 @@ void GptStage::backward_weight(int mb, int slice) {
   I.slices.erase(it);
 }
 
-void GptStage::adam(const AdamConfig& a, int t) {
+void GptStage::adam(const AdamConfig& a, int t) { adam(a, t, 0, static_cast<std::int64_t>(impl_->params.size())); }
+
+void GptStage::adam(const AdamConfig& a, int t, std::int64_t first, std::int64_t last) {
   Impl& I = *impl_;
+  if (first < 0 || last < first || last > static_cast<std::int64_t>(I.params.size()))
+    throw Error(fmt::format("stage {}: Adam over parameters [{}, {}) of {}", I.stage, first, last, I.params.size()));
   const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, t);
-  for (std::size_t i = 0; i < I.params.size(); ++i) {
+  for (auto i = static_cast<std::size_t>(first); i < static_cast<std::size_t>(last); ++i) {
     const double g = I.grads[i];
     I.m1[i] = a.beta1 * I.m1[i] + (1.0 - a.beta1) * g;
     I.m2[i] = a.beta2 * I.m2[i] + (1.0 - a.beta2) * g * g;

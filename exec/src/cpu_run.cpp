@@ -140,6 +140,28 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
     }
   }
 
+  // A sharded optimizer (REDUCE_SCATTER buckets): each replica holds the reduced
+  // gradients and the Adam moments of its own segments only; replica 0, which the result
+  // reports, takes the others' from them (the parameters were all-gathered already).
+  const std::vector<int> buckets = sharded_buckets(plan);
+  if (!buckets.empty())
+    for (int r = 0; r < p; ++r)
+      for (int k = 1; k < d; ++k) {
+        auto& c0 = *computes[static_cast<std::size_t>(r)];
+        auto& ck = *computes[static_cast<std::size_t>(k * p + r)];
+        const OptimizerShard owner{k, d, {}};
+        for (int ch = 0; ch < c0.chunks(); ++ch) {
+          GptStage& to = c0.chunk_stage(ch);
+          GptStage& from = ck.chunk_stage(ch);
+          const int n = buckets[static_cast<std::size_t>(r * c0.chunks() + ch)];
+          for (const auto& [b, e] : owned_ranges(static_cast<std::int64_t>(to.grads().size()), n, owner)) {
+            std::copy(from.grads().begin() + b, from.grads().begin() + e, to.grads().begin() + b);
+            for (int which : {1, 2})
+              std::copy(from.moments(which).begin() + b, from.moments(which).begin() + e,
+                        to.moments(which).begin() + b);
+          }
+        }
+      }
   for (int r = 0; r < p; ++r) {
     auto& c = *computes[static_cast<std::size_t>(r)];
     for (int ch = 0; ch < c.chunks(); ++ch) {

@@ -50,6 +50,8 @@ class RankRun {
     const int chunks = static_cast<int>(plan.stage_of.at(static_cast<std::size_t>(rank)).size());
     grad_ops_.assign(static_cast<std::size_t>(chunks), {});
     reduce_count_.assign(static_cast<std::size_t>(chunks), 0);
+    gather_count_.assign(static_cast<std::size_t>(chunks), 0);
+    int all_reduces = 0, scatters = 0;
     for (int i = 0; i < static_cast<int>(ops_.size()); ++i) {
       const Op& op = ops_[static_cast<std::size_t>(i)];
       const int s = static_cast<int>(op.stream);
@@ -66,21 +68,43 @@ class RankRun {
         check_chunk(op, i);
         grad_ops_[static_cast<std::size_t>(op.chunk)].push_back(i);
       }
-      if (op.kind == OpKind::ALLREDUCE) {
+      if (op.kind == OpKind::ALLREDUCE || op.kind == OpKind::REDUCE_SCATTER) {
         check_chunk(op, i);
         reduce_index_[i] = reduce_count_[static_cast<std::size_t>(op.chunk)]++;
         reduce_ops_.push_back(i);
+        (op.kind == OpKind::ALLREDUCE ? all_reduces : scatters)++;
       }
-      if (op.kind == OpKind::REDUCE_SCATTER || op.kind == OpKind::ALL_GATHER)
-        throw Error(fmt::format("rank {} op {} {}: sharded optimizer collectives are not supported "
-                                "by this executor; lower with plain ALLREDUCE buckets",
-                                rank, i, op_label(op)));
+      if (op.kind == OpKind::ALL_GATHER) {
+        check_chunk(op, i);
+        gather_index_[i] = gather_count_[static_cast<std::size_t>(op.chunk)]++;
+      }
+      if (op.kind == OpKind::OPT) opt_ = i;
     }
+    if (all_reduces > 0 && scatters > 0)
+      throw Error(fmt::format("rank {}: the plan mixes ALLREDUCE and REDUCE_SCATTER buckets; a rank's "
+                              "optimizer is either sharded (REDUCE_SCATTER, OPT, ALL_GATHER) or not", rank));
     if (plan.data > 1)
-      for (int c = 0; c < chunks; ++c)
-        if (reduce_count_[static_cast<std::size_t>(c)] == 0)
-          throw Error(fmt::format("rank {}: the plan has d = {} replicas but no ALLREDUCE for chunk {}: "
-                                  "its gradients would diverge", rank, plan.data, c));
+      for (int c = 0; c < chunks; ++c) {
+        const int reduces = reduce_count_[static_cast<std::size_t>(c)];
+        if (reduces == 0)
+          throw Error(fmt::format("rank {}: the plan has d = {} replicas but no ALLREDUCE or REDUCE_SCATTER "
+                                  "for chunk {}: its gradients would diverge", rank, plan.data, c));
+        const int gathers = gather_count_[static_cast<std::size_t>(c)];
+        if (scatters > 0 && opt_ >= 0 && gathers != reduces)
+          throw Error(fmt::format("rank {}: chunk {} has {} REDUCE_SCATTER but {} ALL_GATHER buckets: after a "
+                                  "sharded OPT every bucket's parameters must be gathered, or the replicas diverge",
+                                  rank, c, reduces, gathers));
+      }
+    for (int c = 0; c < chunks; ++c)
+      if (gather_count_[static_cast<std::size_t>(c)] > 0 && scatters == 0)
+        throw Error(fmt::format("rank {}: ALL_GATHER of chunk {} without REDUCE_SCATTER buckets", rank, c));
+    if (scatters > 0) {
+      sharded_ = true;
+      const auto [member, members] = backend.transport->dp_member();
+      shard_.member = member;
+      shard_.members = members;
+      shard_.buckets_per_chunk = reduce_count_;
+    }
   }
 
   RankStepResult run() {
@@ -193,8 +217,10 @@ class RankRun {
           run_compute(item.first, stream);
         else if (ir::is_p2p(op.kind))
           run_batch(item, stream);
-        else if (op.kind == OpKind::ALLREDUCE)
-          run_allreduce(item.first, stream);
+        else if (op.kind == OpKind::ALLREDUCE || op.kind == OpKind::REDUCE_SCATTER)
+          run_reduce(item.first, stream);
+        else if (op.kind == OpKind::ALL_GATHER)
+          run_gather(item.first, stream);
         else
           run_noop(item, stream);  // LOAD / OFFLOAD / CKPT: everything stays in host memory
       }
@@ -208,7 +234,8 @@ class RankRun {
 
   void run_compute(int i, ir::Stream stream) {
     const Op& op = ops_[static_cast<std::size_t>(i)];
-    ComputeOp cop{op.kind, op.mb, op.chunk, op.slice, op.kind == OpKind::OPT ? -1 : stage(rank_, op.chunk)};
+    ComputeOp cop{op.kind, op.mb, op.chunk, op.slice, op.kind == OpKind::OPT ? -1 : stage(rank_, op.chunk),
+                  op.kind == OpKind::OPT && sharded_ ? &shard_ : nullptr};
     const auto in_key = op.kind == OpKind::OPT ? std::nullopt : input_key(op);
     Buffer input;
     {
@@ -216,7 +243,7 @@ class RankRun {
       std::string what = fmt::format("{} waiting for", op_label(op));
       if (in_key) what += " the " + key_text(*in_key);
       if (!op.deps.empty()) what += " its deps";
-      if (op.kind == OpKind::OPT) what += " every ALLREDUCE";
+      if (op.kind == OpKind::OPT) what += sharded_ ? " every REDUCE_SCATTER" : " every ALLREDUCE";
       wait_for(lock, stream, what, [&] {
         return deps_done(op) && (!in_key || tensors_.count(*in_key)) &&
                (op.kind != OpKind::OPT || all_done(reduce_ops_));
@@ -291,7 +318,8 @@ class RankRun {
     finish(item, start, end);
   }
 
-  void run_allreduce(int i, ir::Stream stream) {
+  // ALLREDUCE or REDUCE_SCATTER of a gradient bucket.
+  void run_reduce(int i, ir::Stream stream) {
     const Op& op = ops_[static_cast<std::size_t>(i)];
     const auto& grads = grad_ops_[static_cast<std::size_t>(op.chunk)];
     {
@@ -305,7 +333,30 @@ class RankRun {
                          fmt::format("{} blocked in the data-parallel ring", op_label(op)));
     const std::int64_t start = backend_.clock->now_ns(stream);
     control_.progress();
-    backend_.transport->all_reduce(bucket, op.tag);
+    if (op.kind == OpKind::ALLREDUCE)
+      backend_.transport->all_reduce(bucket, op.tag);
+    else
+      backend_.transport->reduce_scatter(bucket, op.tag);
+    const std::int64_t end = backend_.clock->now_ns(stream);
+    control_.set_waiting(trace_rank_, stream, "");
+    finish({i, i + 1}, start, end);
+  }
+
+  // ALL_GATHER of a bucket's parameters, once this rank's (sharded) OPT stepped its part.
+  void run_gather(int i, ir::Stream stream) {
+    const Op& op = ops_[static_cast<std::size_t>(i)];
+    {
+      std::unique_lock lock(control_.mutex());
+      wait_for(lock, stream, fmt::format("{} waiting for OPT", op_label(op)),
+               [&] { return deps_done(op) && (opt_ < 0 || done_[static_cast<std::size_t>(opt_)]); });
+    }
+    Buffer bucket = backend_.compute->param_bucket(op.chunk, gather_index_.at(i),
+                                                   gather_count_[static_cast<std::size_t>(op.chunk)]);
+    control_.set_waiting(trace_rank_, stream,
+                         fmt::format("{} blocked in the data-parallel ring", op_label(op)));
+    const std::int64_t start = backend_.clock->now_ns(stream);
+    control_.progress();
+    backend_.transport->all_gather(bucket, op.tag);
     const std::int64_t end = backend_.clock->now_ns(stream);
     control_.set_waiting(trace_rank_, stream, "");
     finish({i, i + 1}, start, end);
@@ -331,9 +382,14 @@ class RankRun {
   std::vector<char> done_;                      // guarded by control_.mutex()
   std::map<TensorKey, Buffer> tensors_;         // guarded by control_.mutex()
   std::vector<std::vector<int>> grad_ops_;      // per chunk: its last gradient ops
-  std::vector<int> reduce_count_;               // per chunk: ALLREDUCE ops
+  std::vector<int> reduce_count_;               // per chunk: ALLREDUCE / REDUCE_SCATTER ops
   std::map<int, int> reduce_index_;             // op index → bucket index in its chunk
   std::vector<int> reduce_ops_;
+  std::vector<int> gather_count_;               // per chunk: ALL_GATHER ops
+  std::map<int, int> gather_index_;             // op index → bucket index in its chunk
+  int opt_ = -1;                                // the OPT's index, if any
+  bool sharded_ = false;                        // REDUCE_SCATTER buckets: OPT steps shard_ only
+  OptimizerShard shard_;
   std::vector<traces::TraceEvent> events_;
 };
 

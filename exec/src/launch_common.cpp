@@ -21,6 +21,20 @@ void check_runnable(const ir::Plan& plan) {
     throw Error(fmt::format("plan.stage_of has {} rows, expected one per rank ({})", plan.stage_of.size(), p));
 }
 
+std::vector<int> sharded_buckets(const ir::Plan& plan) {
+  const int chunks = plan.chunks;
+  std::vector<int> out(static_cast<std::size_t>(plan.num_ranks() * chunks), 0);
+  bool any = false;
+  for (int r = 0; r < plan.num_ranks(); ++r)
+    for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(r)])
+      if (op.kind == ir::OpKind::REDUCE_SCATTER && op.chunk >= 0 && op.chunk < chunks) {
+        ++out[static_cast<std::size_t>(r * chunks + op.chunk)];
+        any = true;
+      }
+  if (!any) out.clear();
+  return out;
+}
+
 Watchdog::Watchdog(RunControl& control, double timeout_seconds, std::function<void(std::string&)> extend_report,
                    std::function<void()> after_fail)
     : control_(control),

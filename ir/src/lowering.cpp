@@ -23,7 +23,9 @@
 // Data parallelism (plan.data > 1): each chunk's gradient is cut into buckets of
 // at most bucket_bytes, chunks taken in the order their last W/BW runs (a bucket
 // never spans two chunks, like Megatron's per-chunk gradient buffers). An
-// ALLREDUCE is listed right before the compute op that follows its trigger.
+// ALLREDUCE is listed right before the compute op that follows its trigger. With a
+// sharded optimizer (ZeRO-1) each bucket is a REDUCE_SCATTER there instead, and an
+// ALL_GATHER of the bucket's updated parameters follows OPT (same tag, bytes, chunk).
 #include "tdpipe/ir/lowering.hpp"
 
 #include <algorithm>
@@ -445,7 +447,7 @@ class Lowerer {
       const int trigger = options_.overlap_dp ? last_of_chunk[static_cast<std::size_t>(c)] : last_backward;
       while (left > 0) {
         Op ar;
-        ar.kind = OpKind::ALLREDUCE;
+        ar.kind = options_.shard_optimizer ? OpKind::REDUCE_SCATTER : OpKind::ALLREDUCE;
         ar.chunk = c;
         ar.tag = tag++;
         ar.bytes = std::min(left, bucket);
@@ -488,7 +490,7 @@ class Lowerer {
     std::vector<std::vector<Op>> after = buckets(r, last_backward);
     std::size_t dp_count = 0;
     for (const auto& a : after) dp_count += a.size();
-    detail::reserve_prefaulted(out, compute.size() + seq.size() + dp_count + 1);
+    detail::reserve_prefaulted(out, compute.size() + seq.size() + dp_count * (options_.shard_optimizer ? 2 : 1) + 1);
 
     const std::vector<int> slot = slots(r);
     std::vector<int> recv_new(seq.size(), -1);  // [seq index] the RECV's new index
@@ -551,7 +553,18 @@ class Lowerer {
       else if (last_backward >= 0)
         opt.deps.push_back(
             {r, new_index[static_cast<std::size_t>(compute[static_cast<std::size_t>(last_backward)])]});
+      const int opt_index = static_cast<int>(out.size());
       out.push_back(std::move(opt));
+      if (options_.shard_optimizer) {
+        const std::size_t scattered = allreduces.size();
+        for (std::size_t k = 0; k < scattered; ++k) {
+          Op ag = out[static_cast<std::size_t>(allreduces[k].index)];
+          ag.kind = OpKind::ALL_GATHER;
+          ag.deps.clear();
+          ag.deps.push_back({r, opt_index});
+          out.push_back(std::move(ag));
+        }
+      }
     }
   }
 

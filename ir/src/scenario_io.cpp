@@ -397,7 +397,8 @@ ClusterConfig read_cluster(const Reporter& rep, const YAML::Node& node, YAML::Ma
 ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::Mark where) {
   MapReader r(rep, node, "parallel", where,
               {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
-               "sequence_parallel", "slices", "memory_budget", "layers_per_stage"});
+               "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce",
+               "bucket_mb", "distributed_optimizer"});
   ParallelConfig p;
   p.tensor = r.get_int("tensor", 1, 1, "tensor-parallel size");
   p.pipeline = r.get_int("pipeline", 1, 1, "pipeline stages");
@@ -412,6 +413,9 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
   else
     p.slices = r.get_int("slices", 1, 1, "temporal slices per micro-batch, or auto");
   p.memory_budget = r.get_string("memory_budget", "max", "1f1b, 2x1f1b, max or GiB for the auto scheduler");
+  p.overlap_grad_reduce = r.get_bool("overlap_grad_reduce", true);
+  p.bucket_mb = r.get_number("bucket_mb", 40.0, true, "MiB of gradients per data-parallel bucket");
+  p.distributed_optimizer = r.get_bool("distributed_optimizer", false);
   if (r.has("layers_per_stage")) {
     const YAML::Node& n = r.node("layers_per_stage");
     const std::string expected = "auto or a list of layer counts, one per virtual stage (pipeline*chunks)";
@@ -638,7 +642,10 @@ json to_json(const Scenario& s) {
         {"slices", s.parallel.slices_auto ? json("auto") : json(s.parallel.slices)},
         {"memory_budget", s.parallel.memory_budget},
         {"layers_per_stage",
-         s.parallel.layers_per_stage_auto ? json("auto") : json(s.parallel.layers_per_stage)}}},
+         s.parallel.layers_per_stage_auto ? json("auto") : json(s.parallel.layers_per_stage)},
+        {"overlap_grad_reduce", s.parallel.overlap_grad_reduce},
+        {"bucket_mb", s.parallel.bucket_mb},
+        {"distributed_optimizer", s.parallel.distributed_optimizer}}},
       {"synthetic", nullptr},
   };
   if (s.synthetic) {
@@ -691,7 +698,8 @@ Scenario scenario_from_json(const json& j) {
 
   JsonReader p(r.at("parallel"), r.path("parallel"),
                {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
-                "sequence_parallel", "slices", "memory_budget", "layers_per_stage"});
+                "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce",
+                "bucket_mb", "distributed_optimizer"});
   s.parallel.tensor = p.get_int("tensor");
   s.parallel.pipeline = p.get_int("pipeline");
   s.parallel.data = p.get_int("data");
@@ -708,6 +716,10 @@ Scenario scenario_from_json(const json& j) {
   else
     s.parallel.slices = p.get_int("slices");
   if (p.has("memory_budget")) s.parallel.memory_budget = p.get_string("memory_budget");  // older files: default
+  // Older files: Megatron's defaults (overlap on, 40 MiB buckets, no sharded optimizer).
+  if (p.has("overlap_grad_reduce")) s.parallel.overlap_grad_reduce = p.get_bool("overlap_grad_reduce");
+  if (p.has("bucket_mb")) s.parallel.bucket_mb = p.get_double("bucket_mb");
+  if (p.has("distributed_optimizer")) s.parallel.distributed_optimizer = p.get_bool("distributed_optimizer");
   if (p.has("layers_per_stage")) {  // older files: even
     const json& l = p.at("layers_per_stage");
     if (l == "auto") {

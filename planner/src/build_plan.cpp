@@ -207,7 +207,17 @@ std::int64_t estimate_ops(const ir::Scenario& scenario, std::string_view schedul
                              ? std::min<std::int64_t>(std::max(1, scenario.model.seq), kAutoSliceUnits)
                              : slices_for(schedule, scenario, slices);
   const std::int64_t units = std::int64_t{scenario.microbatches()} * chunks_for(schedule, scenario) * S;
-  const std::int64_t per_rank_extra = 64;  // OPT, data-parallel buckets (few) and their batches
+  std::int64_t per_rank_extra = 64;  // OPT, a few data-parallel buckets and their batches
+  if (!scenario.synthetic && scenario.parallel.data > 1) {
+    // A bucket per bucket_mb of gradients (two ops each with a sharded optimizer), at
+    // most the whole model's on one rank: a tiny bucket_mb must be refused, not allocated.
+    const double model_params =
+        params_of_chunk(scenario, 0, 2, scenario.model.layers) + params_of_chunk(scenario, 1, 2, 0);
+    const double buckets = std::ceil(model_params * (scenario.model.dtype == "fp32" ? 4 : 2) /
+                                     std::max(1.0, scenario.parallel.bucket_mb * (1 << 20)));
+    const double per_bucket = scenario.parallel.distributed_optimizer ? 2 : 1;
+    per_rank_extra += static_cast<std::int64_t>(std::min(buckets * per_bucket, 1e15));
+  }
   return std::int64_t{scenario.stages()} * (units * per_unit + per_rank_extra);
 }
 

@@ -832,14 +832,29 @@ ir::LoweringOptions lowering_options(const ir::Plan& plan, const ir::Scenario& s
     const int vs = stage_of.at(rank).at(chunk);
     return std::llround(params_of_chunk(sc, vs, vstages, layers.at(vs)) * e);
   };
+  opt.overlap_dp = sc.parallel.overlap_grad_reduce;
+  opt.bucket_bytes = std::max<std::int64_t>(1, std::llround(sc.parallel.bucket_mb * (1 << 20)));
+  const int shards = optimizer_shards(sc);
+  opt.shard_optimizer = shards > 1;
   std::vector<double> opt_seconds;
   for (int r = 0; r < int(stage_of.size()); ++r) {
     double params = 0;
     for (int vs : stage_of[r]) params += params_of_chunk(sc, vs, vstages, layers.at(vs));
+    // ZeRO-1: each replica steps its 1/d shard of the parameters.
+    params /= shards;
     opt_seconds.push_back(optimizer_seconds(sc, gpu_of_rank(sc, r), params));
   }
   opt.optimizer_seconds = [opt_seconds](int rank) { return opt_seconds.at(rank); };
   return opt;
+}
+
+int optimizer_shards(const ir::Scenario& sc) {
+  return sc.parallel.distributed_optimizer && !sc.synthetic ? std::max(1, sc.parallel.data) : 1;
+}
+
+double static_bytes_per_param(const ir::Scenario& sc) {
+  const bool fp32 = elem_bytes(sc) == 4;
+  return (fp32 ? 8.0 : 4.0) + (fp32 ? 8.0 : 12.0) / optimizer_shards(sc);
 }
 
 std::vector<MemoryEstimate> memory_per_rank(const ir::Plan& plan, const ir::Scenario& sc) {
@@ -854,7 +869,7 @@ std::vector<MemoryEstimate> memory_per_rank(const ir::Plan& plan, const ir::Scen
       for (int vs : plan.stage_of.at(r)) params += params_of_chunk(sc, vs, vstages, layers.at(vs));
       m.weights_bytes = params * (fp32 ? 4 : 2);
       m.grads_bytes = params * (fp32 ? 4 : 2);
-      m.optimizer_bytes = params * (fp32 ? 8 : 12);
+      m.optimizer_bytes = params * (fp32 ? 8 : 12) / optimizer_shards(sc);
     }
     double live = 0, peak = 0;
     for (const auto& op : plan.ranks[r]) {

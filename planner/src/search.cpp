@@ -203,9 +203,6 @@ Shape shape_of(const ir::Scenario& sc, const std::string& schedule, int slices, 
   return s;
 }
 
-/// Weights, gradients and Adam state per parameter, as memory_per_rank counts them
-/// (2 + 2 + 12 in bf16/fp16, 4 + 4 + 8 in fp32).
-constexpr double kStaticBytesPerParam = 16;
 
 TimeBound bound_of(const ir::Scenario& sc, const std::string& schedule, const Shape& s, BoundCache& cache) {
   const int VS = s.p * s.v;
@@ -490,8 +487,8 @@ std::vector<Candidate> enumerate_layouts(const ir::Scenario& base, const SearchO
                       const double total = VS == 1 ? params_of_chunk(sc, 0, 1, L)
                                                    : params_of_chunk(sc, 0, 2, L) + params_of_chunk(sc, 1, 2, 0);
                       const double smallest_hbm = gpu_of_rank(sc, 0).hbm_bytes;
-                      if (homogeneous && total / p * kStaticBytesPerParam > smallest_hbm) {
-                        c.static_bytes = total / p * kStaticBytesPerParam;
+                      if (homogeneous && total / p * static_bytes_per_param(sc) > smallest_hbm) {
+                        c.static_bytes = total / p * static_bytes_per_param(sc);
                         c.hbm_bytes = smallest_hbm;
                         c.verdict = Verdict::NoFit;
                         c.reason = fmt::format("does not fit: weights, gradients and optimizer state alone need "
@@ -506,7 +503,7 @@ std::vector<Candidate> enumerate_layouts(const ir::Scenario& base, const SearchO
                       if (part && L % VS == 0 && s.layers == std::vector<int>(VS, L / VS)) continue;
                       double worst = 0;
                       for (int r = 0; r < s.p; ++r) {
-                        const double need = s.params[r] * kStaticBytesPerParam;
+                        const double need = s.params[r] * static_bytes_per_param(sc);
                         c.static_bytes = std::max(c.static_bytes, need);
                         if (need / s.gpu[r].hbm_bytes > worst) {
                           worst = need / s.gpu[r].hbm_bytes;
@@ -551,7 +548,7 @@ std::optional<std::string> activation_prune(const ir::Scenario& sc, const Layout
     for (int vs : s.stage_of[r])
       for (int j = 0; j < s.S; ++j)
         unit = std::min(unit, activation_bytes(sc, vs, VS, s.layers[vs], s.tokens[j], s.prefix[j]));
-    const double need = s.params[r] * kStaticBytesPerParam + count[r] * unit;
+    const double need = s.params[r] * static_bytes_per_param(sc) + count[r] * unit;
     if (need > s.gpu[r].hbm_bytes)
       return fmt::format("does not fit: needs at least {:.1f} GiB of {:.1f} GiB on rank {} ({} micro-batch "
                          "unit(s) of activations in flight)",

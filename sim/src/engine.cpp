@@ -190,17 +190,15 @@ void Model::prepare_ranks() {
     }
     for (int i = 0; i < n; ++i) {
       const ir::Op& op = ops[i];
-      auto add_all = [&](const std::vector<int>& v) {
-        for (int j : v)
-          if (j != i) info.local_deps[i].push_back(j);
-      };
       // Lowering gives compute → RECV and SEND → producer as explicit deps (a RECV
       // carries the sender's chunk, so matching by ids here would be wrong).
       if (ir::is_collective(op.kind)) {
         if (op.deps.empty() && last_backward >= 0) info.local_deps[i].push_back(last_backward);
         if (!opt_.overlap_dp && last_compute >= 0) info.local_deps[i].push_back(last_compute);
       } else if (op.kind == OpKind::OPT) {
-        add_all(collectives);
+        // The reductions before it; a sharded optimizer's ALL_GATHERs come after it.
+        for (int j : collectives)
+          if (ops[static_cast<std::size_t>(j)].kind != OpKind::ALL_GATHER) info.local_deps[i].push_back(j);
       }
       if (ir::is_p2p(op.kind)) {
         if (op.peer < 0 || op.peer >= p || op.peer == r)

@@ -5,7 +5,13 @@
 
 #include "exec_test_util.hpp"
 #include "tdpipe/exec/cpu/corpus.hpp"
+#include "tdpipe/exec/backend.hpp"
 #include "tdpipe/exec/cpu/gpt.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <vector>
 
 namespace tdpipe::exec::cpu {
 namespace {
@@ -220,6 +226,49 @@ TEST_CASE("stage_parameter_count is what a built stage holds", "[exec][gpt]") {
       GptStage built(c, stage, stages);
       CHECK(stage_parameter_count(c, stage, stages) == static_cast<std::int64_t>(built.params().size()));
     }
+}
+
+}  // namespace tdpipe::exec::cpu
+
+namespace tdpipe::exec::cpu {
+
+TEST_CASE("a sharded optimizer's ranges cover every parameter once - Adam over a range steps only it",
+          "[exec][gpt][zero1]") {
+  // owned_ranges: over all members, the segments of every bucket tile [0, n) exactly.
+  for (const auto& [n, buckets, members] : std::vector<std::tuple<std::int64_t, int, int>>{
+           {10, 1, 2}, {1001, 3, 4}, {7, 5, 3}, {2, 2, 3}}) {
+    std::vector<int> owners(static_cast<std::size_t>(n), 0);
+    for (int m = 0; m < members; ++m)
+      for (const auto& [b, e] : owned_ranges(n, buckets, OptimizerShard{m, members, {}})) {
+        REQUIRE(b < e);
+        for (std::int64_t i = b; i < e; ++i) ++owners[static_cast<std::size_t>(i)];
+      }
+    INFO("n " << n << " buckets " << buckets << " members " << members);
+    CHECK(std::all_of(owners.begin(), owners.end(), [](int k) { return k == 1; }));
+  }
+  CHECK(owned_segment(0, 4) == 1);
+  CHECK(owned_segment(3, 4) == 0);
+  CHECK_THROWS_WITH(owned_segment(4, 4), Catch::Contains("member 4 of 4"));
+
+  GptConfig c = tiny_config();
+  GptStage whole(c, 0, 1), part(c, 0, 1);
+  for (GptStage* s : {&whole, &part})
+    for (std::size_t i = 0; i < s->grads().size(); ++i) s->grads()[i] = std::sin(0.1 * static_cast<double>(i));
+  const auto before = part.params();
+  const std::int64_t n = static_cast<std::int64_t>(before.size()), b = n / 3, e = 2 * n / 3;
+  AdamConfig a;
+  whole.adam(a, 1);
+  part.adam(a, 1, b, e);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    if (i >= b && i < e)
+      REQUIRE(part.params()[k] == whole.params()[k]);
+    else
+      REQUIRE(part.params()[k] == before[k]);
+  }
+  CHECK(part.moments(1)[0] == 0.0);
+  CHECK(part.moments(1)[static_cast<std::size_t>(b)] == whole.moments(1)[static_cast<std::size_t>(b)]);
+  CHECK_THROWS_WITH(part.adam(a, 1, e, b), Catch::Contains("Adam over parameters"));
 }
 
 }  // namespace tdpipe::exec::cpu

@@ -177,6 +177,41 @@ TEST_CASE("lower: data parallelism adds bucketed all-reduces and OPT after them"
       REQUIRE(low.ranks[0][i].deps == std::vector<OpRef>{{0, last}});
     }
   }
+  SECTION("sharded optimizer (ZeRO-1): reduce-scatter before OPT, all-gather of each bucket after it") {
+    opt.shard_optimizer = true;
+    const Plan low = lower(plan, opt);
+    CHECK(index_of(low, 0, "ALLREDUCE(b0.c1)") == -1);
+    const auto& ops = low.ranks[0];
+    const int o = index_of(low, 0, "OPT");
+    REQUIRE(o >= 0);
+    int scatters = 0, gathers = 0;
+    for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+      const Op& op = ops[static_cast<std::size_t>(i)];
+      if (op.kind == OpKind::REDUCE_SCATTER) {
+        CHECK(i < o);
+        CHECK(op.stream == Stream::DP);
+        ++scatters;
+      }
+      if (op.kind == OpKind::ALL_GATHER) {
+        CHECK(i > o);
+        CHECK(op.stream == Stream::DP);
+        CHECK(op.deps == std::vector<OpRef>{{0, o}});
+        // The same bucket as the k-th reduce-scatter: tag, chunk and bytes.
+        int k = 0;
+        for (int j = 0; j < o; ++j)
+          if (ops[static_cast<std::size_t>(j)].kind == OpKind::REDUCE_SCATTER && k++ == gathers) {
+            CHECK(ops[static_cast<std::size_t>(j)].tag == op.tag);
+            CHECK(ops[static_cast<std::size_t>(j)].chunk == op.chunk);
+            CHECK(ops[static_cast<std::size_t>(j)].bytes == op.bytes);
+          }
+        ++gathers;
+      }
+    }
+    CHECK(scatters == 5);
+    CHECK(gathers == 5);
+    for (const OpRef& d : ops[static_cast<std::size_t>(o)].deps) CHECK(low.at(d).kind == OpKind::REDUCE_SCATTER);
+    CHECK_NOTHROW(validate(low));
+  }
   SECTION("no DP reduction with d = 1") {
     plan.data = 1;
     const Plan low = lower(plan, opt);

@@ -10,6 +10,8 @@
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/planner/cost_model.hpp"
+#include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/sim/platform.hpp"
 #include "tdpipe/sim/simulate.hpp"
 #include "tdpipe/traces/profile.hpp"
@@ -59,6 +61,55 @@ TEST_CASE("bucketed DP all-reduce overlaps backward - the switch turns overlap o
       if (c.rank == e.rank && (c.kind == ir::OpKind::BW || c.kind == ir::OpKind::B || c.kind == ir::OpKind::W))
         last_bwd = std::max(last_bwd, c.end_ns());
     CHECK(e.start_ns >= last_bwd);
+  }
+}
+
+TEST_CASE("distributed optimizer: reduce-scatter + all-gather move the all-reduce's ring volume - the optimizer "
+          "state and step shrink d-fold",
+          "[sim][dp][zero1]") {
+  ir::Scenario sc = gpt3_dp(4);
+  const auto plain = planner::build_plan(sc, "1f1b");
+  sc.parallel.distributed_optimizer = true;
+  const auto sharded = planner::build_plan(sc, "1f1b");
+  // ZeRO-1: Adam's 12 bytes per parameter over d = 4 replicas; weights and gradients stay.
+  const auto mem_plain = planner::memory_per_rank(plain.lowered, gpt3_dp(4));
+  const auto mem_sharded = planner::memory_per_rank(sharded.lowered, sc);
+  REQUIRE(mem_sharded.size() == mem_plain.size());
+  for (std::size_t r = 0; r < mem_plain.size(); ++r) {
+    CHECK(mem_sharded[r].optimizer_bytes == Approx(mem_plain[r].optimizer_bytes / 4));
+    CHECK(mem_sharded[r].grads_bytes == mem_plain[r].grads_bytes);
+  }
+  const ir::Op& opt_plain = plain.lowered.ranks[0].back();
+  const auto opt_at = [](const ir::Plan& p) {
+    for (const ir::Op& op : p.ranks[0])
+      if (op.kind == ir::OpKind::OPT) return op.est_seconds;
+    return -1.0;
+  };
+  REQUIRE(opt_plain.kind == ir::OpKind::OPT);
+  CHECK(opt_at(sharded.lowered) == Approx(opt_plain.est_seconds / 4));
+  for (const bool simgrid : {false, true}) {
+    INFO((simgrid ? "simgrid" : "analytic"));
+    traces::Trace a, b;
+    if (simgrid) {
+      a = sim::simulate(plain.lowered, {}).trace;
+      b = sim::simulate(sharded.lowered, {}).trace;
+    } else {
+      a = planner::evaluate(plain.lowered);
+      b = planner::evaluate(sharded.lowered);
+    }
+    const std::int64_t ar = total_ns(a, ir::OpKind::ALLREDUCE);
+    const std::int64_t rs = total_ns(b, ir::OpKind::REDUCE_SCATTER), ag = total_ns(b, ir::OpKind::ALL_GATHER);
+    REQUIRE(ar > 0);
+    CHECK(total_ns(b, ir::OpKind::ALLREDUCE) == 0);
+    // Ring: all-reduce = 2(d − 1) steps of S/d; reduce-scatter and all-gather d − 1 each.
+    CHECK(double(rs) == Approx(double(ag)).epsilon(0.02));
+    CHECK(double(rs + ag) == Approx(double(ar)).epsilon(0.02));
+    // The all-gather follows OPT: every one starts after its rank's OPT ended.
+    for (const auto& e : b.events) {
+      if (e.kind != ir::OpKind::ALL_GATHER) continue;
+      for (const auto& o : b.events)
+        if (o.rank == e.rank && o.kind == ir::OpKind::OPT) CHECK(e.start_ns >= o.end_ns());
+    }
   }
 }
 

@@ -780,12 +780,23 @@ ncclResult_t ncclRecv(void* buf, std::size_t count, ncclDataType_t type, int pee
   group_ops.push_back(P2P{false, buf, count * type_size(type), peer, comm, stream});
   return ncclGroupEnd();
 }
-ncclResult_t ncclAllReduce(const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type, ncclRedOp_t,
-                           ncclComm_t comm, cudaStream_t stream) {
+namespace {
+// One collective call: every rank sums the inputs in rank order (all-reduce, reduce)
+// or reads the root's (broadcast) — the same result everywhere — then waits until all
+// have read before writing: send and receive buffers may alias. In the buffers' own
+// precision, as NCCL sums. root < 0: every rank writes (all-reduce); else only the
+// root (reduce) or every rank but from the root's input (broadcast).
+enum class Kind { AllReduce, Reduce, Broadcast };
+ncclResult_t collective(Kind kind, const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type,
+                        int root, ncclComm_t comm, cudaStream_t stream) {
   std::shared_ptr<Clique> c = comm->clique;
+  if (kind != Kind::AllReduce && (root < 0 || root >= c->n)) {
+    nccl_last_error = "root " + std::to_string(root) + " of " + std::to_string(c->n);
+    return ncclInvalidArgument;
+  }
   const std::uint64_t seq = comm->collectives++;  // call order = matching order, as NCCL
   const int me = comm->rank;
-  emu::submit(stream, [c, seq, me, sendbuf, recvbuf, count, type] {
+  emu::submit(stream, [c, seq, me, sendbuf, recvbuf, count, type, kind, root] {
     std::unique_lock lock(c->m);
     Clique::Collective& k = c->collectives[seq];
     if (k.inputs.empty()) {
@@ -795,7 +806,7 @@ ncclResult_t ncclAllReduce(const void* sendbuf, void* recvbuf, std::size_t count
       k.type = type;
     } else if (k.count != count || k.type != type) {
       // On a GPU: a hang or garbage. Here: the communicator's asynchronous error.
-      std::fprintf(stderr, "emulated NCCL: all-reduce #%llu: rank %d reduces %zu elements of type %d, another %zu of %d\n",
+      std::fprintf(stderr, "emulated NCCL: collective #%llu: rank %d has %zu elements of type %d, another %zu of %d\n",
                    static_cast<unsigned long long>(seq), me, count, static_cast<int>(type), k.count,
                    static_cast<int>(k.type));
       c->errors[static_cast<std::size_t>(me)] = ncclInvalidUsage;
@@ -808,23 +819,48 @@ ncclResult_t ncclAllReduce(const void* sendbuf, void* recvbuf, std::size_t count
     c->cv.notify_all();
     c->cv.wait(lock, [&] { return c->aborted || k.arrived == c->n; });
     if (c->aborted) return;
-    // Every rank sums the inputs in rank order (the same result everywhere), then
-    // waits until all have read before writing: send and receive buffers may alias.
-    // In the buffers' own precision, as NCCL sums.
+    const std::size_t bytes = count * (type == ncclFloat64 ? sizeof(double) : sizeof(float));
     std::vector<double> sum64(type == ncclFloat64 ? count : 0, 0.0);
     std::vector<float> sum32(type == ncclFloat64 ? 0 : count, 0.f);
-    for (const void* in : k.inputs)
-      for (std::size_t i = 0; i < count; ++i) {
-        if (type == ncclFloat64) sum64[i] += static_cast<const double*>(in)[i];
-        else sum32[i] += static_cast<const float*>(in)[i];
-      }
+    const bool writes = kind == Kind::AllReduce || kind == Kind::Broadcast || me == root;
+    if (kind == Kind::Broadcast) {
+      if (type == ncclFloat64) std::memcpy(sum64.data(), k.inputs[static_cast<std::size_t>(root)], bytes);
+      else std::memcpy(sum32.data(), k.inputs[static_cast<std::size_t>(root)], bytes);
+    } else if (writes) {
+      for (const void* in : k.inputs)
+        for (std::size_t i = 0; i < count; ++i) {
+          if (type == ncclFloat64) sum64[i] += static_cast<const double*>(in)[i];
+          else sum32[i] += static_cast<const float*>(in)[i];
+        }
+    }
     ++k.read;
     c->cv.notify_all();
     c->cv.wait(lock, [&] { return c->aborted || k.read == c->n; });
     if (c->aborted) return;
-    if (type == ncclFloat64) std::memcpy(recvbuf, sum64.data(), count * sizeof(double));
-    else std::memcpy(recvbuf, sum32.data(), count * sizeof(float));
+    if (writes) std::memcpy(recvbuf, type == ncclFloat64 ? static_cast<const void*>(sum64.data()) : sum32.data(), bytes);
     if (--k.left == 0) c->collectives.erase(seq);
   });
+  return ncclSuccess;
+}
+}  // namespace
+
+ncclResult_t ncclAllReduce(const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type, ncclRedOp_t,
+                           ncclComm_t comm, cudaStream_t stream) {
+  return collective(Kind::AllReduce, sendbuf, recvbuf, count, type, -1, comm, stream);
+}
+ncclResult_t ncclReduce(const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type, ncclRedOp_t,
+                        int root, ncclComm_t comm, cudaStream_t stream) {
+  return collective(Kind::Reduce, sendbuf, recvbuf, count, type, root, comm, stream);
+}
+ncclResult_t ncclBroadcast(const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type, int root,
+                           ncclComm_t comm, cudaStream_t stream) {
+  return collective(Kind::Broadcast, sendbuf, recvbuf, count, type, root, comm, stream);
+}
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  *count = comm->clique->n;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  *rank = comm->rank;
   return ncclSuccess;
 }

@@ -10,12 +10,35 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "tdpipe/exec/buffer.hpp"
 #include "tdpipe/ir/op.hpp"
 
 namespace tdpipe::exec {
+
+/// [first, second) of part `index` of `count` near-equal contiguous parts of `n`
+/// elements: how a chunk's flattened gradients are cut into buckets and a bucket into
+/// the data-parallel members' segments.
+std::pair<std::int64_t, std::int64_t> part_range(std::int64_t n, int index, int count);
+
+/// The segment of a bucket (of `members` parts) that data-parallel member `member` holds
+/// reduced after a reduce-scatter, steps the optimizer on, and gives to the all-gather:
+/// segment (member + 1) mod members — where a ring reduce-scatter leaves each member's sum.
+int owned_segment(int member, int members);
+
+/// A sharded optimizer step (ZeRO-1): which parameters this member updates.
+struct OptimizerShard {
+  int member = 0, members = 1;         ///< this replica, of the data-parallel group
+  std::vector<int> buckets_per_chunk;  ///< per chunk: its buckets (REDUCE_SCATTER ops)
+};
+
+/// Element ranges [first, second) of a chunk of `n` parameters cut into `buckets`
+/// buckets that `shard`'s member owns: its segment of each bucket.
+std::vector<std::pair<std::int64_t, std::int64_t>> owned_ranges(std::int64_t n, int buckets,
+                                                                const OptimizerShard& shard);
 
 /// A compute op as the backend sees it: kind F, B, W, BW or OPT of
 /// (mb, chunk, slice) of this rank's model chunk `chunk` = virtual stage `stage`.
@@ -25,6 +48,9 @@ struct ComputeOp {
   int chunk = 0;
   int slice = 0;
   int stage = 0;  ///< plan.stage_of[rank][chunk]; -1 for OPT
+  /// OPT of a plan with REDUCE_SCATTER/ALL_GATHER buckets: step only the parameters
+  /// this member owns (the gradients elsewhere are not reduced); null: every parameter.
+  const OptimizerShard* shard = nullptr;
 };
 
 /// Runs the model. One instance per rank; it owns the rank's weights, gradients,
@@ -60,6 +86,11 @@ class Compute {
   /// calls it only after every W/BW of that chunk completed, and OPT only after every
   /// ALLREDUCE. The view aliases compute's memory and is valid until end_step().
   virtual Buffer grad_bucket(int chunk, int index, int count) = 0;
+
+  /// The same part of chunk `chunk`'s flattened parameters (the fp32 master copy where
+  /// the backend keeps one), for an in-place ALL_GATHER after a sharded OPT. Parameters
+  /// the backend derives from them (a bf16 copy) are refreshed before the next step.
+  virtual Buffer param_bucket(int chunk, int index, int count) = 0;
 
   /// After the step's last op: the loss this rank computed (sum of per-token
   /// cross-entropy / tokens in the global batch over its micro-batches; 0 unless
@@ -97,6 +128,17 @@ class Transport {
   /// rank of every replica); every member calls it with the same `tag` in the same
   /// order. Result identical on every member.
   virtual void all_reduce(const Buffer& buffer, int tag) = 0;
+
+  /// Sums `buffer` over the group into each member's owned segment (owned_segment,
+  /// part_range over the members); the rest of the buffer is left unspecified. Same
+  /// calling rules as all_reduce; the owned sums equal all_reduce's, bit for bit.
+  virtual void reduce_scatter(const Buffer& buffer, int tag) = 0;
+
+  /// Copies each member's owned segment of `buffer` to every other member, in place.
+  virtual void all_gather(const Buffer& buffer, int tag) = 0;
+
+  /// This rank's place in its data-parallel group: {member, members}.
+  virtual std::pair<int, int> dp_member() const = 0;
 };
 
 /// Timestamps for the measured trace, in ns since the run's origin (common to all

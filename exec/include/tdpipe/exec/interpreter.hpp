@@ -6,9 +6,13 @@
 //  - compute: its input tensor is present (produced locally or received);
 //  - SEND: the tensor it sends was produced; consecutive comm ops with one `batch`
 //    id are posted together (Transport::post);
-//  - ALLREDUCE of chunk c: every W/BW of chunk c on this rank ended; the rank's
-//    ALLREDUCEs of chunk c split its gradients into that many contiguous buckets;
-//  - OPT: every ALLREDUCE of the rank ended.
+//  - ALLREDUCE (or REDUCE_SCATTER) of chunk c: every W/BW of chunk c on this rank
+//    ended; the rank's ALLREDUCEs of chunk c split its gradients into that many
+//    contiguous buckets (Compute::grad_bucket);
+//  - OPT: every ALLREDUCE / REDUCE_SCATTER of the rank ended; with REDUCE_SCATTER
+//    buckets (ZeRO-1) it steps only the parameters this replica owns (OptimizerShard);
+//  - ALL_GATHER of chunk c: OPT ended; it gathers the same bucket of the parameters
+//    (Compute::param_bucket).
 #pragma once
 
 #include <cstdint>

@@ -21,6 +21,12 @@ namespace tdpipe::exec {
 /// Throws tdpipe::Error unless `plan` is lowered, has ranks and one stage_of row per rank.
 void check_runnable(const ir::Plan& plan);
 
+/// A plan with a sharded optimizer (REDUCE_SCATTER buckets): its buckets per (rank,
+/// chunk), at [rank · chunks + chunk]; empty when the plan has none. After such a run
+/// each replica holds reduced gradients and Adam moments only in its own segments
+/// (owned_ranges), and a launcher assembles replica 0's report from their owners.
+std::vector<int> sharded_buckets(const ir::Plan& plan);
+
 /// Fails the run when nothing started or ended for `timeout_seconds` while a thread
 /// waits. `extend_report` may add lines to the blocked-thread report before the run
 /// fails (a transport's unmatched transfers); `after_fail` runs once it has failed

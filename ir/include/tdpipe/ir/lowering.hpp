@@ -28,13 +28,19 @@ struct LoweringOptions {
   std::function<std::int64_t(int rank, int chunk)> grad_bytes;
   std::int64_t bucket_bytes = 40 << 20;  ///< DP bucket size (Megatron's 40 MB default)
   bool overlap_dp = true;   ///< start a bucket's all-reduce as soon as its gradients are ready
+  /// ZeRO-1 (Megatron's distributed optimizer): each bucket is a REDUCE_SCATTER before OPT
+  /// (which then steps 1/d of the parameters) and an ALL_GATHER of the updated parameters
+  /// after it, instead of one ALLREDUCE.
+  bool shard_optimizer = false;
   bool optimizer_step = true;  ///< append OPT on every rank
   /// est_seconds of rank `rank`'s OPT; empty = keep the compute-only plan's OPT cost, or 0.
   std::function<double(int rank)> optimizer_seconds;
 };
 
 /// Inserts SEND/RECV for every cross-rank dependency and, when plan.data > 1, one
-/// ALLREDUCE per gradient bucket (on Stream::DP), plus OPT after them.
+/// ALLREDUCE per gradient bucket (on Stream::DP), plus OPT after them — or, with
+/// shard_optimizer, a REDUCE_SCATTER per bucket, OPT, then an ALL_GATHER per bucket
+/// (each depending on OPT, in the same bucket order).
 Plan lower(const Plan& compute_only, const LoweringOptions& options);
 
 struct LoweredPlan {

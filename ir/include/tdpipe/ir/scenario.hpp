@@ -89,6 +89,16 @@ struct ParallelConfig {
   /// 1F1B's peak), "2x1f1b", "max" (HBM less weights, gradients and optimizer state) or
   /// a number of GiB.
   std::string memory_budget = "max";
+  /// Megatron's --overlap-grad-reduce: a bucket's data-parallel reduction starts as soon as
+  /// its gradients are final (its chunk's last W/BW), on the dp stream beside compute;
+  /// false: every reduction waits for the rank's last backward op.
+  bool overlap_grad_reduce = true;
+  /// Gradient bytes per data-parallel bucket, in MiB (Megatron's 40 MB default).
+  double bucket_mb = 40;
+  /// Megatron's --use-distributed-optimizer (ZeRO-1): gradients are reduce-scattered, each
+  /// replica steps the optimizer on its 1/d shard (optimizer state ÷ d), and the updated
+  /// parameters are all-gathered.
+  bool distributed_optimizer = false;
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 
   /// Micro-batches per pipeline per iteration: global_batch / (micro_batch · data).

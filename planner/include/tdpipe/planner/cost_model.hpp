@@ -179,10 +179,19 @@ void apply_costs(ir::Plan& plan, const ir::Scenario& scenario);
 /// scenarios: 0 bytes (latency only) and no DP reduction.
 ir::LoweringOptions lowering_options(const ir::Plan& plan, const ir::Scenario& scenario);
 
+/// Replicas the optimizer state is sharded over: parallel.data with
+/// parallel.distributed_optimizer (ZeRO-1), else 1.
+int optimizer_shards(const ir::Scenario& scenario);
+/// Weights, gradients and optimizer state per parameter, as memory_per_rank counts them:
+/// 2 + 2 + 12/shards in bf16/fp16 (fp32 master weights and Adam moments), 4 + 4 + 8/shards
+/// in fp32.
+double static_bytes_per_param(const ir::Scenario& scenario);
+
 /// Peak memory per pipeline rank for a plan with costs (weights, grads, Adam
 /// states, peak activations from the plan's in-flight count).
 /// Bytes per parameter: weights 2, gradients 2, Adam fp32 master + 2 moments 12 (16 in
-/// all, Korthikanti et al.; fp32 models: 4 + 4 + 8); no optimizer sharding.
+/// all, Korthikanti et al.; fp32 models: 4 + 4 + 8); the optimizer's part ÷ d with
+/// parallel.distributed_optimizer (ZeRO-1; static_bytes_per_param).
 std::vector<MemoryEstimate> memory_per_rank(const ir::Plan& plan, const ir::Scenario& scenario);
 
 /// nullopt when every rank fits its GPU's HBM; else "does not fit: needs X GiB of Y GiB

@@ -41,3 +41,9 @@ ncclResult_t ncclRecv(void* buf, std::size_t count, ncclDataType_t type, int pee
                       cudaStream_t stream);
 ncclResult_t ncclAllReduce(const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduce(const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type, ncclRedOp_t op,
+                        int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type, int root,
+                           ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank);

@@ -56,6 +56,7 @@ class CpuCompute final : public Compute {
   Buffer run_op(const ComputeOp& op, Buffer input);
   Buffer allocate(const TensorKey& key) override;
   Buffer grad_bucket(int chunk, int index, int count) override;
+  Buffer param_bucket(int chunk, int index, int count) override;
   double end_step() override;
 
   /// The stage of local chunk `chunk`.
@@ -108,8 +109,15 @@ class CpuTransport final : public Transport {
   /// replicas of this pipeline rank; every element's sum is formed once, so all
   /// replicas end bit-identical.
   void all_reduce(const Buffer& buffer, int tag) override;
+  /// all_reduce's first half: after it replica i holds segment owned_segment(i, d).
+  void reduce_scatter(const Buffer& buffer, int tag) override;
+  /// all_reduce's second half.
+  void all_gather(const Buffer& buffer, int tag) override;
+  std::pair<int, int> dp_member() const override { return {replica_, data_}; }
 
  private:
+  /// Ring steps [first, first + d − 1): reduce-scatter from step 0, all-gather from d − 1.
+  void ring(const Buffer& buffer, int tag, bool reduce);
   CpuFabric* fabric_;
   int replica_, rank_, stages_, data_;
 };

@@ -94,9 +94,13 @@ class GptStage {
   void backward_weight(int mb, int slice);
   /// One Adam step (t = 1, 2, …) over this stage's parameters.
   void adam(const AdamConfig& adam, int t);
+  /// The same step over parameters [first, last) only (a sharded optimizer's part).
+  void adam(const AdamConfig& adam, int t, std::int64_t first, std::int64_t last);
 
   std::vector<double>& params();
   std::vector<double>& grads();
+  /// Adam's first (which = 1) or second (2) moment, flat like params().
+  std::vector<double>& moments(int which);
   ParamMap named_params() const;
   ParamMap named_grads() const;
   /// Adam's first (which = 1) or second (2) moment, by parameter name.
