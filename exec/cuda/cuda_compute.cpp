@@ -186,32 +186,42 @@ Buffer CudaCompute::allocate(const TensorKey& key) {
   return b;
 }
 
+namespace {
+// A view of part `index` of `count` of one of a stage's flat fp32 vectors (valid until
+// end_step, like Compute::grad_bucket).
+Buffer part_view(float* base, std::int64_t n, int index, int count) {
+  const auto [begin, end] = part_range(n, index, count);
+  Buffer b;
+  b.data = std::shared_ptr<void>(base + begin, [](void*) {});
+  b.elements = end - begin;
+  b.dtype = DType::F32;
+  return b;
+}
+}  // namespace
+
 Buffer CudaCompute::grad_bucket(int chunk, int index, int count) {
   if (chunk < 0 || chunk >= chunks() || count < 1 || index < 0 || index >= count)
     throw Error("gradient bucket " + std::to_string(index) + " of " + std::to_string(count) + " of chunk " +
                 std::to_string(chunk) + ": out of range");
   GptStageCuda& st = chunk_stage(chunk);
-  const auto [begin, end] = part_range(st.parameter_count(), index, count);
-  Buffer b;
-  // A view of the stage's gradients: valid until end_step (Compute::grad_bucket).
-  b.data = std::shared_ptr<void>(st.grads() + begin, [](void*) {});
-  b.elements = end - begin;
-  b.dtype = DType::F32;
-  return b;
+  return part_view(st.grads(), st.parameter_count(), index, count);
 }
 
+
 Buffer CudaCompute::param_bucket(int chunk, int index, int count) {
-  if (chunk < 0 || chunk >= chunks() || count < 1 || index < 0 || index >= count)
+  if (chunk < 0 || chunk >= chunks())
     throw Error("parameter bucket " + std::to_string(index) + " of " + std::to_string(count) + " of chunk " +
                 std::to_string(chunk) + ": out of range");
   GptStageCuda& st = chunk_stage(chunk);
-  const auto [begin, end] = part_range(st.parameter_count(), index, count);
-  Buffer b;
-  // A view of the fp32 master weights (Compute::param_bucket); bf16 follows in begin_step.
-  b.data = std::shared_ptr<void>(st.master_params() + begin, [](void*) {});
-  b.elements = end - begin;
-  b.dtype = DType::F32;
-  return b;
+  // The fp32 master weights (Compute::param_bucket); the bf16 copy follows in begin_step.
+  return part_view(st.master_params(), st.parameter_count(), index, count);
+}
+
+Buffer CudaCompute::state_bucket(int chunk, int which, int index, int count) {
+  if (chunk < 0 || chunk >= chunks() || which < 0 || which > 2)
+    throw Error("state bucket " + std::to_string(which) + " of chunk " + std::to_string(chunk) + ": out of range");
+  GptStageCuda& st = chunk_stage(chunk);
+  return part_view(which == 0 ? st.grads() : st.moments(which), st.parameter_count(), index, count);
 }
 
 std::int64_t CudaClock::now_ns(ir::Stream stream) {

@@ -31,6 +31,9 @@ class CudaCompute final : public Compute {
   Buffer allocate(const TensorKey& key) override;
   Buffer grad_bucket(int chunk, int index, int count) override;
   Buffer param_bucket(int chunk, int index, int count) override;
+  /// The same part of the gradients (which = 0) or of Adam's moments (1, 2): what a
+  /// sharded run gathers at its end so replica 0 reports the whole state.
+  Buffer state_bucket(int chunk, int which, int index, int count);
   double end_step() override;
 
   int chunks() const { return static_cast<int>(stages_.size()); }

@@ -328,6 +328,10 @@ bool GptStageCuda::is_first() const { return impl_->first(); }
 bool GptStageCuda::is_last() const { return impl_->last(); }
 float* GptStageCuda::grads() const { return impl_->grad.as<float>(); }
 float* GptStageCuda::master_params() const { return impl_->master.as<float>(); }
+float* GptStageCuda::moments(int which) const {
+  if (which != 1 && which != 2) throw Error("moments(" + std::to_string(which) + "): expected 1 or 2");
+  return (which == 1 ? impl_->m1 : impl_->m2).as<float>();
+}
 std::int64_t GptStageCuda::parameter_count() const { return impl_->total; }
 std::int64_t GptStageCuda::state_bytes() const { return stage_state_bytes(impl_->total); }
 

@@ -54,6 +54,8 @@ class GptStageCuda {
 
   float* grads() const;
   float* master_params() const;
+  /// Adam's first (which = 1) or second (2) moment on the device, flat like grads().
+  float* moments(int which) const;
   std::int64_t parameter_count() const;
   /// Downloaded copies (fp32 → double), named like cpu::GptStage.
   cpu::ParamMap named_params() const;

@@ -135,6 +135,16 @@ void fill_metadata(cpu::RunResult& r, const ir::Plan& plan, const cpu::GptConfig
   md["processes"] = std::to_string(world);
 }
 
+/// After a sharded run: every bucket's gradients and Adam moments all-gathered from
+/// their owners (each replica calls it for pipeline rank `rank`, in the same order).
+void gather_sharded_state(CudaCompute& compute, Transport& transport, const std::vector<int>& buckets, int rank) {
+  for (int ch = 0; ch < compute.chunks(); ++ch) {
+    const int n = buckets.at(static_cast<std::size_t>(rank * compute.chunks() + ch));
+    for (int which = 0; which < 3; ++which)
+      for (int k = 0; k < n; ++k) transport.all_gather(compute.state_bucket(ch, which, k, n), -1);
+  }
+}
+
 double sum_squares(const cpu::ParamMap& m) {
   double s = 0;
   for (const auto& [name, v] : m)
@@ -239,6 +249,25 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
       cpu::record_step(result, outs, step_end - step_start, step == trace_step, options.keep_step_traces, "cuda",
                        plan, p * d);
     }
+  }
+
+  // A sharded optimizer left each replica with its own segments' reduced gradients and
+  // moments: gather them (the plan's own collective), so replica 0 reports the whole state.
+  if (const std::vector<int> buckets = sharded_buckets(plan); !buckets.empty()) {
+    std::vector<std::thread> threads;
+    for (int w = 0; w < p * d; ++w)
+      threads.emplace_back([&, w] {
+        const auto i = static_cast<std::size_t>(w);
+        try {
+          contexts[i]->bind();
+          gather_sharded_state(*computes[i], *transports[i], buckets, w % p);
+        } catch (const std::exception& e) {
+          control.fail("rank " + std::to_string(w) + ": gathering the sharded optimizer state: " + e.what());
+          fabric.abort(e.what());
+        }
+      });
+    for (auto& t : threads) t.join();
+    if (control.failed()) throw Error(control.failure());
   }
 
   double ss = 0;
@@ -491,6 +520,9 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
       if (step == trace_step) mine = std::move(r.events);
     }
   }
+
+  if (const std::vector<int> buckets = sharded_buckets(plan); !buckets.empty())
+    gather_sharded_state(compute, transport, buckets, rank);  // as the loopback run does
 
   double ss = 0;
   for (int ch = 0; ch < compute.chunks(); ++ch) {

@@ -52,8 +52,10 @@ std::vector<RankOutcome> run_world(const std::vector<ir::Plan>& plans, const cud
   return out;
 }
 
-void check_against_cpu(const std::string& schedule, int p, int d, int m) {
-  const ir::Scenario sc = cuda::test::tiny_scenario(p, d, m);
+void check_against_cpu(const std::string& schedule, int p, int d, int m, bool distributed_optimizer = false) {
+  ir::Scenario sc = cuda::test::tiny_scenario(p, d, m);
+  sc.parallel.distributed_optimizer = distributed_optimizer;
+  sc.parallel.bucket_mb = distributed_optimizer ? 0.004 : sc.parallel.bucket_mb;  // several buckets a chunk
   const ir::Plan plan = planner::build_plan(sc, schedule, 1).lowered;
   cpu::CpuRunOptions co;
   co.train = cuda::test::train_options(2);
@@ -98,6 +100,11 @@ TEST_CASE("emulated NCCL: 4 processes run 1f1b like the CPU backend", "[emulated
 
 TEST_CASE("emulated NCCL: 2 stages x 2 replicas (split communicator, gradient all-reduce)", "[emulated][nccl]") {
   check_against_cpu("1f1b", 2, 2, 4);
+}
+
+TEST_CASE("emulated NCCL: 2 stages x 2 replicas with a distributed optimizer (reduce and broadcast groups)",
+          "[emulated][nccl][zero1]") {
+  check_against_cpu("1f1b", 2, 2, 4, true);
 }
 
 TEST_CASE("emulated NCCL: zb-h1 over 4 processes (B and W apart, grouped p2p)", "[emulated][nccl]") {
