@@ -127,6 +127,15 @@ void CpuCompute::begin_step(int step) {
 
 double CpuCompute::end_step() { return loss_; }
 
+namespace {
+// The interpreter's progress callback as the stage's per-part hook (none: no hook).
+std::function<void(std::int64_t)> progress_of(const ComputeOp& op, GptStage& st) {
+  if (!op.progress) return {};
+  const auto total = static_cast<std::int64_t>(st.grads().size());
+  return [f = op.progress, total](std::int64_t tail) { (*f)(tail, total); };
+}
+}  // namespace
+
 Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
   if (op.kind == ir::OpKind::OPT) {
     for (int c = 0; c < chunks(); ++c) {
@@ -167,12 +176,12 @@ Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
       Mat dy;
       if (!st.is_last()) dy = to_mat(input, rows, config_.hidden, "B input");
       Mat dx = st.backward_input(op.mb, op.slice, dy);
-      if (op.kind == ir::OpKind::BW) st.backward_weight(op.mb, op.slice);
+      if (op.kind == ir::OpKind::BW) st.backward_weight(op.mb, op.slice, progress_of(op, st));
       if (st.is_first()) return {};
       return to_buffer(dx);
     }
     case ir::OpKind::W:
-      st.backward_weight(op.mb, op.slice);
+      st.backward_weight(op.mb, op.slice, progress_of(op, st));
       return {};
     default:
       throw Error(fmt::format("{} is not a compute op", ir::to_string(op.kind)));

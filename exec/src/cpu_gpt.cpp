@@ -500,8 +500,12 @@ Mat GptStage::backward_input(int mb, int slice, const Mat& dy) {
   return grad;
 }
 
-void GptStage::backward_weight(int mb, int slice) {
+void GptStage::backward_weight(int mb, int slice, const std::function<void(std::int64_t)>& done) {
   Impl& I = *impl_;
+  const auto n = static_cast<std::int64_t>(I.params.size());
+  auto finished_from = [&](const std::string& first_name) {
+    if (done) done(n - static_cast<std::int64_t>(I.specs[I.index.at(first_name)].offset));
+  };
   auto it = I.slices.find({mb, slice});
   if (it == I.slices.end() || !it->second.backward_done)
     throw Error(fmt::format("stage {}: W{}:s{} before its B", I.stage, mb, slice));
@@ -513,10 +517,13 @@ void GptStage::backward_weight(int mb, int slice) {
     I.Gv("head.bias") += hs.dlogits.colwise().sum();
     I.Gv("head.ln.g") += (hs.dhf.array() * hs.xhatf.array()).matrix().colwise().sum();
     I.Gv("head.ln.b") += hs.dhf.colwise().sum();
+    finished_from("head.ln.g");
   }
   I.timed_blocks([&] {
-    for (int l = I.last_block - 1; l >= I.first_block; --l)
+    for (int l = I.last_block - 1; l >= I.first_block; --l) {
       I.block_weight(l, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+      finished_from(I.bname(l, "ln1.g"));
+    }
   });
   if (I.first()) {
     MapMat gtok = I.G("embed.tok");
@@ -528,6 +535,7 @@ void GptStage::backward_weight(int mb, int slice) {
         gpos.row(st.t0 + r) += st.dx0.row(row);
       }
   }
+  if (done) done(n);
   I.slices.erase(it);
 }
 

@@ -98,6 +98,12 @@ class RankRun {
     for (int c = 0; c < chunks; ++c)
       if (gather_count_[static_cast<std::size_t>(c)] > 0 && scatters == 0)
         throw Error(fmt::format("rank {}: ALL_GATHER of chunk {} without REDUCE_SCATTER buckets", rank, c));
+    tail_done_.assign(static_cast<std::size_t>(chunks), -1);
+    tail_total_.assign(static_cast<std::size_t>(chunks), 0);
+    for (int c = 0; c < chunks; ++c) {
+      const auto& g = grad_ops_[static_cast<std::size_t>(c)];
+      if (!g.empty() && reduce_count_[static_cast<std::size_t>(c)] > 0) last_grad_[g.back()] = c;
+    }
     if (scatters > 0) {
       sharded_ = true;
       const auto [member, members] = backend.transport->dp_member();
@@ -236,6 +242,14 @@ class RankRun {
     const Op& op = ops_[static_cast<std::size_t>(i)];
     ComputeOp cop{op.kind, op.mb, op.chunk, op.slice, op.kind == OpKind::OPT ? -1 : stage(rank_, op.chunk),
                   op.kind == OpKind::OPT && sharded_ ? &shard_ : nullptr};
+    // The chunk's last gradient op: its buckets may start as its gradients become final.
+    const GradProgress progress = [this, c = op.chunk](std::int64_t tail, std::int64_t total) {
+      std::lock_guard lock(control_.mutex());
+      tail_done_[static_cast<std::size_t>(c)] = tail;
+      tail_total_[static_cast<std::size_t>(c)] = total;
+      cv_.notify_all();
+    };
+    if (op.kind != OpKind::B && last_grad_.count(i)) cop.progress = &progress;
     const auto in_key = op.kind == OpKind::OPT ? std::nullopt : input_key(op);
     Buffer input;
     {
@@ -318,17 +332,49 @@ class RankRun {
     finish(item, start, end);
   }
 
+  // Bucket `index` of `count` of a chunk is its part count − 1 − index: bucket 0 holds the
+  // chunk's last parameters, which the backward finishes first (Megatron's order).
+  static int part_of(int index, int count) { return count - 1 - index; }
+
+  // May this bucket start part-way through its first dependency? Only when the plan
+  // says so (Op::ready_after < 1) and that dependency is its chunk's last gradient op.
+  bool partial(const Op& op) const {
+    if (op.ready_after >= 1.0f || op.deps.empty() || op.deps[0].rank != rank_) return false;
+    const auto it = last_grad_.find(op.deps[0].index);
+    return it != last_grad_.end() && it->second == op.chunk;
+  }
+
+  // Are bucket `index` of `count` of its chunk's gradients final, and its deps done?
+  // Every gradient op of the chunk ended; or (partial) all but the last did and the last
+  // has finished this bucket's part.
+  bool bucket_ready(const Op& op, int index, int count) const {
+    const bool part = partial(op);
+    for (std::size_t k = part ? 1 : 0; k < op.deps.size(); ++k) {
+      const ir::OpRef& d = op.deps[k];
+      if (d.rank != rank_) continue;
+      if (d.index < 0 || d.index >= static_cast<int>(done_.size()) || !done_[static_cast<std::size_t>(d.index)])
+        return false;
+    }
+    const auto c = static_cast<std::size_t>(op.chunk);
+    const auto& grads = grad_ops_[c];
+    if (all_done(grads)) return true;
+    if (!part || tail_done_[c] < 0) return false;
+    for (std::size_t k = 0; k + 1 < grads.size(); ++k)
+      if (!done_[static_cast<std::size_t>(grads[k])]) return false;
+    const std::int64_t first = part_range(tail_total_[c], part_of(index, count), count).first;
+    return tail_done_[c] >= tail_total_[c] - first;
+  }
+
   // ALLREDUCE or REDUCE_SCATTER of a gradient bucket.
   void run_reduce(int i, ir::Stream stream) {
     const Op& op = ops_[static_cast<std::size_t>(i)];
-    const auto& grads = grad_ops_[static_cast<std::size_t>(op.chunk)];
+    const int index = reduce_index_.at(i), count = reduce_count_[static_cast<std::size_t>(op.chunk)];
     {
       std::unique_lock lock(control_.mutex());
       wait_for(lock, stream, fmt::format("{} waiting for the gradients of chunk {}", op_label(op), op.chunk),
-               [&] { return deps_done(op) && all_done(grads); });
+               [&] { return bucket_ready(op, index, count); });
     }
-    Buffer bucket = backend_.compute->grad_bucket(op.chunk, reduce_index_.at(i),
-                                                  reduce_count_[static_cast<std::size_t>(op.chunk)]);
+    Buffer bucket = backend_.compute->grad_bucket(op.chunk, part_of(index, count), count);
     control_.set_waiting(trace_rank_, stream,
                          fmt::format("{} blocked in the data-parallel ring", op_label(op)));
     const std::int64_t start = backend_.clock->now_ns(stream);
@@ -350,8 +396,8 @@ class RankRun {
       wait_for(lock, stream, fmt::format("{} waiting for OPT", op_label(op)),
                [&] { return deps_done(op) && (opt_ < 0 || done_[static_cast<std::size_t>(opt_)]); });
     }
-    Buffer bucket = backend_.compute->param_bucket(op.chunk, gather_index_.at(i),
-                                                   gather_count_[static_cast<std::size_t>(op.chunk)]);
+    const int count = gather_count_[static_cast<std::size_t>(op.chunk)];
+    Buffer bucket = backend_.compute->param_bucket(op.chunk, part_of(gather_index_.at(i), count), count);
     control_.set_waiting(trace_rank_, stream,
                          fmt::format("{} blocked in the data-parallel ring", op_label(op)));
     const std::int64_t start = backend_.clock->now_ns(stream);
@@ -390,6 +436,9 @@ class RankRun {
   int opt_ = -1;                                // the OPT's index, if any
   bool sharded_ = false;                        // REDUCE_SCATTER buckets: OPT steps shard_ only
   OptimizerShard shard_;
+  std::map<int, int> last_grad_;                // op index → chunk whose last gradient op it is
+  std::vector<std::int64_t> tail_done_;         // per chunk: GradProgress of that op (−1: none yet)
+  std::vector<std::int64_t> tail_total_;        // guarded by control_.mutex()
   std::vector<traces::TraceEvent> events_;
 };
 

@@ -22,8 +22,11 @@
 //
 // Data parallelism (plan.data > 1): each chunk's gradient is cut into buckets of
 // at most bucket_bytes, chunks taken in the order their last W/BW runs (a bucket
-// never spans two chunks, like Megatron's per-chunk gradient buffers). An
-// ALLREDUCE is listed right before the compute op that follows its trigger. With a
+// never spans two chunks, like Megatron's per-chunk gradient buffers), each chunk's
+// buckets from its last parameters to its first (the order backward finishes them).
+// An ALLREDUCE is listed right before the compute op that follows its trigger and,
+// with overlap_dp, may start part-way through it (Op::ready_after: the share of the
+// chunk's gradient bytes its buckets up to this one hold). With a
 // sharded optimizer (ZeRO-1) each bucket is a REDUCE_SCATTER there instead, and an
 // ALL_GATHER of the bucket's updated parameters follows OPT (same tag, bytes, chunk).
 #include "tdpipe/ir/lowering.hpp"
@@ -443,7 +446,8 @@ class Lowerer {
     const std::int64_t bucket = std::max<std::int64_t>(1, options_.bucket_bytes);
     int tag = 0;
     for (int c : order) {
-      std::int64_t left = options_.grad_bytes(r, c);
+      const std::int64_t total = options_.grad_bytes(r, c);
+      std::int64_t left = total;
       const int trigger = options_.overlap_dp ? last_of_chunk[static_cast<std::size_t>(c)] : last_backward;
       while (left > 0) {
         Op ar;
@@ -453,6 +457,11 @@ class Lowerer {
         ar.bytes = std::min(left, bucket);
         ar.stream = Stream::DP;
         left -= ar.bytes;
+        // Overlapped: the backward produces the chunk's gradients from its last
+        // parameters to its first, at a steady rate through the trigger op; the bucket
+        // that ends them is ready that far in.
+        if (options_.overlap_dp && left > 0)
+          ar.ready_after = static_cast<float>(static_cast<double>(total - left) / static_cast<double>(total));
         after[static_cast<std::size_t>(trigger)].push_back(std::move(ar));
       }
     }
@@ -560,6 +569,7 @@ class Lowerer {
         for (std::size_t k = 0; k < scattered; ++k) {
           Op ag = out[static_cast<std::size_t>(allreduces[k].index)];
           ag.kind = OpKind::ALL_GATHER;
+          ag.ready_after = 1.0f;  // after OPT, whole
           ag.deps.clear();
           ag.deps.push_back({r, opt_index});
           out.push_back(std::move(ag));

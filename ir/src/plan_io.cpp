@@ -406,6 +406,7 @@ json op_to_json(const Op& op) {
   o["bytes"] = op.bytes;
   o["tag"] = op.tag;
   o["batch"] = op.batch;
+  if (op.ready_after != 1.0f) o["ready_after"] = op.ready_after;
   o["stream"] = to_string(op.stream);
   json& deps = o["deps"] = json::array();
   for (const auto& d : op.deps) {
@@ -430,7 +431,7 @@ OpKind kind_field(const JsonField& f) {
 Op op_from_json(const json& j, const std::string& path) {
   const JsonObject o(j, path,
                      {"kind", "mb", "chunk", "slice", "payload", "peer", "bytes", "tag", "batch",
-                      "stream", "deps", "flops", "mem_bytes", "est_seconds"});
+                      "ready_after", "stream", "deps", "flops", "mem_bytes", "est_seconds"});
   Op op;
   if (!o.has("kind")) throw Error(fmt::format("{}.kind: missing; expected an op kind ({})", path, kKindList));
   op.kind = kind_field(o["kind"]);
@@ -444,6 +445,12 @@ Op op_from_json(const json& j, const std::string& path) {
     op.bytes = o["bytes"].integer(std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max());
   if (o.has("tag")) op.tag = o["tag"].int32();
   if (o.has("batch")) op.batch = o["batch"].int32();
+  if (o.has("ready_after")) {
+    const JsonField f = o["ready_after"];
+    const double v = f.number();
+    if (!(v >= 0 && v <= 1)) f.fail("a fraction from 0 to 1 (of the first dependency's run)");
+    op.ready_after = static_cast<float>(v);
+  }
   if (o.has("stream")) {
     const JsonField f = o["stream"];
     auto st = f.j().is_string() ? stream_from_string(f.j().get<std::string>()) : std::nullopt;

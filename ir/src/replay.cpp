@@ -134,6 +134,10 @@ class Engine {
         }
         dep_begin_[static_cast<std::size_t>(g)] = static_cast<std::uint32_t>(deps_.size());
         collect_deps(op, r);
+        if (op.ready_after < 1.0f && !op.deps.empty() && dep_begin_[static_cast<std::size_t>(g)] < deps_.size()) {
+          if (ready_after_.empty()) detail::assign_prefaulted(ready_after_, n, 1.0f);
+          ready_after_[static_cast<std::size_t>(g)] = std::max(0.0f, op.ready_after);
+        }
         // A RECV's transfer time is its SEND's: the function is asked once per pair.
         if (op.kind != OpKind::RECV)
           dur_[static_cast<std::size_t>(g)] = std::max<std::int64_t>(0, duration_(op, r));
@@ -225,7 +229,10 @@ class Engine {
   bool gather(int g, std::int64_t& ready, int& blocker) {
     const std::uint32_t* d = deps_.data() + dep_begin_[static_cast<std::size_t>(g)];
     const std::uint32_t* e = deps_.data() + dep_begin_[static_cast<std::size_t>(g) + 1];
-    for (; d != e; ++d) {
+    // A bucket ready part-way through its first dependency (Op::ready_after): that op
+    // ran for a fixed duration, so the point is known once it ended.
+    const float part = ready_after_.empty() ? 1.0f : ready_after_[static_cast<std::size_t>(g)];
+    for (const std::uint32_t* first = d; d != e; ++d) {
       const int dep = static_cast<int>(*d & ~kLagBit);
       std::int64_t end = timing_[static_cast<std::size_t>(dep)].end_ns;
       if (end == kNotDone) {
@@ -233,6 +240,10 @@ class Engine {
         return false;
       }
       if (*d & kLagBit) end += lag_[static_cast<std::size_t>(dep)];
+      if (part < 1.0f && d == first) {
+        const std::int64_t start = timing_[static_cast<std::size_t>(dep)].start_ns;
+        end = start + std::llround(static_cast<double>(part) * static_cast<double>(end - start));
+      }
       ready = std::max(ready, end);
     }
     return true;
@@ -423,6 +434,7 @@ class Engine {
   std::vector<OpTiming> timing_;
   std::vector<std::int64_t> dur_;
   std::vector<std::int64_t> lag_;
+  std::vector<float> ready_after_;  ///< [global] Op::ready_after; empty when every op's is 1
   std::vector<std::int32_t> partner_;  ///< [global] SEND ↔ RECV; empty without comm ops
   std::vector<std::int32_t> wait_head_;
   std::vector<std::uint8_t> stream_of_;  ///< [global] stream index, until build_streams()

@@ -173,6 +173,14 @@ class Checker {
           if (o.peer < 0 || o.peer >= p || o.peer == r)
             problem(fmt::format("{}: peer {}; expected another rank in 0..{}", where(g), o.peer, p - 1));
         }
+        if (o.ready_after != 1.0f) {
+          if (!(o.ready_after >= 0.0f && o.ready_after < 1.0f))
+            problem(fmt::format("{}: ready_after {}; expected a fraction from 0 to 1", where(g), o.ready_after));
+          else if (!detail::collective_kind(o.kind) || o.deps.empty() || o.deps.front().rank != r)
+            problem(fmt::format("{}: ready_after {} applies to a collective's first dependency on its own rank "
+                                "(the chunk's last backward op)",
+                                where(g), o.ready_after));
+        }
         for (const OpRef& d : o.deps) {
           const bool ok = d.rank >= 0 && d.rank < p && d.index >= 0 &&
                           d.index < static_cast<int>(plan_.ranks[static_cast<std::size_t>(d.rank)].size());

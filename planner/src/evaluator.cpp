@@ -107,6 +107,11 @@ double allreduce_seconds(const ir::Plan& plan, int rank, std::int64_t bytes) {
   return ring_seconds(Placement(plan).dp(rank, n), n, static_cast<double>(bytes), true);
 }
 
+double reduce_scatter_seconds(const ir::Plan& plan, int rank, std::int64_t bytes) {
+  const int n = std::max(1, plan.data);
+  return ring_seconds(Placement(plan).dp(rank, n), n, static_cast<double>(bytes), false);
+}
+
 ir::DurationFn analytic_durations(const ir::Plan& plan) {
   auto t = std::make_shared<Tables>();
   const Placement place(plan);

@@ -246,17 +246,26 @@ TimeBound bound_of(const ir::Scenario& sc, const std::string& schedule, const Sh
       chain_f[j][k] = chain_f[j][k - 1] + f[(k - 1) * s.S + j] + hop[(k - 1) * s.S + j];
       chain_b[j][k] = chain_b[j][k - 1] + bw[(k - 1) * s.S + j] + hop[(k - 1) * s.S + j];
     }
-  // Data parallelism: a chunk's gradient buckets are all-reduced (one after another on
-  // the DP stream) once its last backward has run, and the optimizer step waits for
-  // them; some chunk's buckets therefore come after the rank's last backward.
+  // Data parallelism: a chunk's gradient buckets are reduced (one after another on the
+  // DP stream) as its last backward finishes them — the last bucket no earlier than that
+  // op's end (every bucket, without overlap_grad_reduce) — and the optimizer step waits
+  // for them; with a sharded optimizer every bucket's all-gather follows the step.
   double buckets = 0;  // the most on any chunk: each is rounded to whole ns by the engine
+  const bool sharded = lowering.shard_optimizer;
+  auto bucket_seconds = [&](int r, std::int64_t bytes) {
+    return sharded ? reduce_scatter_seconds(probe, r, bytes) : allreduce_seconds(probe, r, bytes);
+  };
+  std::vector<double> gather(static_cast<std::size_t>(s.p), 0.0);
   auto chunk_reduce = [&](int r, int c) {
     if (sc.parallel.data <= 1 || !lowering.grad_bytes) return 0.0;
     const std::int64_t bytes = lowering.grad_bytes(r, c), bucket = std::max<std::int64_t>(1, lowering.bucket_bytes);
     const std::int64_t whole = bytes / bucket, rest = bytes % bucket;
     buckets = std::max(buckets, double(whole + (rest > 0)));
-    return (whole > 0 ? double(whole) * allreduce_seconds(probe, r, bucket) : 0.0) +
-           (rest > 0 ? allreduce_seconds(probe, r, rest) : 0.0);
+    const double all = (whole > 0 ? double(whole) * bucket_seconds(r, bucket) : 0.0) +
+                       (rest > 0 ? bucket_seconds(r, rest) : 0.0);
+    if (sharded) gather[static_cast<std::size_t>(r)] += all;  // all-gather: reduce-scatter's volume
+    if (!lowering.overlap_dp || bytes <= 0) return all;
+    return bucket_seconds(r, rest > 0 ? rest : bucket);  // the last bucket (the chunk's first parameters)
   };
   std::vector<double> least_reduce(static_cast<std::size_t>(s.p), kInf);
   double reduce_vs0 = 0;  // the chunk of virtual stage 0, on rank 0
@@ -266,7 +275,8 @@ TimeBound bound_of(const ir::Scenario& sc, const std::string& schedule, const Sh
       least_reduce[r] = std::min(least_reduce[r], sec);
       if (s.stage_of[r][c] == 0) reduce_vs0 = sec;
     }
-  const double opt0 = optimizer_seconds(sc, s.gpu[0], s.params[0]);
+  const double shards = optimizer_shards(sc);
+  const double opt0 = optimizer_seconds(sc, s.gpu[0], s.params[0] / shards) + gather[0];
   TimeBound out;
   for (int r = 0; r < s.p; ++r) {
     double compute = 0;
@@ -276,20 +286,20 @@ TimeBound bound_of(const ir::Scenario& sc, const std::string& schedule, const Sh
       for (int j = 0; j < s.S; ++j) compute += all[vs * s.S + j];
     }
     compute *= s.m;
-    const double opt = optimizer_seconds(sc, s.gpu[r], s.params[r]);
+    const double opt = optimizer_seconds(sc, s.gpu[r], s.params[r] / shards);
     double fill = kInf, drain = kInf;
     for (int j = 0; j < s.S; ++j) {
       fill = std::min(fill, chain_f[j][first]);
       drain = std::min(drain, chain_b[j][first]);
     }
-    double t = fill + compute + least_reduce[r] + opt;
+    double t = fill + compute + least_reduce[r] + opt + gather[static_cast<std::size_t>(r)];
     if (fused_backward(schedule) && r > 0) t = std::max(t, fill + compute + drain + reduce_vs0 + opt0);
     out.seconds = std::max(out.seconds, t);
     out.compute_seconds = std::max(out.compute_seconds, compute + opt);
   }
   // The engine rounds each op to whole ns: allow that much per op (compute, transfers,
   // gradient buckets, optimizer).
-  const double ops = double(s.m) * VS * s.S * 5 + 8.0 * s.p + 2 * buckets;
+  const double ops = double(s.m) * VS * s.S * 5 + 8.0 * s.p + 4 * buckets;
   out.seconds = std::max(0.0, out.seconds * (1 - 1e-9) - ops * 1e-9);
   return out;
 }

@@ -55,6 +55,7 @@ struct OpState {
 
 struct GpuRun {
   int gpu = 0, stage = 0, replica = 0, tp = 0;
+  int partial_waiters = 0;  ///< dp actors waiting for a compute op to start (Op::ready_after)
   sg4::Host* compute_host = nullptr;
   sg4::Host* nic_host = nullptr;
   sg4::Host* mirror = nullptr;       ///< reduced: DP ring neighbour stand-in
@@ -458,7 +459,25 @@ void Model::wait_deps(int gi, int op, int stream) {
   GpuRun& g = gpus_[gi];
   g.waiting[stream] = op;
   const RankInfo& info = ranks_[g.stage];
-  for (int d : info.local_deps[op]) wait_op(gi, d);
+  const ir::Op& o = plan_.ranks[g.stage][op];
+  const bool partial = opt_.overlap_dp && o.ready_after < 1.0f && !o.deps.empty() && o.deps.front().rank == g.stage;
+  if (partial) {
+    // A gradient bucket, final part-way through the chunk's last backward op: that far
+    // into its planned duration (the compute host runs one op at a time).
+    const int first = o.deps.front().index;
+    if (!g.ops[first].done) {
+      std::unique_lock<sg4::Mutex> lock(*g.mutex);
+      ++g.partial_waiters;
+      while (g.ops[first].start < 0 && !g.ops[first].done) g.cv->wait(lock);
+      --g.partial_waiters;
+    }
+    const double at = g.ops[first].start + static_cast<double>(o.ready_after) * info.seconds[first];
+    if (!g.ops[first].done && at > sg4::Engine::get_clock()) sg4::this_actor::sleep_until(at);
+  }
+  for (int d : info.local_deps[op]) {
+    if (partial && d == o.deps.front().index) continue;  // waited for above
+    wait_op(gi, d);
+  }
   for (const ir::OpRef& d : info.remote_deps[op]) wait_op(peer_index(g, d.rank), d.index);
 }
 
@@ -484,6 +503,7 @@ void Model::compute_actor(int gi) {
   for (int op : info.stream_ops[0]) {
     wait_deps(gi, op, 0);
     g.ops[op].start = sg4::Engine::get_clock();
+    if (g.partial_waiters > 0) notify(gi);  // a bucket may wait for part of this op
     if (info.seconds[op] > 0) sg4::this_actor::execute(info.seconds[op] * speed);
     mark_done(gi, op, sg4::Engine::get_clock());
   }

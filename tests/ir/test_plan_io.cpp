@@ -331,7 +331,7 @@ TEST_CASE("plan JSON: defaults for omitted fields, errors name the field path", 
   b = j;
   b["ranks"][0][0]["mb_"] = 1;
   expect_error(b, "plan.ranks[0][0].mb_: unknown key; expected one of kind, mb, chunk, slice, payload, peer, "
-                  "bytes, tag, batch, stream, deps, flops, mem_bytes, est_seconds");
+                  "bytes, tag, batch, ready_after, stream, deps, flops, mem_bytes, est_seconds");
   b = j;
   b["ranks"][0][0]["flops"] = "many";
   expect_error(b, "plan.ranks[0][0].flops: expected a number, got \"many\"");

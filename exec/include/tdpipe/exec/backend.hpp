@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -40,6 +41,11 @@ struct OptimizerShard {
 std::vector<std::pair<std::int64_t, std::int64_t>> owned_ranges(std::int64_t n, int buckets,
                                                                 const OptimizerShard& shard);
 
+/// Reports, during a backward op, how far its weight gradients are final:
+/// (trailing elements of the chunk's flattened gradients done, all of them). The
+/// backward finishes the chunk's last parameters first (head, last block, …, embedding).
+using GradProgress = std::function<void(std::int64_t tail_done, std::int64_t total)>;
+
 /// A compute op as the backend sees it: kind F, B, W, BW or OPT of
 /// (mb, chunk, slice) of this rank's model chunk `chunk` = virtual stage `stage`.
 struct ComputeOp {
@@ -51,6 +57,10 @@ struct ComputeOp {
   /// OPT of a plan with REDUCE_SCATTER/ALL_GATHER buckets: step only the parameters
   /// this member owns (the gradients elsewhere are not reduced); null: every parameter.
   const OptimizerShard* shard = nullptr;
+  /// W or BW that is its chunk's last gradient op of the step: call it as the gradients
+  /// become final (on run()'s thread), so the dp stream can start the finished buckets
+  /// while the op goes on; null, or a backend that does not call it: at the op's end.
+  const GradProgress* progress = nullptr;
 };
 
 /// Runs the model. One instance per rank; it owns the rank's weights, gradients,

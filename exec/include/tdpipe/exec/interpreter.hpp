@@ -8,7 +8,10 @@
 //    id are posted together (Transport::post);
 //  - ALLREDUCE (or REDUCE_SCATTER) of chunk c: every W/BW of chunk c on this rank
 //    ended; the rank's ALLREDUCEs of chunk c split its gradients into that many
-//    contiguous buckets (Compute::grad_bucket);
+//    contiguous buckets (Compute::grad_bucket), bucket 0 the chunk's last parameters.
+//    When the plan lets a bucket start part-way through the chunk's last backward op
+//    (Op::ready_after < 1, overlap_grad_reduce), it starts as soon as that op reports
+//    its part final (GradProgress), on the dp thread while the op goes on;
 //  - OPT: every ALLREDUCE / REDUCE_SCATTER of the rank ended; with REDUCE_SCATTER
 //    buckets (ZeRO-1) it steps only the parameters this replica owns (OptimizerShard);
 //  - ALL_GATHER of chunk c: OPT ended; it gathers the same bucket of the parameters

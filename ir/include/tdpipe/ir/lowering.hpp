@@ -27,7 +27,9 @@ struct LoweringOptions {
   /// Gradient bytes of one model chunk on one rank (for DP buckets); 0 = no DP reduction.
   std::function<std::int64_t(int rank, int chunk)> grad_bytes;
   std::int64_t bucket_bytes = 40 << 20;  ///< DP bucket size (Megatron's 40 MB default)
-  bool overlap_dp = true;   ///< start a bucket's all-reduce as soon as its gradients are ready
+  /// Start a bucket's all-reduce as soon as its gradients are ready: part-way through
+  /// its chunk's last backward op (Op::ready_after); false: after the rank's last backward.
+  bool overlap_dp = true;
   /// ZeRO-1 (Megatron's distributed optimizer): each bucket is a REDUCE_SCATTER before OPT
   /// (which then steps 1/d of the parameters) and an ALL_GATHER of the updated parameters
   /// after it, instead of one ALLREDUCE.

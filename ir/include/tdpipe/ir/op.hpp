@@ -53,6 +53,11 @@ struct Op {
   int tag = 0;                 ///< collectives: gradient bucket index
   int batch = -1;  ///< adjacent comm ops of one rank with the same batch id are
                    ///< posted together (one NCCL group); -1: alone
+  /// Collectives: the fraction of the run of their first dependency (the chunk's last
+  /// backward op) after which this bucket's gradients are final — the backward reaches
+  /// the chunk's last parameters first, so bucket 0 is ready earliest (Megatron's
+  /// overlap_grad_reduce); 1: at its end. Fills the padding before `bytes`.
+  float ready_after = 1.0f;
   std::int64_t bytes = 0;      ///< bytes moved (comm) — for compute, 0
 
   OpDeps deps;  ///< explicit dependencies not implied by order (a std::vector-like list)

@@ -34,7 +34,9 @@ using DurationFn = std::function<std::int64_t(const Op& op, int rank)>;
 /// are posted together and the stream moves on when all of them completed; a
 /// SEND/RECV pair completes `duration` after both sides are posted. Compute-only
 /// plans: a cross-rank dependency adds the duration the function gives for a
-/// synthetic SEND (kind SEND, payload and ids of the producer).
+/// synthetic SEND (kind SEND, payload and ids of the producer). An op with
+/// ready_after < 1 (a gradient bucket) may start that fraction of the way through its
+/// first dependency's run, once that one ended (its duration is fixed).
 /// Throws tdpipe::Error naming every blocked rank, its op and its peer if the
 /// order deadlocks.
 ReplayResult replay(const Plan& plan, const DurationFn& duration);

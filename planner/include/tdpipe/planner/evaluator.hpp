@@ -32,5 +32,7 @@ double p2p_seconds(const ir::Plan& plan, int from, int to, std::int64_t bytes);
 
 /// Seconds of a ring all-reduce of `bytes` over pipeline rank `rank`'s DP group (plan.data members).
 double allreduce_seconds(const ir::Plan& plan, int rank, std::int64_t bytes);
+/// The same ring's reduce-scatter (or all-gather): d − 1 steps of bytes/d.
+double reduce_scatter_seconds(const ir::Plan& plan, int rank, std::int64_t bytes);
 
 }  // namespace tdpipe::planner

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -90,8 +91,10 @@ class GptStage {
   /// Input-gradient backward (B): from dL/d(output) (ignored on the last stage) to
   /// dL/d(input) (empty on stage 0); stashes what W needs.
   Mat backward_input(int mb, int slice, const Mat& dy);
-  /// Weight-gradient backward (W) of a slice whose B ran: accumulates gradients.
-  void backward_weight(int mb, int slice);
+  /// Weight-gradient backward (W) of a slice whose B ran: accumulates gradients, from the
+  /// head through the blocks in reverse to the embedding; `done(tail)` (if given) after
+  /// each part, with the count of trailing flat gradient elements finished so far.
+  void backward_weight(int mb, int slice, const std::function<void(std::int64_t tail)>& done = {});
   /// One Adam step (t = 1, 2, …) over this stage's parameters.
   void adam(const AdamConfig& adam, int t);
   /// The same step over parameters [first, last) only (a sharded optimizer's part).
