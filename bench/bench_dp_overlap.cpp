@@ -3,7 +3,8 @@
 // much is exposed, with parallel.overlap_grad_reduce on and off, for d = 2 and 4
 // replicas of the tiny scenario (small buckets, so a chunk has several), plain
 // all-reduce and the distributed optimizer side by side, with the analytic engine's
-// prediction of the same split beside each. Medians over steps 2…N.
+// prediction of the same split beside each (medians over steps 2…N); then the SimGrid
+// engine's prediction of the same choices for GPT-3 175B at scale.
 //
 //   build/<dir>/bench/bench_dp_overlap [SOURCE_DIR] [STEPS]
 #include <algorithm>
@@ -19,7 +20,9 @@
 #include "tdpipe/exec/cpu/run.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/planner/cost_model.hpp"
 #include "tdpipe/planner/evaluator.hpp"
+#include "tdpipe/sim/simulate.hpp"
 #include "tdpipe/traces/metrics.hpp"
 
 using namespace tdpipe;
@@ -86,6 +89,25 @@ void run_case(const ir::Scenario& base, int d, bool overlap, bool sharded, int s
              predicted.exposed_ms, err);
 }
 
+// Predicted at scale (SimGrid engine): GPT-3 175B, t 8 p 8 on 8·d DGX A100 nodes, m = 16.
+void predict_case(const ir::Scenario& base, int d, bool overlap, bool sharded) {
+  ir::Scenario sc = base;
+  sc.cluster.groups.front().nodes = 8 * d;
+  sc.parallel.data = d;
+  sc.parallel.global_batch = 16 * d;
+  sc.parallel.overlap_grad_reduce = overlap;
+  sc.parallel.distributed_optimizer = sharded;
+  const ir::Plan plan = planner::build_plan(sc, "1f1b").lowered;
+  const auto r = sim::simulate(plan, {});
+  const Split x = dp_split(r.trace);
+  const auto mem = planner::memory_per_rank(plan, sc);
+  fmt::print("  d={:<2} {:<14} {:<8} iteration {:8.3f} s   DP comm per rank: hidden {:7.1f} ms, exposed {:7.1f} ms   "
+             "optimizer state rank 0 {:5.1f} GiB\n",
+             d, sharded ? "reduce-scatter" : "all-reduce", overlap ? "overlap" : "serial",
+             static_cast<double>(r.metrics.iteration_ns) * 1e-9, x.hidden_ms, x.exposed_ms,
+             mem[0].optimizer_bytes / (1024.0 * 1024 * 1024));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -101,5 +123,10 @@ int main(int argc, char** argv) {
   for (int d : {2, 4})
     for (bool sharded : {false, true})
       for (bool overlap : {true, false}) run_case(sc, d, overlap, sharded, steps);
+  fmt::print("predicted (SimGrid): GPT-3 175B, t=8 p=8 1f1b m=16 on 8·d DGX A100 nodes (40 MiB buckets)\n");
+  const ir::Scenario gpt3 = ir::load_scenario(root + "/scenarios/gpt3-175b-a100-8x8.yaml");
+  for (int d : {2, 4})
+    for (bool sharded : {false, true})
+      for (bool overlap : {true, false}) predict_case(gpt3, d, overlap, sharded);
   return 0;
 }
