@@ -115,8 +115,9 @@ void check_parallel(Rules& r, const Scenario& s) {
   check_budget(r, "parallel.memory_budget", p.memory_budget);
   r.positive("parallel.bucket_mb", p.bucket_mb, "MiB of gradients per data-parallel bucket");
   // A bucket is cut in 64-bit bytes; a million MiB (a TiB) is past any gradient a GPU holds.
-  if (r.ok() && p.bucket_mb > 1 << 20)
-    r.fail("parallel.bucket_mb", fmt::format("expected at most 1048576 MiB (1 TiB) per bucket, got {}", p.bucket_mb));
+  if (r.ok() && (p.bucket_mb > 1 << 20 || p.bucket_mb < 0.001))
+    r.fail("parallel.bucket_mb",
+           fmt::format("expected 0.001 to 1048576 MiB (1 KiB to 1 TiB) per bucket, got {}", p.bucket_mb));
   if (!r.ok()) return;
 
   const ModelConfig& model = s.model;

@@ -7,9 +7,11 @@
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "exec_test_util.hpp"
 #include "tdpipe/exec/cpu/run.hpp"
+#include "tdpipe/ir/plan_io.hpp"
 
 namespace tdpipe::exec {
 namespace {
@@ -172,6 +174,8 @@ TEST_CASE("ZeRO-1 (reduce-scatter - sharded Adam - all-gather) trains bit-identi
     REQUIRE(scatter >= c.p * sharded.chunks);
     CHECK(gather == scatter);
     if (c.bucket_mb < 1) CHECK(scatter > c.p * sharded.chunks);  // several buckets per chunk
+    // A plan file keeps the collectives and when each bucket may start (ready_after).
+    CHECK(ir::plan_from_json(ir::to_json(sharded)) == sharded);
     cpu::CpuRunOptions opt;
     opt.train = test::train_options(kSteps);
     const cpu::RunResult want = cpu::run_cpu(plain, opt);

@@ -81,6 +81,11 @@ TEST_CASE("JSON scenarios get the rules YAML scenarios get", "[scenario][bad-inp
       {{"model", "layers"}, 95, "scenario.model.layers: 95 layers do not split evenly over pipeline*chunks"},
       {{"model", "dtype"}, "int4", "scenario.model.dtype: expected one of bf16, fp16, fp32"},
       {{"schedule"}, "fastest", "scenario.schedule: expected one of gpipe, 1f1b"},
+      {{"parallel", "bucket_mb"}, 0.0, "scenario.parallel.bucket_mb: expected a positive finite number"},
+      {{"parallel", "bucket_mb"}, 1e-9, "scenario.parallel.bucket_mb: expected 0.001 to 1048576 MiB"},
+      {{"parallel", "bucket_mb"}, 1e12, "scenario.parallel.bucket_mb: expected 0.001 to 1048576 MiB"},
+      {{"parallel", "distributed_optimizer"}, "yes", "scenario.parallel.distributed_optimizer: expected"},
+      {{"parallel", "overlap_grad_reduce"}, 1, "scenario.parallel.overlap_grad_reduce: expected"},
   };
   for (const auto& c : cases) {
     json j = good;
@@ -129,6 +134,16 @@ TEST_CASE("YAML rules checked after reading still point at their line", "[scenar
       "  global_batch: 8\n";
   REQUIRE_THROWS_WITH(parse_scenario(yaml, "s.yaml"),
                       StartsWith("s.yaml:1: model.layers: 6 layers do not split evenly over pipeline*chunks"));
+  const std::string bucket =
+      "model: {layers: 8, hidden: 64, heads: 4, seq: 32, vocab: 64}\n"
+      "cluster: {gpu: cpu, nodes: 1, gpus_per_node: 4}\n"
+      "parallel:\n"
+      "  pipeline: 2\n"
+      "  data: 2\n"
+      "  global_batch: 8\n"
+      "  bucket_mb: 2000000\n";
+  REQUIRE_THROWS_WITH(parse_scenario(bucket, "s.yaml"),
+                      StartsWith("s.yaml:7: parallel.bucket_mb: expected 0.001 to 1048576 MiB (1 KiB to 1 TiB)"));
   const std::string chunks =
       "model: {layers: 8, hidden: 64, heads: 4, seq: 32, vocab: 64}\n"
       "cluster: {gpu: cpu, nodes: 1, gpus_per_node: 2}\n"

@@ -160,6 +160,13 @@ TEST_CASE("lower: data parallelism adds bucketed all-reduces and OPT after them"
     CHECK(a.tag == 2);
     REQUIRE(a.deps == std::vector<OpRef>{{0, index_of(low, 0, "BW1.c1")}});
     CHECK(low.ranks[0][index_of(low, 0, "ALLREDUCE(b4)")].bytes == 10);
+    // Overlapped: each bucket may start once the last backward has produced its bytes
+    // (chunk 1: 40 + 40 + 20 of 100; chunk 0: 40 + 10 of 50); the last one at its end.
+    CHECK(low.ranks[0][index_of(low, 0, "ALLREDUCE(b0.c1)")].ready_after == Approx(0.4f));
+    CHECK(low.ranks[0][index_of(low, 0, "ALLREDUCE(b1.c1)")].ready_after == Approx(0.8f));
+    CHECK(a.ready_after == 1.0f);
+    CHECK(low.ranks[0][index_of(low, 0, "ALLREDUCE(b3)")].ready_after == Approx(0.8f));
+    CHECK(low.ranks[0][index_of(low, 0, "ALLREDUCE(b4)")].ready_after == 1.0f);
     const Op& o = low.ranks[1].back();
     CHECK(o.kind == OpKind::OPT);
     CHECK(o.est_seconds == 1.5);
@@ -175,6 +182,7 @@ TEST_CASE("lower: data parallelism adds bucketed all-reduces and OPT after them"
       const int i = index_of(low, 0, name);
       REQUIRE(i > last);
       REQUIRE(low.ranks[0][i].deps == std::vector<OpRef>{{0, last}});
+      CHECK(low.ranks[0][i].ready_after == 1.0f);  // not before the rank's last backward ends
     }
   }
   SECTION("sharded optimizer (ZeRO-1): reduce-scatter before OPT, all-gather of each bucket after it") {
