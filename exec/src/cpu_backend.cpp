@@ -175,8 +175,8 @@ Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
     case ir::OpKind::BW: {
       Mat dy;
       if (!st.is_last()) dy = to_mat(input, rows, config_.hidden, "B input");
-      Mat dx = st.backward_input(op.mb, op.slice, dy);
-      if (op.kind == ir::OpKind::BW) st.backward_weight(op.mb, op.slice, progress_of(op, st));
+      Mat dx = op.kind == ir::OpKind::BW ? st.backward(op.mb, op.slice, dy, progress_of(op, st))
+                                         : st.backward_input(op.mb, op.slice, dy);
       if (st.is_first()) return {};
       return to_buffer(dx);
     }

@@ -464,54 +464,46 @@ Mat GptStage::forward(int mb, int slice, int t0, int t1, const Mat& x,
   return Mat();
 }
 
-Mat GptStage::backward_input(int mb, int slice, const Mat& dy) {
-  Impl& I = *impl_;
-  auto it = I.slices.find({mb, slice});
-  if (it == I.slices.end())
-    throw Error(fmt::format("stage {}: B{}:s{} before its F", I.stage, mb, slice));
-  SliceState& st = it->second;
-  if (st.backward_done)
-    throw Error(fmt::format("stage {}: B{}:s{} ran twice", I.stage, mb, slice));
-  st.backward_done = true;
-  Mat grad;
-  if (I.last()) {
-    HeadState& hs = st.head;
-    hs.dhf = hs.dlogits * I.P("head.out").transpose();
-    grad = ln_backward(hs.dhf, hs.xhatf, hs.rstdf, I.Pv("head.ln.g"));
-  } else {
-    const int rows = I.cfg.micro_batch * (st.t1 - st.t0);
-    if (dy.rows() != rows || dy.cols() != I.cfg.hidden)
-      throw Error(fmt::format("stage {}: B{}:s{}: gradient is {}×{}, expected {}×{}", I.stage, mb,
-                              slice, dy.rows(), dy.cols(), rows, I.cfg.hidden));
-    grad = dy;
-  }
-  I.timed_blocks([&] {
-    for (int l = I.last_block - 1; l >= I.first_block; --l)
-      grad = I.block_backward(mb, l, st.t0, st.t1, grad, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
-  });
-  if (slice == 0) {
-    // Slice 0 is the last backward of this micro-batch: its KV state is spent.
-    for (int l = I.first_block; l < I.last_block; ++l) I.kv.erase({mb, l});
-  }
-  if (I.first()) {
-    st.dx0 = std::move(grad);
-    return Mat();
-  }
-  return grad;
-}
+Mat GptStage::backward_input(int mb, int slice, const Mat& dy) { return run_backward(mb, slice, dy, true, false, {}); }
 
 void GptStage::backward_weight(int mb, int slice, const std::function<void(std::int64_t)>& done) {
+  run_backward(mb, slice, Mat(), false, true, done);
+}
+
+Mat GptStage::backward(int mb, int slice, const Mat& dy, const std::function<void(std::int64_t)>& done) {
+  return run_backward(mb, slice, dy, true, true, done);
+}
+
+Mat GptStage::run_backward(int mb, int slice, const Mat& dy, bool input, bool weight,
+                           const std::function<void(std::int64_t)>& done) {
   Impl& I = *impl_;
   const auto n = static_cast<std::int64_t>(I.params.size());
   auto finished_from = [&](const std::string& first_name) {
     if (done) done(n - static_cast<std::int64_t>(I.specs[I.index.at(first_name)].offset));
   };
   auto it = I.slices.find({mb, slice});
-  if (it == I.slices.end() || !it->second.backward_done)
-    throw Error(fmt::format("stage {}: W{}:s{} before its B", I.stage, mb, slice));
+  if (it == I.slices.end())
+    throw Error(fmt::format("stage {}: {}{}:s{} before its F", I.stage, input ? "B" : "W", mb, slice));
   SliceState& st = it->second;
+  if (input && st.backward_done) throw Error(fmt::format("stage {}: B{}:s{} ran twice", I.stage, mb, slice));
+  if (!input && !st.backward_done) throw Error(fmt::format("stage {}: W{}:s{} before its B", I.stage, mb, slice));
+  st.backward_done = true;
   const int T = st.t1 - st.t0;
-  if (I.last()) {
+  Mat grad;
+  if (input) {
+    if (I.last()) {
+      HeadState& hs = st.head;
+      hs.dhf = hs.dlogits * I.P("head.out").transpose();
+      grad = ln_backward(hs.dhf, hs.xhatf, hs.rstdf, I.Pv("head.ln.g"));
+    } else {
+      const int rows = I.cfg.micro_batch * T;
+      if (dy.rows() != rows || dy.cols() != I.cfg.hidden)
+        throw Error(fmt::format("stage {}: B{}:s{}: gradient is {}×{}, expected {}×{}", I.stage, mb, slice,
+                                dy.rows(), dy.cols(), rows, I.cfg.hidden));
+      grad = dy;
+    }
+  }
+  if (weight && I.last()) {
     HeadState& hs = st.head;
     I.G("head.out").noalias() += hs.hf.transpose() * hs.dlogits;
     I.Gv("head.bias") += hs.dlogits.colwise().sum();
@@ -519,24 +511,39 @@ void GptStage::backward_weight(int mb, int slice, const std::function<void(std::
     I.Gv("head.ln.b") += hs.dhf.colwise().sum();
     finished_from("head.ln.g");
   }
+  // Block by block from the last: the fused backward (BW) takes each block's input and
+  // weight gradients together, as an autograd backward does, so the chunk's gradients
+  // are final from its last parameters down while the op runs.
   I.timed_blocks([&] {
     for (int l = I.last_block - 1; l >= I.first_block; --l) {
-      I.block_weight(l, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
-      finished_from(I.bname(l, "ln1.g"));
+      auto& stash = st.blocks[static_cast<std::size_t>(l - I.first_block)];
+      if (input) grad = I.block_backward(mb, l, st.t0, st.t1, grad, stash);
+      if (weight) {
+        I.block_weight(l, stash);
+        finished_from(I.bname(l, "ln1.g"));
+      }
     }
   });
-  if (I.first()) {
-    MapMat gtok = I.G("embed.tok");
-    MapMat gpos = I.G("embed.pos");
-    for (std::size_t i = 0; i < st.tokens.size(); ++i)
-      for (int r = 0; r < T; ++r) {
-        const Eigen::Index row = static_cast<Eigen::Index>(i) * T + r;
-        gtok.row(st.tokens[i][static_cast<std::size_t>(r)]) += st.dx0.row(row);
-        gpos.row(st.t0 + r) += st.dx0.row(row);
-      }
+  if (input && slice == 0) {
+    // Slice 0 is the last backward of this micro-batch: its KV state is spent.
+    for (int l = I.first_block; l < I.last_block; ++l) I.kv.erase({mb, l});
   }
-  if (done) done(n);
-  I.slices.erase(it);
+  if (input && I.first()) st.dx0 = std::move(grad);
+  if (weight) {
+    if (I.first()) {
+      MapMat gtok = I.G("embed.tok");
+      MapMat gpos = I.G("embed.pos");
+      for (std::size_t i = 0; i < st.tokens.size(); ++i)
+        for (int r = 0; r < T; ++r) {
+          const Eigen::Index row = static_cast<Eigen::Index>(i) * T + r;
+          gtok.row(st.tokens[i][static_cast<std::size_t>(r)]) += st.dx0.row(row);
+          gpos.row(st.t0 + r) += st.dx0.row(row);
+        }
+    }
+    if (done) done(n);
+    I.slices.erase(it);
+  }
+  return input && !I.first() ? grad : Mat();
 }
 
 void GptStage::adam(const AdamConfig& a, int t) { adam(a, t, 0, static_cast<std::int64_t>(impl_->params.size())); }

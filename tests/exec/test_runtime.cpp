@@ -2,6 +2,8 @@
 // a throwing rank stopping the run), its measured trace, and real training.
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <map>
 #include <set>
 
@@ -295,6 +297,104 @@ TEST_CASE("calibration measures every op kind per virtual stage and the transpor
   CHECK(span > 0);
   CHECK(span <= std::stod(prof.metadata.at("median_iteration_seconds")));
   CHECK(prof.platform.shared_capacity == prof.platform.cores);
+}
+
+}  // namespace tdpipe::exec
+
+namespace tdpipe::exec {
+namespace {
+
+// One replica's rank of a p = 1, d = 2 plan, over a compute that reports its last
+// backward's gradients final part by part and a transport that only counts the
+// reductions it is asked for: what the dp stream does while that op still runs.
+struct ProbeTransport final : Transport {
+  std::mutex m;
+  std::condition_variable cv;
+  int started = 0;
+  void post(std::span<P2POp>) override {}
+  void all_reduce(const Buffer&, int) override {
+    std::lock_guard lock(m);
+    ++started;
+    cv.notify_all();
+  }
+  void reduce_scatter(const Buffer& b, int tag) override { all_reduce(b, tag); }
+  void all_gather(const Buffer&, int) override {}
+  std::pair<int, int> dp_member() const override { return {0, 2}; }
+  // Reductions started within `wait` (returns as soon as `want` have).
+  int started_within(std::chrono::milliseconds wait, int want) {
+    std::unique_lock lock(m);
+    cv.wait_for(lock, wait, [&] { return started >= want; });
+    return started;
+  }
+};
+
+struct ProbeCompute final : Compute {
+  static constexpr std::int64_t kTotal = 1000;  // the chunk's gradient elements, as reported
+  ProbeTransport* transport = nullptr;
+  int buckets = 0;
+  bool overlap = true;    // expected: waits for every bucket only then
+  std::vector<int> seen;  // reductions started after each report
+  void begin_step(int) override {}
+  Buffer run(const ComputeOp& op, Buffer) override {
+    if (!op.progress) return {};
+    // Bucket 0 is the chunk's last part: report exactly it final, then everything.
+    const std::int64_t first = part_range(kTotal, buckets - 1, buckets).first;
+    (*op.progress)(kTotal - first, kTotal);
+    seen.push_back(transport->started_within(std::chrono::milliseconds(300), 1));
+    seen.push_back(transport->started_within(std::chrono::milliseconds(300), 2));  // must stay 1
+    (*op.progress)(kTotal, kTotal);
+    seen.push_back(transport->started_within(overlap ? std::chrono::milliseconds(10000) : std::chrono::milliseconds(300),
+                                             buckets - 1));
+    return {};
+  }
+  Buffer allocate(const TensorKey&) override { return cpu::host_buffer(1); }
+  Buffer grad_bucket(int, int, int) override { return cpu::host_buffer(1); }
+  Buffer param_bucket(int, int, int) override { return cpu::host_buffer(1); }
+  double end_step() override { return 0; }
+};
+
+}  // namespace
+
+TEST_CASE("a bucket starts on the dp stream once its part is final - while the chunk's last backward still runs",
+          "[exec][runtime][overlap]") {
+  for (const bool overlap : {true, false}) {
+    INFO("overlap_grad_reduce " << overlap);
+    ir::Scenario sc = test::small_scenario(1, 2, 2, 1);
+    sc.parallel.bucket_mb = 0.004;
+    sc.parallel.overlap_grad_reduce = overlap;
+    const ir::Plan plan = planner::build_plan(sc, "1f1b").lowered;
+    int buckets = 0;
+    for (const Op& op : plan.ranks[0]) buckets += op.kind == OpKind::ALLREDUCE;
+    REQUIRE(buckets >= 3);
+    ProbeTransport transport;
+    ProbeCompute compute;
+    compute.transport = &transport;
+    compute.buckets = buckets;
+    compute.overlap = overlap;
+    cpu::CpuClock clock(std::chrono::steady_clock::now());
+    RunControl control;
+    const RankStepResult r = run_rank_step(plan, 0, 0, 0, Backend{&compute, &transport, &clock}, control);
+    if (overlap) {
+      // Bucket 0 alone once its part was final, then every one the plan lets start inside
+      // the op: all but the last (ready_after 1: the chunk's first parameters, at its end).
+      CHECK(compute.seen == std::vector<int>{1, 1, buckets - 1});
+    } else {
+      // Without overlap nothing starts before the rank's last backward has ended.
+      REQUIRE(compute.seen.size() == 3);
+      CHECK(compute.seen[0] == 0);
+      CHECK(compute.seen[2] == 0);
+    }
+    std::int64_t last_bw_end = 0, first_reduce = -1;
+    for (const auto& e : r.events) {
+      if (e.kind == OpKind::BW) last_bw_end = std::max(last_bw_end, e.end_ns());
+      if (e.kind == OpKind::ALLREDUCE && first_reduce < 0) first_reduce = e.start_ns;
+    }
+    CHECK(transport.started == buckets);
+    if (overlap)
+      CHECK(first_reduce < last_bw_end);
+    else
+      CHECK(first_reduce >= last_bw_end);
+  }
 }
 
 }  // namespace tdpipe::exec

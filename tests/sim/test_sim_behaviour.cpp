@@ -3,11 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "sim_test_util.hpp"
 #include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/plan_io.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/cost_model.hpp"
@@ -61,6 +63,27 @@ TEST_CASE("bucketed DP all-reduce overlaps backward - the switch turns overlap o
       if (c.rank == e.rank && (c.kind == ir::OpKind::BW || c.kind == ir::OpKind::B || c.kind == ir::OpKind::W))
         last_bwd = std::max(last_bwd, c.end_ns());
     CHECK(e.start_ns >= last_bwd);
+  }
+  // Each bucket but a chunk's last may start part-way through the chunk's own last
+  // backward (Op::ready_after): in both engines it starts inside that op, no earlier than
+  // the share of it the plan names; with the switch off, after the rank's last backward.
+  for (const bool simgrid : {false, true}) {
+    INFO((simgrid ? "simgrid" : "analytic"));
+    const traces::Trace t = simgrid ? overlapped.trace : planner::evaluate(built.lowered);
+    std::map<std::pair<int, std::string>, const traces::TraceEvent*> by_name;
+    for (const auto& e : t.events) by_name[{e.rank, e.name}] = &e;
+    int early = 0;
+    for (int r = 0; r < built.lowered.num_ranks(); ++r)
+      for (const ir::Op& op : built.lowered.ranks[static_cast<std::size_t>(r)]) {
+        if (op.kind != ir::OpKind::ALLREDUCE || op.ready_after >= 1.0f) continue;
+        const ir::Op& trigger = built.lowered.ranks[static_cast<std::size_t>(r)][static_cast<std::size_t>(op.deps[0].index)];
+        const auto* a = by_name.at({r, ir::op_to_text(op)});
+        const auto* b = by_name.at({r, ir::op_to_text(trigger)});
+        INFO(ir::op_to_text(op) << " on rank " << r << " after " << ir::op_to_text(trigger));
+        CHECK(a->start_ns >= b->start_ns + std::llround(op.ready_after * double(b->dur_ns)) - 1000);
+        early += a->start_ns < b->end_ns();
+      }
+    CHECK(early > 0);
   }
 }
 

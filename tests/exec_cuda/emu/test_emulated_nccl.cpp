@@ -86,6 +86,10 @@ void check_against_cpu(const std::string& schedule, int p, int d, int m, bool di
   }
   // Step 2's gradients (after one Adam step on both): the bf16 tolerance of the GPU tests
   // holds loosely there too; the replicas' all-reduce must have averaged them.
+  // The weights after two Adam steps: the same norm (a replica stepping the wrong part,
+  // or gathering it wrongly, would not be).
+  INFO("weights L2 nccl " << ranks[0].result.weights_l2 << " cpu " << cpu::weights_l2(want.weights));
+  CHECK(ranks[0].result.weights_l2 == Approx(cpu::weights_l2(want.weights)).epsilon(1e-3));
   std::string worst;
   const double err = cuda::test::max_rel_error(grads, want.grads, &worst);
   INFO("worst gradient " << worst << " relative L2 error " << err);

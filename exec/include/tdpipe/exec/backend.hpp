@@ -141,7 +141,8 @@ class Transport {
 
   /// Sums `buffer` over the group into each member's owned segment (owned_segment,
   /// part_range over the members); the rest of the buffer is left unspecified. Same
-  /// calling rules as all_reduce; the owned sums equal all_reduce's, bit for bit.
+  /// calling rules as all_reduce. The CPU ring and the CUDA loopback sum exactly as their
+  /// all_reduce does (bit for bit); NCCL's ncclReduce need not add in ncclAllReduce's order.
   virtual void reduce_scatter(const Buffer& buffer, int tag) = 0;
 
   /// Copies each member's owned segment of `buffer` to every other member, in place.

@@ -95,6 +95,10 @@ class GptStage {
   /// head through the blocks in reverse to the embedding; `done(tail)` (if given) after
   /// each part, with the count of trailing flat gradient elements finished so far.
   void backward_weight(int mb, int slice, const std::function<void(std::int64_t tail)>& done = {});
+  /// B and W fused (BW), block by block from the last (each block's input gradient, then
+  /// its weight gradient): the same results as backward_input then backward_weight, with
+  /// `done` reporting the chunk's gradients final from its last parameters down.
+  Mat backward(int mb, int slice, const Mat& dy, const std::function<void(std::int64_t tail)>& done = {});
   /// One Adam step (t = 1, 2, …) over this stage's parameters.
   void adam(const AdamConfig& adam, int t);
   /// The same step over parameters [first, last) only (a sharded optimizer's part).
@@ -120,6 +124,8 @@ class GptStage {
   std::int64_t activation_elements(int tokens) const;
 
  private:
+  Mat run_backward(int mb, int slice, const Mat& dy, bool input, bool weight,
+                   const std::function<void(std::int64_t)>& done);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
