@@ -115,9 +115,7 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
         s.adam(options_.adam, step_ + 1);
         continue;
       }
-      const auto& per_chunk = op.shard->buckets_per_chunk;
-      const int buckets = c < static_cast<int>(per_chunk.size()) ? per_chunk[static_cast<std::size_t>(c)] : 0;
-      for (const auto& [b, e] : owned_ranges(s.parameter_count(), buckets, *op.shard))
+      for (const auto& [b, e] : owned_ranges(s.parameter_count(), op.shard->buckets(c), *op.shard))
         s.adam(options_.adam, step_ + 1, b, e);
       gathered_ = true;
     }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -208,6 +209,27 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
   std::vector<std::unique_ptr<CudaClock>> clocks;
   for (auto& c : contexts) clocks.push_back(std::make_unique<CudaClock>(*c, origin.get()));
 
+  // Runs body(w) on one thread per rank, bound to its device context; the first error
+  // fails the run (the others stop at their next wait) and is thrown once all are joined.
+  auto on_every_rank = [&](const std::string& what, const std::function<void(int)>& body) {
+    std::vector<std::thread> threads;
+    for (int w = 0; w < p * d; ++w)
+      threads.emplace_back([&, w] {
+        try {
+          contexts[static_cast<std::size_t>(w)]->bind();
+          body(w);
+        } catch (const Aborted&) {
+        } catch (const std::exception& e) {
+          control.fail("rank " + std::to_string(w) + ": " + what + e.what());
+        }
+      });
+    for (auto& t : threads) t.join();
+    if (control.failed()) {
+      fabric.abort(control.failure());
+      throw Error(control.failure());
+    }
+  };
+
   CudaRunResult out;
   out.device_name = device_name(device);
   cpu::RunResult& result = out.run;
@@ -226,24 +248,11 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
       TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
       origin.record(contexts[0]->compute());  // every rank thread is joined: nobody reads it now
       const std::int64_t step_start = clocks[0]->now_ns(ir::Stream::Compute);
-      std::vector<std::thread> threads;
-      for (int w = 0; w < p * d; ++w)
-        threads.emplace_back([&, w] {
-          const auto i = static_cast<std::size_t>(w);
-          try {
-            contexts[i]->bind();
-            Backend backend{computes[i].get(), transports[i].get(), clocks[i].get()};
-            outs[i] = run_rank_step(plan, w % p, w, first + step, backend, control);
-          } catch (const Aborted&) {
-          } catch (const std::exception& e) {
-            control.fail("rank " + std::to_string(w) + ": " + e.what());
-          }
-        });
-      for (auto& t : threads) t.join();
-      if (control.failed()) {
-        fabric.abort(control.failure());
-        throw Error(control.failure());
-      }
+      on_every_rank("", [&](int w) {
+        const auto i = static_cast<std::size_t>(w);
+        Backend backend{computes[i].get(), transports[i].get(), clocks[i].get()};
+        outs[i] = run_rank_step(plan, w % p, w, first + step, backend, control);
+      });
       TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
       const std::int64_t step_end = clocks[0]->now_ns(ir::Stream::Compute);
       cpu::record_step(result, outs, step_end - step_start, step == trace_step, options.keep_step_traces, "cuda",
@@ -253,22 +262,11 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
 
   // A sharded optimizer left each replica with its own segments' reduced gradients and
   // moments: gather them (the plan's own collective), so replica 0 reports the whole state.
-  if (const std::vector<int> buckets = sharded_buckets(plan); !buckets.empty()) {
-    std::vector<std::thread> threads;
-    for (int w = 0; w < p * d; ++w)
-      threads.emplace_back([&, w] {
-        const auto i = static_cast<std::size_t>(w);
-        try {
-          contexts[i]->bind();
-          gather_sharded_state(*computes[i], *transports[i], buckets, w % p);
-        } catch (const std::exception& e) {
-          control.fail("rank " + std::to_string(w) + ": gathering the sharded optimizer state: " + e.what());
-          fabric.abort(e.what());
-        }
-      });
-    for (auto& t : threads) t.join();
-    if (control.failed()) throw Error(control.failure());
-  }
+  if (const std::vector<int> buckets = sharded_buckets(plan); !buckets.empty())
+    on_every_rank("gathering the sharded optimizer state: ", [&](int w) {
+      const auto i = static_cast<std::size_t>(w);
+      gather_sharded_state(*computes[i], *transports[i], buckets, w % p);
+    });
 
   double ss = 0;
   for (int r = 0; r < p; ++r) {

@@ -144,9 +144,7 @@ Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
         s.adam(options_.adam, step_ + 1);
         continue;
       }
-      const auto& per_chunk = op.shard->buckets_per_chunk;
-      const int buckets = c < static_cast<int>(per_chunk.size()) ? per_chunk[static_cast<std::size_t>(c)] : 0;
-      for (const auto& [b, e] : owned_ranges(static_cast<std::int64_t>(s.params().size()), buckets, *op.shard))
+      for (const auto& [b, e] : owned_ranges(static_cast<std::int64_t>(s.params().size()), op.shard->buckets(c), *op.shard))
         s.adam(options_.adam, step_ + 1, b, e);
     }
     return {};

@@ -34,6 +34,12 @@ int owned_segment(int member, int members);
 struct OptimizerShard {
   int member = 0, members = 1;         ///< this replica, of the data-parallel group
   std::vector<int> buckets_per_chunk;  ///< per chunk: its buckets (REDUCE_SCATTER ops)
+  /// Buckets of local chunk `chunk` (0 for a chunk the list does not name).
+  int buckets(int chunk) const {
+    return chunk >= 0 && chunk < static_cast<int>(buckets_per_chunk.size())
+               ? buckets_per_chunk[static_cast<std::size_t>(chunk)]
+               : 0;
+  }
 };
 
 /// Element ranges [first, second) of a chunk of `n` parameters cut into `buckets`
