@@ -84,8 +84,7 @@ void NcclTransport::segments(const Buffer& buffer, int tag, bool reduce) {
                   (reduce ? " REDUCE_SCATTER(b" : " ALL_GATHER(b") + std::to_string(tag) + ")");
   if (dp_ == nullptr) return;
   if (buffer.dtype != DType::F32) throw Error("NCCL data-parallel collective: expected fp32 buffers");
-  const auto [member, members] = dp_member();
-  (void)member;
+  const int members = dp_member().second;
   float* data = buffer.as<float>();
   TDPIPE_NCCL_CHECK(ncclGroupStart());
   try {

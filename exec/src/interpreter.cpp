@@ -167,8 +167,10 @@ class RankRun {
     return TensorKey{op.payload, stage(producer, op.chunk), op.mb, op.slice};
   }
 
-  bool deps_done(const Op& op) const {
-    for (const ir::OpRef& d : op.deps) {
+  /// Have op's explicit deps (from the `from`-th on) ended?
+  bool deps_done(const Op& op, std::size_t from = 0) const {
+    for (std::size_t k = from; k < op.deps.size(); ++k) {
+      const ir::OpRef& d = op.deps[k];
       // Cross-rank dependencies are carried by SEND/RECV once a plan is lowered.
       if (d.rank != rank_) continue;
       if (d.index < 0 || d.index >= static_cast<int>(done_.size()) || !done_[static_cast<std::size_t>(d.index)])
@@ -243,13 +245,16 @@ class RankRun {
     ComputeOp cop{op.kind, op.mb, op.chunk, op.slice, op.kind == OpKind::OPT ? -1 : stage(rank_, op.chunk),
                   op.kind == OpKind::OPT && sharded_ ? &shard_ : nullptr};
     // The chunk's last gradient op: its buckets may start as its gradients become final.
-    const GradProgress progress = [this, c = op.chunk](std::int64_t tail, std::int64_t total) {
-      std::lock_guard lock(control_.mutex());
-      tail_done_[static_cast<std::size_t>(c)] = tail;
-      tail_total_[static_cast<std::size_t>(c)] = total;
-      cv_.notify_all();
-    };
-    if (op.kind != OpKind::B && last_grad_.count(i)) cop.progress = &progress;
+    GradProgress progress;
+    if (op.kind != OpKind::B && last_grad_.count(i)) {
+      progress = [this, c = op.chunk](std::int64_t tail, std::int64_t total) {
+        std::lock_guard lock(control_.mutex());
+        tail_done_[static_cast<std::size_t>(c)] = tail;
+        tail_total_[static_cast<std::size_t>(c)] = total;
+        cv_.notify_all();
+      };
+      cop.progress = &progress;
+    }
     const auto in_key = op.kind == OpKind::OPT ? std::nullopt : input_key(op);
     Buffer input;
     {
@@ -349,12 +354,7 @@ class RankRun {
   // has finished this bucket's part.
   bool bucket_ready(const Op& op, int index, int count) const {
     const bool part = partial(op);
-    for (std::size_t k = part ? 1 : 0; k < op.deps.size(); ++k) {
-      const ir::OpRef& d = op.deps[k];
-      if (d.rank != rank_) continue;
-      if (d.index < 0 || d.index >= static_cast<int>(done_.size()) || !done_[static_cast<std::size_t>(d.index)])
-        return false;
-    }
+    if (!deps_done(op, part ? 1 : 0)) return false;
     const auto c = static_cast<std::size_t>(op.chunk);
     const auto& grads = grad_ops_[c];
     if (all_done(grads)) return true;

@@ -213,7 +213,7 @@ std::int64_t estimate_ops(const ir::Scenario& scenario, std::string_view schedul
     // most the whole model's on one rank: a tiny bucket_mb must be refused, not allocated.
     const double model_params =
         params_of_chunk(scenario, 0, 2, scenario.model.layers) + params_of_chunk(scenario, 1, 2, 0);
-    const double buckets = std::ceil(model_params * (scenario.model.dtype == "fp32" ? 4 : 2) /
+    const double buckets = std::ceil(model_params * static_bytes_per_param(scenario).grads_bytes /
                                      std::max(1.0, scenario.parallel.bucket_mb * (1 << 20)));
     const double per_bucket = scenario.parallel.distributed_optimizer ? 2 : 1;
     per_rank_extra += static_cast<std::int64_t>(std::min(buckets * per_bucket, 1e15));

@@ -58,6 +58,12 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 double elem_bytes(const ir::Scenario& sc) { return sc.model.dtype == "fp32" ? 4.0 : 2.0; }
 
+/// Replicas the optimizer state is sharded over: parallel.data with
+/// parallel.distributed_optimizer (ZeRO-1), else 1.
+int optimizer_shards(const ir::Scenario& sc) {
+  return sc.parallel.distributed_optimizer && !sc.synthetic ? std::max(1, sc.parallel.data) : 1;
+}
+
 // Continuous costs of one layer (tokens and prefix may be fractional: the slice solver
 // searches over them).
 struct LayerCostD {
@@ -848,28 +854,28 @@ ir::LoweringOptions lowering_options(const ir::Plan& plan, const ir::Scenario& s
   return opt;
 }
 
-int optimizer_shards(const ir::Scenario& sc) {
-  return sc.parallel.distributed_optimizer && !sc.synthetic ? std::max(1, sc.parallel.data) : 1;
-}
-
-double static_bytes_per_param(const ir::Scenario& sc) {
+MemoryEstimate static_bytes_per_param(const ir::Scenario& sc) {
   const bool fp32 = elem_bytes(sc) == 4;
-  return (fp32 ? 8.0 : 4.0) + (fp32 ? 8.0 : 12.0) / optimizer_shards(sc);
+  MemoryEstimate m;
+  m.weights_bytes = fp32 ? 4 : 2;
+  m.grads_bytes = fp32 ? 4 : 2;
+  m.optimizer_bytes = (fp32 ? 8.0 : 12.0) / optimizer_shards(sc);
+  return m;
 }
 
 std::vector<MemoryEstimate> memory_per_rank(const ir::Plan& plan, const ir::Scenario& sc) {
   std::vector<MemoryEstimate> out(plan.num_ranks());
   const int vstages = plan.virtual_stages();
   const std::vector<int> layers = sc.synthetic ? std::vector<int>() : chunk_layers(plan, sc);
-  const bool fp32 = elem_bytes(sc) == 4;
+  const MemoryEstimate per = static_bytes_per_param(sc);
   for (int r = 0; r < plan.num_ranks(); ++r) {
     MemoryEstimate& m = out[r];
     if (!sc.synthetic) {
       double params = 0;
       for (int vs : plan.stage_of.at(r)) params += params_of_chunk(sc, vs, vstages, layers.at(vs));
-      m.weights_bytes = params * (fp32 ? 4 : 2);
-      m.grads_bytes = params * (fp32 ? 4 : 2);
-      m.optimizer_bytes = params * (fp32 ? 8 : 12) / optimizer_shards(sc);
+      m.weights_bytes = params * per.weights_bytes;
+      m.grads_bytes = params * per.grads_bytes;
+      m.optimizer_bytes = params * per.optimizer_bytes;
     }
     double live = 0, peak = 0;
     for (const auto& op : plan.ranks[r]) {

@@ -275,8 +275,11 @@ TimeBound bound_of(const ir::Scenario& sc, const std::string& schedule, const Sh
       least_reduce[r] = std::min(least_reduce[r], sec);
       if (s.stage_of[r][c] == 0) reduce_vs0 = sec;
     }
-  const double shards = optimizer_shards(sc);
-  const double opt0 = optimizer_seconds(sc, s.gpu[0], s.params[0] / shards) + gather[0];
+  // OPT as lowering prices it (a sharded optimizer steps 1/d of the parameters).
+  auto opt_seconds = [&](int r) {
+    return lowering.optimizer_seconds ? lowering.optimizer_seconds(r) : optimizer_seconds(sc, s.gpu[r], s.params[r]);
+  };
+  const double opt0 = opt_seconds(0) + gather[0];
   TimeBound out;
   for (int r = 0; r < s.p; ++r) {
     double compute = 0;
@@ -286,7 +289,7 @@ TimeBound bound_of(const ir::Scenario& sc, const std::string& schedule, const Sh
       for (int j = 0; j < s.S; ++j) compute += all[vs * s.S + j];
     }
     compute *= s.m;
-    const double opt = optimizer_seconds(sc, s.gpu[r], s.params[r] / shards);
+    const double opt = opt_seconds(r);
     double fill = kInf, drain = kInf;
     for (int j = 0; j < s.S; ++j) {
       fill = std::min(fill, chain_f[j][first]);
@@ -497,8 +500,8 @@ std::vector<Candidate> enumerate_layouts(const ir::Scenario& base, const SearchO
                       const double total = VS == 1 ? params_of_chunk(sc, 0, 1, L)
                                                    : params_of_chunk(sc, 0, 2, L) + params_of_chunk(sc, 1, 2, 0);
                       const double smallest_hbm = gpu_of_rank(sc, 0).hbm_bytes;
-                      if (homogeneous && total / p * static_bytes_per_param(sc) > smallest_hbm) {
-                        c.static_bytes = total / p * static_bytes_per_param(sc);
+                      if (homogeneous && total / p * static_bytes_per_param(sc).total_bytes() > smallest_hbm) {
+                        c.static_bytes = total / p * static_bytes_per_param(sc).total_bytes();
                         c.hbm_bytes = smallest_hbm;
                         c.verdict = Verdict::NoFit;
                         c.reason = fmt::format("does not fit: weights, gradients and optimizer state alone need "
@@ -513,7 +516,7 @@ std::vector<Candidate> enumerate_layouts(const ir::Scenario& base, const SearchO
                       if (part && L % VS == 0 && s.layers == std::vector<int>(VS, L / VS)) continue;
                       double worst = 0;
                       for (int r = 0; r < s.p; ++r) {
-                        const double need = s.params[r] * static_bytes_per_param(sc);
+                        const double need = s.params[r] * static_bytes_per_param(sc).total_bytes();
                         c.static_bytes = std::max(c.static_bytes, need);
                         if (need / s.gpu[r].hbm_bytes > worst) {
                           worst = need / s.gpu[r].hbm_bytes;
@@ -558,7 +561,7 @@ std::optional<std::string> activation_prune(const ir::Scenario& sc, const Layout
     for (int vs : s.stage_of[r])
       for (int j = 0; j < s.S; ++j)
         unit = std::min(unit, activation_bytes(sc, vs, VS, s.layers[vs], s.tokens[j], s.prefix[j]));
-    const double need = s.params[r] * static_bytes_per_param(sc) + count[r] * unit;
+    const double need = s.params[r] * static_bytes_per_param(sc).total_bytes() + count[r] * unit;
     if (need > s.gpu[r].hbm_bytes)
       return fmt::format("does not fit: needs at least {:.1f} GiB of {:.1f} GiB on rank {} ({} micro-batch "
                          "unit(s) of activations in flight)",

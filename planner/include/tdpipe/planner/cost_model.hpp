@@ -179,13 +179,11 @@ void apply_costs(ir::Plan& plan, const ir::Scenario& scenario);
 /// scenarios: 0 bytes (latency only) and no DP reduction.
 ir::LoweringOptions lowering_options(const ir::Plan& plan, const ir::Scenario& scenario);
 
-/// Replicas the optimizer state is sharded over: parallel.data with
-/// parallel.distributed_optimizer (ZeRO-1), else 1.
-int optimizer_shards(const ir::Scenario& scenario);
-/// Weights, gradients and optimizer state per parameter, as memory_per_rank counts them:
-/// 2 + 2 + 12/shards in bf16/fp16 (fp32 master weights and Adam moments), 4 + 4 + 8/shards
-/// in fp32.
-double static_bytes_per_param(const ir::Scenario& scenario);
+/// Weights, gradients and optimizer state per parameter (activation_bytes 0), as
+/// memory_per_rank counts them: 2 + 2 + 12/d in bf16/fp16 (fp32 master weights and Adam
+/// moments), 4 + 4 + 8/d in fp32, with d = parallel.data under
+/// parallel.distributed_optimizer (ZeRO-1) and 1 otherwise.
+MemoryEstimate static_bytes_per_param(const ir::Scenario& scenario);
 
 /// Peak memory per pipeline rank for a plan with costs (weights, grads, Adam
 /// states, peak activations from the plan's in-flight count).
