@@ -7,8 +7,10 @@
 #include <string>
 
 #include "check.hpp"
+#include "kernels.cuh"
 #include "nvtx.hpp"
 #include "tdpipe/exec/cuda/timeline.hpp"
+#include "tdpipe/exec/onebit.hpp"
 #include "tdpipe/ir/error.hpp"
 
 namespace tdpipe::exec::cuda {
@@ -111,6 +113,10 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
   if (op.kind == ir::OpKind::OPT) {
     for (int c = 0; c < chunks(); ++c) {
       GptStageCuda& s = chunk_stage(c);
+      if (op.variance_frozen_at > 0) {
+        s.adam_frozen_variance(options_.adam, step_ + 1, op.variance_frozen_at);
+        continue;
+      }
       if (!op.shard) {
         s.adam(options_.adam, step_ + 1);
         continue;
@@ -220,6 +226,76 @@ Buffer CudaCompute::state_bucket(int chunk, int which, int index, int count) {
     throw Error("state bucket " + std::to_string(which) + " of chunk " + std::to_string(chunk) + ": out of range");
   GptStageCuda& st = chunk_stage(chunk);
   return part_view(which == 0 ? st.grads() : st.moments(which), st.parameter_count(), index, count);
+}
+
+namespace {
+float* error_of(std::vector<DeviceMemory>& errors, int chunk, std::int64_t n, cudaStream_t stream) {
+  if (errors.size() <= static_cast<std::size_t>(chunk)) errors.resize(static_cast<std::size_t>(chunk) + 1);
+  DeviceMemory& e = errors[static_cast<std::size_t>(chunk)];
+  if (e.empty()) e = DeviceMemory(static_cast<std::size_t>(n > 0 ? n : 1) * sizeof(float), stream, true);
+  return e.as<float>();
+}
+}  // namespace
+
+OnebitMessages CudaCompute::onebit_compress(int chunk, int index, int count, int members) {
+  ctx_->bind();
+  const std::int64_t n = chunk >= 0 && chunk < chunks() ? chunk_stage(chunk).parameter_count() : 0;
+  const auto [first, last] = onebit_bucket_range(n, chunk, chunks(), index, count, members);
+  GptStageCuda& st = chunk_stage(chunk);
+  cudaStream_t s = ctx_->dp();
+  float* error = error_of(worker_error_, chunk, n, s) + first;
+  if (onebit_sum_.empty()) onebit_sum_ = DeviceMemory(sizeof(double), s, true);
+  float* m = st.moments(1) + first;
+  // The gradients carry the 1/d of the data-parallel mean: the replica's own mean is d·g.
+  kernels::onebit_momentum(m, st.grads() + first, last - first, static_cast<float>(options_.adam.beta1),
+                           static_cast<float>(members), s);
+  const std::int64_t block = onebit::block_bytes(last - first, members);
+  OnebitMessages out{device_bytes(members * block, s), device_bytes(members * block, s),
+                     device_bytes(members * block, s)};
+  for (int j = 0; j < members; ++j) {
+    const auto [s0, s1] = part_range(last - first, owned_segment(j, members), members);
+    kernels::onebit_compress(m + s0, error + s0, s1 - s0, out.sent.as<unsigned char>() + j * block,
+                             onebit_sum_.as<double>(), s);
+  }
+  wait_stream(s, control_);
+  return out;
+}
+
+void CudaCompute::onebit_serve(int chunk, int index, int count, int member, int members, OnebitMessages& msg) {
+  ctx_->bind();
+  const std::int64_t n = chunk >= 0 && chunk < chunks() ? chunk_stage(chunk).parameter_count() : 0;
+  const auto [first, last] = onebit_bucket_range(n, chunk, chunks(), index, count, members);
+  const std::int64_t block = onebit::block_bytes(last - first, members);
+  check_onebit_messages(msg, members * block);
+  cudaStream_t s = ctx_->dp();
+  if (onebit_sum_.empty()) onebit_sum_ = DeviceMemory(sizeof(double), s, true);
+  const int seg = owned_segment(member, members);
+  const auto [s0, s1] = part_range(last - first, seg, members);
+  float* error = error_of(server_error_, chunk, n, s) + first + s0;
+  Buffer mean = device_buffer(s1 - s0, s);
+  for (int i = 0; i < members; ++i)
+    kernels::onebit_expand(msg.received.as<unsigned char>() + i * block, s1 - s0, 1.0f / static_cast<float>(members),
+                           mean.as<float>(), i > 0, nullptr, s);
+  kernels::onebit_compress(mean.as<float>(), error, s1 - s0, msg.gathered.as<unsigned char>() + seg * block,
+                           onebit_sum_.as<double>(), s);
+  wait_stream(s, control_);
+}
+
+void CudaCompute::onebit_expand(int chunk, int index, int count, int members, const OnebitMessages& msg) {
+  ctx_->bind();
+  const std::int64_t n = chunk >= 0 && chunk < chunks() ? chunk_stage(chunk).parameter_count() : 0;
+  const auto [first, last] = onebit_bucket_range(n, chunk, chunks(), index, count, members);
+  GptStageCuda& st = chunk_stage(chunk);
+  const std::int64_t block = onebit::block_bytes(last - first, members);
+  check_onebit_messages(msg, members * block);
+  cudaStream_t s = ctx_->dp();
+  float* m = st.moments(1) + first;
+  const float* v = st.moments(2) + first;  // the momentum mask (onebit.hpp)
+  for (int j = 0; j < members; ++j) {
+    const auto [s0, s1] = part_range(last - first, j, members);
+    kernels::onebit_expand(msg.gathered.as<unsigned char>() + j * block, s1 - s0, 1.0f, m + s0, false, v + s0, s);
+  }
+  wait_stream(s, control_);
 }
 
 std::int64_t CudaClock::now_ns(ir::Stream stream) {

@@ -34,6 +34,10 @@ class CudaCompute final : public Compute {
   /// The same part of the gradients (which = 0) or of Adam's moments (1, 2): what a
   /// sharded run gathers at its end so replica 0 reports the whole state.
   Buffer state_bucket(int chunk, int which, int index, int count);
+  /// 1-bit Adam's local parts (Compute), as kernels on the dp stream.
+  OnebitMessages onebit_compress(int chunk, int index, int count, int members) override;
+  void onebit_serve(int chunk, int index, int count, int member, int members, OnebitMessages& m) override;
+  void onebit_expand(int chunk, int index, int count, int members, const OnebitMessages& m) override;
   double end_step() override;
 
   int chunks() const { return static_cast<int>(stages_.size()); }
@@ -59,6 +63,10 @@ class CudaCompute final : public Compute {
   int step_ = 0;
   double speed_ = 1;  ///< options.rank_speed of this rank (a slower device, emulated)
   bool gathered_ = false;  ///< a sharded OPT ran: the bf16 weights follow the gathered master
+  /// 1-bit Adam's error feedback per chunk (fp32, zeroed when first used): the worker's
+  /// over the chunk, the server's used on this member's segments; one double of scratch.
+  std::vector<DeviceMemory> worker_error_, server_error_;
+  DeviceMemory onebit_sum_;
 };
 
 /// Event timestamps relative to an origin event; one per rank, sharing the origin

@@ -63,6 +63,14 @@ Buffer device_buffer(std::int64_t elements, cudaStream_t stream) {
   return b;
 }
 
+Buffer device_bytes(std::int64_t bytes, cudaStream_t stream) {
+  Buffer b = device_buffer((bytes + 3) / 4, stream);
+  TDPIPE_CUDA_CHECK(cudaMemsetAsync(b.data.get(), 0, static_cast<std::size_t>(bytes > 0 ? bytes : 1), stream));
+  b.elements = bytes;
+  b.dtype = DType::U8;
+  return b;
+}
+
 void keep_pool_memory(int device) {
   cudaMemPool_t pool = nullptr;
   TDPIPE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));

@@ -49,6 +49,8 @@ class DeviceMemory {
 /// A Buffer of `elements` fp32 on the current device, freed in order on `stream`
 /// when its last copy goes away.
 Buffer device_buffer(std::int64_t elements, cudaStream_t stream);
+/// A zeroed Buffer of `bytes` bytes (DType::U8) on the current device, likewise.
+Buffer device_bytes(std::int64_t bytes, cudaStream_t stream);
 
 /// Keeps freed memory in the device's default pool instead of returning it to the
 /// driver at every synchronisation (that would make each op pay cudaMalloc again).

@@ -476,6 +476,18 @@ void GptStageCuda::adam(const cpu::AdamConfig& a, int t, std::int64_t first, std
           static_cast<float>(c1), static_cast<float>(c2), I.stream);
 }
 
+void GptStageCuda::adam_frozen_variance(const cpu::AdamConfig& a, int t, int frozen_at) {
+  Impl& I = *impl_;
+  if (frozen_at < 1 || t <= frozen_at)
+    throw Error("1-bit Adam step " + std::to_string(t) + " with the variance frozen after step " +
+                std::to_string(frozen_at));
+  if (I.total == 0) return;
+  const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, frozen_at);
+  k::adam_frozen_variance(I.master.as<float>(), I.m1.as<float>(), I.m2.as<float>(), I.wbf.as<bf16>(), I.total,
+                          static_cast<float>(a.lr), static_cast<float>(a.eps), static_cast<float>(c1),
+                          static_cast<float>(c2), I.stream);
+}
+
 void GptStageCuda::refresh_bf16_weights() {
   Impl& I = *impl_;
   if (I.total > 0) k::to_bf16(I.master.as<float>(), I.wbf.as<bf16>(), I.total, I.stream);

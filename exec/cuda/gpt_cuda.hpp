@@ -49,6 +49,8 @@ class GptStageCuda {
   /// The same step over parameters [first, last) only (a sharded optimizer's part); the
   /// bf16 copy of the rest is refreshed by refresh_bf16_weights once they are gathered.
   void adam(const cpu::AdamConfig& adam, int t, std::int64_t first, std::int64_t last);
+  /// 1-bit Adam's step t after its warm-up (cpu::GptStage::adam_frozen_variance).
+  void adam_frozen_variance(const cpu::AdamConfig& adam, int t, int frozen_at);
   /// Recasts the bf16 weights from the fp32 master (after an all-gather wrote it).
   void refresh_bf16_weights();
 

@@ -363,6 +363,76 @@ __global__ void adam_k(float* p, const float* g, float* m, float* v, bf16* pb, s
   }
 }
 
+__global__ void adam_frozen_k(float* p, const float* m, const float* v, bf16* pb, std::int64_t n, float lr,
+                              float eps, float bias1, float bias2) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    float pi = p[i] - lr * (m[i] / bias1) / (sqrtf(v[i] / bias2) + eps);
+    p[i] = pi;
+    pb[i] = __float2bfloat16(pi);
+  }
+}
+
+// ---- 1-bit Adam (tdpipe/exec/onebit.hpp's block format) --------------------------
+
+__global__ void onebit_momentum_k(float* m, const float* g, std::int64_t n, float b1, float gscale) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x)
+    m[i] = b1 * m[i] + (1.f - b1) * gscale * g[i];
+}
+
+// *sum += Σ (x + e)² (fp32 per block, fp64 across blocks).
+__global__ void onebit_sum_sq_k(const float* x, const float* e, std::int64_t n, double* sum) {
+  float acc = 0.f;
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    float c = x[i] + e[i];
+    acc += c * c;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) atomicAdd(sum, double(acc));
+}
+
+__device__ float onebit_scale(const double* sum, std::int64_t len) {
+  return len > 0 ? float(sqrt(*sum / double(len))) : 0.f;
+}
+
+// One thread per byte of sign bits: 8 elements' signs, and their error after sending.
+__global__ void onebit_pack_k(const float* x, float* e, std::int64_t len, unsigned char* block, const double* sum) {
+  const float s = onebit_scale(sum, len);
+  const std::int64_t bytes = (len + 7) / 8;
+  const std::int64_t first = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x;
+  if (first == 0) {  // the scale, byte by byte (a block need not be 4-byte aligned)
+    const unsigned char* sb = reinterpret_cast<const unsigned char*>(&s);
+    for (int j = 0; j < 4; ++j) block[j] = sb[j];
+  }
+  for (std::int64_t k = first; k < bytes; k += std::int64_t(gridDim.x) * blockDim.x) {
+    unsigned bits = 0;
+    for (int b = 0; b < 8; ++b) {
+      const std::int64_t i = 8 * k + b;
+      if (i >= len) break;
+      const float c = x[i] + e[i];
+      const bool positive = c >= 0.f;
+      if (positive) bits |= 1u << b;
+      e[i] = c - (positive ? s : -s);
+    }
+    block[4 + k] = static_cast<unsigned char>(bits);
+  }
+}
+
+__global__ void onebit_expand_k(const unsigned char* block, std::int64_t len, float weight, float* out,
+                                int accumulate, const float* keep) {
+  float s;
+  unsigned char* sb = reinterpret_cast<unsigned char*>(&s);
+  for (int j = 0; j < 4; ++j) sb[j] = block[j];
+  s *= weight;
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < len;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    const float v = (block[4 + i / 8] >> (i % 8)) & 1u ? s : -s;
+    out[i] = accumulate ? out[i] + v : keep != nullptr && keep[i] == 0.f ? 0.f : v;
+  }
+}
+
 constexpr int kThreads = 256;
 
 }  // namespace
@@ -509,6 +579,39 @@ void adam(float* p, const float* g, float* m, float* v, bf16* p_bf16, std::int64
   if (n == 0) return;
   adam_k<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(p, g, m, v, p_bf16, n, lr, beta1, beta2, eps,
                                                            bias1, bias2);
+  TDPIPE_CUDA_CHECK_LAUNCH();
+}
+
+void adam_frozen_variance(float* p, const float* m, const float* v, bf16* p_bf16, std::int64_t n, float lr, float eps,
+                          float bias1, float bias2, cudaStream_t stream) {
+  if (n == 0) return;
+  adam_frozen_k<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(p, m, v, p_bf16, n, lr, eps, bias1, bias2);
+  TDPIPE_CUDA_CHECK_LAUNCH();
+}
+
+void onebit_momentum(float* m, const float* g, std::int64_t n, float beta1, float gscale, cudaStream_t stream) {
+  if (n == 0) return;
+  onebit_momentum_k<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(m, g, n, beta1, gscale);
+  TDPIPE_CUDA_CHECK_LAUNCH();
+}
+
+void onebit_compress(const float* x, float* error, std::int64_t len, unsigned char* block, double* sum,
+                     cudaStream_t stream) {
+  TDPIPE_CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(double), stream));
+  if (len > 0) {
+    onebit_sum_sq_k<<<blocks_for(len, kThreads), kThreads, 0, stream>>>(x, error, len, sum);
+    TDPIPE_CUDA_CHECK_LAUNCH();
+  }
+  const unsigned grid = len > 0 ? blocks_for((len + 7) / 8, kThreads) : 1;  // (one thread writes the scale)
+  onebit_pack_k<<<grid, kThreads, 0, stream>>>(x, error, len, block, sum);
+  TDPIPE_CUDA_CHECK_LAUNCH();
+}
+
+void onebit_expand(const unsigned char* block, std::int64_t len, float weight, float* out, bool accumulate,
+                   const float* keep, cudaStream_t stream) {
+  if (len == 0) return;
+  onebit_expand_k<<<blocks_for(len, kThreads), kThreads, 0, stream>>>(block, len, weight, out, accumulate ? 1 : 0,
+                                                                      keep);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
 

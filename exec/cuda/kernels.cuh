@@ -103,6 +103,23 @@ void to_f32(const bf16* x, float* y, std::int64_t n, cudaStream_t stream);
 void adam(float* p, const float* g, float* m, float* v, bf16* p_bf16, std::int64_t n, float lr,
           float beta1, float beta2, float eps, float bias1, float bias2, cudaStream_t stream);
 
+/// 1-bit Adam's step after its warm-up: Adam's update from the reduced momentum m and the
+/// frozen variance v (both read only); refreshes the bf16 copy.
+void adam_frozen_variance(float* p, const float* m, const float* v, bf16* p_bf16, std::int64_t n, float lr,
+                          float eps, float bias1, float bias2, cudaStream_t stream);
+
+/// 1-bit Adam, in tdpipe/exec/onebit.hpp's block format (fp32 scale, then sign bits LSB
+/// first). m ← β1·m + (1 − β1)·gscale·g.
+void onebit_momentum(float* m, const float* g, std::int64_t n, float beta1, float gscale, cudaStream_t stream);
+/// c = x + error over len elements → `block`: scale ‖c‖₂/√len, the sign bits; error ←
+/// c − scale·sign(c). `sum`: one double of device scratch.
+void onebit_compress(const float* x, float* error, std::int64_t len, unsigned char* block, double* sum,
+                     cudaStream_t stream);
+/// out (+)= weight·scale·sign over the block's len elements (assigns unless accumulate;
+/// with `keep`, 0 where keep is 0: the momentum mask).
+void onebit_expand(const unsigned char* block, std::int64_t len, float weight, float* out, bool accumulate,
+                   const float* keep, cudaStream_t stream);
+
 }  // namespace tdpipe::exec::cuda::kernels
 
 #endif  // TDPIPE_KERNEL_INDEX_ONLY

@@ -51,45 +51,69 @@ void LoopbackFabric::abort(const std::string& why) {
 }
 
 void LoopbackFabric::collective(Collective what, int rank, int replica, int data, long call, const Buffer& buffer,
-                                const DeviceContext& ctx) {
+                                const DeviceContext& ctx, const Buffer* recv) {
+  if (what == Collective::AllToAll) {
+    if (recv == nullptr || recv->bytes() != buffer.bytes() || recv->dtype != buffer.dtype || buffer.elements % data != 0)
+      throw Error("loopback all-to-all: send and receive buffers must be equal and hold one block per replica");
+    if (data <= 1) {
+      if (buffer.bytes() > 0)
+        TDPIPE_CUDA_CHECK(cudaMemcpyAsync(recv->data.get(), buffer.data.get(), static_cast<std::size_t>(buffer.bytes()),
+                                          cudaMemcpyDeviceToDevice, ctx.dp()));
+      TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.dp()));
+      return;
+    }
+  }
   if (data <= 1) return;
-  if (buffer.dtype != DType::F32) throw Error("loopback data-parallel collective: expected fp32 buffers");
+  const bool sums = what == Collective::AllReduce || what == Collective::ReduceScatter;
+  if (sums && buffer.dtype != DType::F32) throw Error("loopback data-parallel reduction: expected fp32 buffers");
+  const std::int64_t es = dtype_bytes(buffer.dtype);
   std::unique_lock lock(mu_);
   Group& g = groups_[{rank, call}];
-  if (g.ptrs.empty()) g.ptrs.assign(static_cast<std::size_t>(data), nullptr);
+  if (g.ptrs.empty()) {
+    g.ptrs.assign(static_cast<std::size_t>(data), nullptr);
+    g.recvs.assign(static_cast<std::size_t>(data), nullptr);
+  }
   if (g.elements >= 0 && g.elements != buffer.elements)
     g.error = "loopback collective of pipeline rank " + std::to_string(rank) + ": replica " +
               std::to_string(replica) + " has " + std::to_string(buffer.elements) +
               " elements, another replica " + std::to_string(g.elements);
   g.elements = buffer.elements;
-  g.ptrs[static_cast<std::size_t>(replica)] = buffer.as<float>();
+  g.ptrs[static_cast<std::size_t>(replica)] = static_cast<unsigned char*>(buffer.data.get());
+  if (recv != nullptr) g.recvs[static_cast<std::size_t>(replica)] = static_cast<unsigned char*>(recv->data.get());
   if (++g.arrived == data && g.error.empty()) {
     // The last member does the work for all: a sum in replica order into scratch,
     // written back to all (all-reduce) or to each member's owned segment; or each
-    // member's owned segment copied to the others (all-gather).
+    // member's owned segment copied to the others (all-gather); or block j of member
+    // i's send to block i of member j's receive (all-to-all).
     try {
       cudaStream_t s = ctx.dp();
-      auto copy = [&](float* to, const float* from, std::int64_t n) {
+      auto copy = [&](unsigned char* to, const unsigned char* from, std::int64_t n) {
         if (n > 0 && to != from)
-          TDPIPE_CUDA_CHECK(cudaMemcpyAsync(to, from, static_cast<std::size_t>(n) * sizeof(float),
-                                            cudaMemcpyDeviceToDevice, s));
+          TDPIPE_CUDA_CHECK(cudaMemcpyAsync(to, from, static_cast<std::size_t>(n * es), cudaMemcpyDeviceToDevice, s));
+      };
+      auto at = [&](std::vector<unsigned char*>& v, int k, std::int64_t element) {
+        return v[static_cast<std::size_t>(k)] + element * es;
       };
       auto segment = [&](int member) { return part_range(g.elements, owned_segment(member, data), data); };
-      if (what == Collective::AllGather) {
+      if (what == Collective::AllToAll) {
+        const std::int64_t block = g.elements / data;
+        for (int i = 0; i < data; ++i)
+          for (int j = 0; j < data; ++j) copy(at(g.recvs, j, i * block), at(g.ptrs, i, j * block), block);
+      } else if (what == Collective::AllGather) {
         for (int k = 0; k < data; ++k) {
           const auto [b, e] = segment(k);
           for (int j = 0; j < data; ++j)
-            if (j != k) copy(g.ptrs[static_cast<std::size_t>(j)] + b, g.ptrs[static_cast<std::size_t>(k)] + b, e - b);
+            if (j != k) copy(at(g.ptrs, j, b), at(g.ptrs, k, b), e - b);
         }
       } else {
         DeviceMemory sum(static_cast<std::size_t>(g.elements) * sizeof(float), s);
-        copy(sum.as<float>(), g.ptrs[0], g.elements);
-        for (int k = 1; k < data; ++k)
-          kernels::add(sum.as<float>(), sum.as<float>(), g.ptrs[static_cast<std::size_t>(k)], g.elements, s);
+        auto f = [&](int k) { return reinterpret_cast<float*>(g.ptrs[static_cast<std::size_t>(k)]); };
+        copy(sum.as<unsigned char>(), g.ptrs[0], g.elements);
+        for (int k = 1; k < data; ++k) kernels::add(sum.as<float>(), sum.as<float>(), f(k), g.elements, s);
         for (int k = 0; k < data; ++k) {
           const auto [b, e] = what == Collective::AllReduce ? std::pair<std::int64_t, std::int64_t>{0, g.elements}
                                                             : segment(k);
-          copy(g.ptrs[static_cast<std::size_t>(k)] + b, sum.as<float>() + b, e - b);
+          copy(at(g.ptrs, k, b), sum.as<unsigned char>() + b * es, e - b);
         }
       }  // (scratch is freed in stream order)
       TDPIPE_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -194,11 +218,16 @@ void LoopbackTransport::drain(const std::vector<std::shared_ptr<RendezvousTicket
   }
 }
 
-void LoopbackTransport::run(LoopbackFabric::Collective what, const char* name, const Buffer& buffer, int tag) {
+void LoopbackTransport::run(LoopbackFabric::Collective what, const char* name, const Buffer& buffer, int tag,
+                            const Buffer* recv) {
   ctx_->bind();
   NvtxRange range(std::string("r") + std::to_string(replica_ * stages_ + rank_) + " " + name + "(b" +
                   std::to_string(tag) + ")");
-  fabric_->collective(what, rank_, replica_, data_, calls_++, buffer, *ctx_);
+  fabric_->collective(what, rank_, replica_, data_, calls_++, buffer, *ctx_, recv);
+}
+
+void LoopbackTransport::all_to_all(const Buffer& send, const Buffer& recv, int tag) {
+  run(LoopbackFabric::Collective::AllToAll, "ALL_TO_ALL", send, tag, &recv);
 }
 
 void LoopbackTransport::all_reduce(const Buffer& buffer, int tag) {

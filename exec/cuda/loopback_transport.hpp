@@ -46,18 +46,19 @@ class LoopbackFabric {
   RunControl& control() { return *control_; }
 
   /// What a data-parallel collective writes to each member (Transport's contracts).
-  enum class Collective { AllReduce, ReduceScatter, AllGather };
+  enum class Collective { AllReduce, ReduceScatter, AllGather, AllToAll };
   /// Runs `what` over `buffer` of the `data` replicas of pipeline rank `rank` (call
   /// `call` of that rank's members); blocks until every member arrived and the result
-  /// is written. Sums run in replica order, so reduce-scatter equals all-reduce.
+  /// is written. Sums run in replica order, so reduce-scatter equals all-reduce. Sums
+  /// take fp32; the all-gather and the all-to-all (`buffer` → `recv`) any elements.
   void collective(Collective what, int rank, int replica, int data, long call, const Buffer& buffer,
-                  const DeviceContext& ctx);
+                  const DeviceContext& ctx, const Buffer* recv = nullptr);
   /// Fails every pending exchange (a rank failed).
   void abort(const std::string& why);
 
  private:
   struct Group {
-    std::vector<float*> ptrs;
+    std::vector<unsigned char*> ptrs, recvs;
     std::int64_t elements = -1;
     int arrived = 0;
     bool done = false;
@@ -79,10 +80,12 @@ class LoopbackTransport final : public Transport {
   void all_reduce(const Buffer& buffer, int tag) override;
   void reduce_scatter(const Buffer& buffer, int tag) override;
   void all_gather(const Buffer& buffer, int tag) override;
+  void all_to_all(const Buffer& send, const Buffer& recv, int tag) override;
   std::pair<int, int> dp_member() const override { return {replica_, data_}; }
 
  private:
-  void run(LoopbackFabric::Collective what, const char* name, const Buffer& buffer, int tag);
+  void run(LoopbackFabric::Collective what, const char* name, const Buffer& buffer, int tag,
+           const Buffer* recv = nullptr);
   /// After a failure inside post(): abort the fabric and wait for this batch's copies.
   void drain(const std::vector<std::shared_ptr<RendezvousTicket<EventHandle>>>& tickets);
   LoopbackFabric* fabric_;

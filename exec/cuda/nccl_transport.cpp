@@ -83,19 +83,23 @@ void NcclTransport::segments(const Buffer& buffer, int tag, bool reduce) {
   NvtxRange range(std::string("r") + std::to_string(replica_ * stages_ + rank_) +
                   (reduce ? " REDUCE_SCATTER(b" : " ALL_GATHER(b") + std::to_string(tag) + ")");
   if (dp_ == nullptr) return;
-  if (buffer.dtype != DType::F32) throw Error("NCCL data-parallel collective: expected fp32 buffers");
+  // Sums take fp32; an all-gather also moves bytes (1-bit Adam's packed momentum).
+  if (buffer.dtype != DType::F32 && (reduce || buffer.dtype != DType::U8))
+    throw Error("NCCL data-parallel collective: expected fp32 buffers (or bytes to gather)");
+  const ncclDataType_t type = buffer.dtype == DType::U8 ? ncclUint8 : ncclFloat32;
+  const std::int64_t es = dtype_bytes(buffer.dtype);
   const int members = dp_member().second;
-  float* data = buffer.as<float>();
+  auto* data = static_cast<unsigned char*>(buffer.data.get());
   TDPIPE_NCCL_CHECK(ncclGroupStart());
   try {
     for (int owner = 0; owner < members; ++owner) {
       const auto [b, e] = part_range(buffer.elements, owned_segment(owner, members), members);
       if (e == b) continue;
       if (reduce)
-        TDPIPE_NCCL_CHECK(ncclReduce(data + b, data + b, static_cast<std::size_t>(e - b), ncclFloat32, ncclSum,
+        TDPIPE_NCCL_CHECK(ncclReduce(data + b * es, data + b * es, static_cast<std::size_t>(e - b), type, ncclSum,
                                      owner, dp_, ctx_->dp()));
       else
-        TDPIPE_NCCL_CHECK(ncclBroadcast(data + b, data + b, static_cast<std::size_t>(e - b), ncclFloat32, owner,
+        TDPIPE_NCCL_CHECK(ncclBroadcast(data + b * es, data + b * es, static_cast<std::size_t>(e - b), type, owner,
                                         dp_, ctx_->dp()));
     }
   } catch (...) {
@@ -104,6 +108,40 @@ void NcclTransport::segments(const Buffer& buffer, int tag, bool reduce) {
   }
   TDPIPE_NCCL_CHECK(ncclGroupEnd());
   wait(ctx_->dp(), dp_);
+}
+
+void NcclTransport::all_to_all(const Buffer& send, const Buffer& recv, int tag) {
+  ctx_->bind();
+  NvtxRange range(std::string("r") + std::to_string(replica_ * stages_ + rank_) + " ALL_TO_ALL(b" +
+                  std::to_string(tag) + ")");
+  const auto [member, members] = dp_member();
+  if (send.empty() || recv.empty() || send.bytes() != recv.bytes() || send.bytes() % members != 0)
+    throw Error("NCCL all-to-all: send and receive buffers must be equal and hold one block per replica");
+  const std::int64_t block = send.bytes() / members;
+  const auto* from = static_cast<const unsigned char*>(send.data.get());
+  auto* to = static_cast<unsigned char*>(recv.data.get());
+  cudaStream_t s = ctx_->dp();
+  if (block > 0)
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(to + member * block, from + member * block, static_cast<std::size_t>(block),
+                                      cudaMemcpyDeviceToDevice, s));
+  if (dp_ == nullptr) {
+    wait_stream(s, control_);
+    return;
+  }
+  // NCCL's all-to-all: one group of sends and receives with every other member.
+  TDPIPE_NCCL_CHECK(ncclGroupStart());
+  try {
+    for (int j = 0; j < members && block > 0; ++j) {
+      if (j == member) continue;
+      TDPIPE_NCCL_CHECK(ncclSend(from + j * block, static_cast<std::size_t>(block), ncclUint8, j, dp_, s));
+      TDPIPE_NCCL_CHECK(ncclRecv(to + j * block, static_cast<std::size_t>(block), ncclUint8, j, dp_, s));
+    }
+  } catch (...) {
+    ncclGroupEnd();
+    throw;
+  }
+  TDPIPE_NCCL_CHECK(ncclGroupEnd());
+  wait(s, dp_);
 }
 
 void NcclTransport::reduce_scatter(const Buffer& buffer, int tag) { segments(buffer, tag, true); }

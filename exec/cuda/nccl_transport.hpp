@@ -28,6 +28,8 @@ class NcclTransport final : public Transport {
   void reduce_scatter(const Buffer& buffer, int tag) override;
   /// One group of d ncclBroadcast calls, each owner's segment to the others.
   void all_gather(const Buffer& buffer, int tag) override;
+  /// One group of ncclSend/ncclRecv with every other member (NCCL's all-to-all).
+  void all_to_all(const Buffer& send, const Buffer& recv, int tag) override;
   std::pair<int, int> dp_member() const override;
 
   /// Connects every pipeline peer of this rank (one tiny send and receive each way,

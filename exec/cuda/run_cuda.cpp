@@ -457,7 +457,7 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   if (d > 1) {
     std::map<int, int> per_chunk;
     for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)])
-      if (op.kind == ir::OpKind::ALLREDUCE || op.kind == ir::OpKind::REDUCE_SCATTER) {
+      if (ir::is_gradient_reduction(op.kind)) {
         ++per_chunk[op.chunk];
         sharded = sharded || op.kind == ir::OpKind::REDUCE_SCATTER;
       }

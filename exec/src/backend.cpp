@@ -39,3 +39,32 @@ std::vector<std::pair<std::int64_t, std::int64_t>> owned_ranges(std::int64_t n, 
 }
 
 }  // namespace tdpipe::exec
+
+namespace tdpipe::exec {
+
+std::pair<std::int64_t, std::int64_t> onebit_bucket_range(std::int64_t n, int chunk, int chunks, int index,
+                                                          int count, int members) {
+  if (chunk < 0 || chunk >= chunks || count < 1 || index < 0 || index >= count || members < 1)
+    throw Error(fmt::format("1-bit all-reduce of bucket {} of {} of chunk {} (this rank has {}) over {} members: "
+                            "out of range", index, count, chunk, chunks, members));
+  return part_range(n, index, count);
+}
+
+void check_onebit_messages(const OnebitMessages& m, std::int64_t bytes) {
+  for (const Buffer* b : {&m.sent, &m.received, &m.gathered})
+    if (b->empty() || b->dtype != DType::U8 || b->bytes() != bytes)
+      throw Error(fmt::format("1-bit all-reduce: a message of {} bytes, expected {}", b->bytes(), bytes));
+}
+
+OnebitMessages Compute::onebit_compress(int, int, int, int) {
+  throw Error("this backend does not implement 1-bit Adam's compressed all-reduce (parallel.optimizer: "
+              "onebit-adam); run it on the CPU backend, or with optimizer: adam");
+}
+void Compute::onebit_serve(int, int, int, int, int, OnebitMessages&) { onebit_compress(0, 0, 1, 1); }
+void Compute::onebit_expand(int, int, int, int, const OnebitMessages&) { onebit_compress(0, 0, 1, 1); }
+
+void Transport::all_to_all(const Buffer&, const Buffer&, int) {
+  throw Error("this transport does not implement the all-to-all of 1-bit Adam's compressed all-reduce");
+}
+
+}  // namespace tdpipe::exec

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "tdpipe/exec/onebit.hpp"
 #include "tdpipe/ir/error.hpp"
 
 namespace tdpipe::exec::cpu {
@@ -21,6 +22,15 @@ Buffer host_buffer(std::int64_t elements) {
                                  [](void* p) { delete[] static_cast<double*>(p); });
   b.elements = elements;
   b.dtype = DType::F64;
+  return b;
+}
+
+Buffer host_bytes(std::int64_t bytes) {
+  Buffer b;
+  b.data = std::shared_ptr<void>(new std::uint8_t[static_cast<std::size_t>(std::max<std::int64_t>(bytes, 1))](),
+                                 [](void* p) { delete[] static_cast<std::uint8_t*>(p); });
+  b.elements = bytes;
+  b.dtype = DType::U8;
   return b;
 }
 
@@ -76,6 +86,8 @@ CpuCompute::CpuCompute(const GptConfig& config, const ir::Plan& plan, int rank, 
                        config.seq);
   const auto& chunks = plan.stage_of.at(static_cast<std::size_t>(rank));
   for (int stage : chunks) stages_.emplace_back(config_, stage, virtual_stages_);
+  worker_error_.resize(stages_.size());
+  server_error_.resize(stages_.size());
   speed_ = rank_speed_of(options, rank);
 }
 
@@ -140,6 +152,10 @@ Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
   if (op.kind == ir::OpKind::OPT) {
     for (int c = 0; c < chunks(); ++c) {
       GptStage& s = chunk_stage(c);
+      if (op.variance_frozen_at > 0) {
+        s.adam_frozen_variance(options_.adam, step_ + 1, op.variance_frozen_at);
+        continue;
+      }
       if (!op.shard) {
         s.adam(options_.adam, step_ + 1);
         continue;
@@ -221,6 +237,58 @@ Buffer CpuCompute::param_bucket(int chunk, int index, int count) {
 }
 
 // ---------------------------------------------------------------------------------
+// 1-bit Adam (tdpipe/exec/onebit.hpp)
+
+OnebitMessages CpuCompute::onebit_compress(int chunk, int index, int count, int members) {
+  const auto n = chunk >= 0 && chunk < chunks() ? static_cast<std::int64_t>(chunk_stage(chunk).params().size()) : 0;
+  const auto [first, last] = onebit_bucket_range(n, chunk, chunks(), index, count, members);
+  GptStage& st = chunk_stage(chunk);
+  auto& error = worker_error_[static_cast<std::size_t>(chunk)];
+  if (error.empty()) error.assign(static_cast<std::size_t>(n), 0.0);
+  double* m = st.moments(1).data() + first;
+  const double* g = st.grads().data() + first;
+  const double b1 = options_.adam.beta1;
+  // The gradients carry the 1/d of the data-parallel mean: the replica's own mean is d·g.
+  for (std::int64_t k = 0; k < last - first; ++k) m[k] = b1 * m[k] + (1 - b1) * members * g[k];
+  const std::int64_t block = onebit::block_bytes(last - first, members);
+  OnebitMessages out{host_bytes(members * block), host_bytes(members * block), host_bytes(members * block)};
+  for (int j = 0; j < members; ++j) {
+    const auto [s0, s1] = part_range(last - first, owned_segment(j, members), members);
+    onebit::compress(m + s0, error.data() + first + s0, s1 - s0, out.sent.as<std::uint8_t>() + j * block);
+  }
+  return out;
+}
+
+void CpuCompute::onebit_serve(int chunk, int index, int count, int member, int members, OnebitMessages& msg) {
+  const auto n = chunk >= 0 && chunk < chunks() ? static_cast<std::int64_t>(chunk_stage(chunk).params().size()) : 0;
+  const auto [first, last] = onebit_bucket_range(n, chunk, chunks(), index, count, members);
+  const std::int64_t block = onebit::block_bytes(last - first, members);
+  check_onebit_messages(msg, members * block);
+  auto& error = server_error_[static_cast<std::size_t>(chunk)];
+  if (error.empty()) error.assign(static_cast<std::size_t>(n), 0.0);
+  const int seg = owned_segment(member, members);
+  const auto [s0, s1] = part_range(last - first, seg, members);
+  std::vector<double> mean(static_cast<std::size_t>(s1 - s0), 0.0);
+  for (int i = 0; i < members; ++i)
+    onebit::expand(msg.received.as<std::uint8_t>() + i * block, s1 - s0, 1.0 / members, mean.data(), true);
+  onebit::compress(mean.data(), error.data() + first + s0, s1 - s0, msg.gathered.as<std::uint8_t>() + seg * block);
+}
+
+void CpuCompute::onebit_expand(int chunk, int index, int count, int members, const OnebitMessages& msg) {
+  const auto n = chunk >= 0 && chunk < chunks() ? static_cast<std::int64_t>(chunk_stage(chunk).params().size()) : 0;
+  const auto [first, last] = onebit_bucket_range(n, chunk, chunks(), index, count, members);
+  GptStage& st = chunk_stage(chunk);
+  const std::int64_t block = onebit::block_bytes(last - first, members);
+  check_onebit_messages(msg, members * block);
+  double* m = st.moments(1).data() + first;
+  const double* v = st.moments(2).data() + first;  // the momentum mask (onebit.hpp)
+  for (int s = 0; s < members; ++s) {
+    const auto [s0, s1] = part_range(last - first, s, members);
+    onebit::expand(msg.gathered.as<std::uint8_t>() + s * block, s1 - s0, 1.0, m + s0, false, v + s0);
+  }
+}
+
+// ---------------------------------------------------------------------------------
 // Fabric
 
 struct CpuFabric::Pending {
@@ -271,6 +339,7 @@ void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
               "between two ranks must carry the tensor of the k-th RECV",
               s->self, so.label, so.buffer.bytes(), r->self, ro.label, ro.buffer.bytes()));
         std::memcpy(ro.buffer.data.get(), so.buffer.data.get(), static_cast<std::size_t>(so.buffer.bytes()));
+        moved_[comm == kDP ? 1 : 0] += so.buffer.bytes();
         s->done = r->done = true;
         wake_[{comm, s->self}].notify_all();
         wake_[{comm, r->self}].notify_all();
@@ -285,6 +354,11 @@ void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
     forget_mine();
     throw;
   }
+}
+
+std::int64_t CpuFabric::bytes_moved(int comm) {
+  std::lock_guard lock(control_->mutex());
+  return moved_[comm == kDP ? 1 : 0];
 }
 
 void CpuTransport::post(std::span<P2POp> batch) {
@@ -303,32 +377,71 @@ void CpuTransport::reduce_scatter(const Buffer& buffer, int tag) { ring(buffer, 
 
 void CpuTransport::all_gather(const Buffer& buffer, int tag) { ring(buffer, tag, false); }
 
+void CpuTransport::all_to_all(const Buffer& send, const Buffer& recv, int tag) {
+  const int n = data_;
+  if (send.empty() || recv.empty() || send.bytes() != recv.bytes() || send.bytes() % n != 0)
+    throw Error(fmt::format("CPU all-to-all: send {} and receive {} bytes; expected equal sizes of {} blocks",
+                            send.bytes(), recv.bytes(), n));
+  const std::int64_t block = send.bytes() / n;
+  const auto* from = static_cast<const std::uint8_t*>(send.data.get());
+  auto* to = static_cast<std::uint8_t*>(recv.data.get());
+  std::memcpy(to + replica_ * block, from + replica_ * block, static_cast<std::size_t>(block));
+  if (n <= 1) return;
+  std::vector<P2POp> ops;
+  for (int j = 0; j < n; ++j) {
+    if (j == replica_) continue;
+    P2POp s;
+    s.kind = ir::OpKind::SEND;
+    s.peer = j * stages_ + rank_;
+    s.key = TensorKey{ir::OpKind::COMPRESSED_ALLREDUCE, tag, replica_, j};
+    s.buffer = host_bytes(block);
+    std::memcpy(s.buffer.data.get(), from + j * block, static_cast<std::size_t>(block));
+    s.label = fmt::format("1-bit all-to-all(b{}) send to replica {}", tag, j);
+    ops.push_back(std::move(s));
+    P2POp r;
+    r.kind = ir::OpKind::RECV;
+    r.peer = j * stages_ + rank_;
+    r.key = TensorKey{ir::OpKind::COMPRESSED_ALLREDUCE, tag, j, replica_};
+    r.buffer = host_bytes(block);
+    r.label = fmt::format("1-bit all-to-all(b{}) receive from replica {}", tag, j);
+    ops.push_back(std::move(r));
+  }
+  fabric_->post(CpuFabric::kDP, replica_ * stages_ + rank_, ops);
+  for (const P2POp& r : ops)
+    if (r.kind == ir::OpKind::RECV)
+      std::memcpy(to + r.key.mb * block, r.buffer.data.get(), static_cast<std::size_t>(block));  // key.mb: the sender
+}
+
 void CpuTransport::ring(const Buffer& buffer, int tag, bool reduce) {
   const int n = data_;
   if (n <= 1) return;
-  if (buffer.dtype != DType::F64) throw Error("CPU data-parallel collective: expected doubles");
-  double* data = buffer.as<double>();
+  // Sums need doubles; an all-gather copies any elements (1-bit Adam's packed bytes).
+  if (buffer.dtype != DType::F64 && (reduce || buffer.dtype != DType::U8))
+    throw Error("CPU data-parallel collective: expected doubles (or bytes to gather)");
+  const std::int64_t es = dtype_bytes(buffer.dtype);
+  auto* data = static_cast<std::uint8_t*>(buffer.data.get());
   const std::int64_t len = buffer.elements;
   auto seg_begin = [&](int s) { return part_range(len, s, n).first; };
   auto seg_len = [&](int s) { const auto [b, e] = part_range(len, s, n); return e - b; };
+  auto seg_bytes = [&](int s) { return static_cast<std::size_t>(seg_len(s) * es); };
   const int self = replica_ * stages_ + rank_;
   const int next = ((replica_ + 1) % n) * stages_ + rank_;
   const int prev = ((replica_ + n - 1) % n) * stages_ + rank_;
   const int i = replica_;
   const char* name = reduce ? "reduce-scatter" : "all-gather";
+  auto fresh = [&](int s) { return buffer.dtype == DType::U8 ? host_bytes(seg_len(s)) : host_buffer(seg_len(s)); };
   auto exchange = [&](int step, int send_seg, int recv_seg) {
     P2POp ops[2];
     ops[0].kind = ir::OpKind::SEND;
     ops[0].peer = next;
     ops[0].key = TensorKey{ir::OpKind::ALLREDUCE, tag, step, send_seg};
-    ops[0].buffer = host_buffer(seg_len(send_seg));
-    std::copy(data + seg_begin(send_seg), data + seg_begin(send_seg) + seg_len(send_seg),
-              ops[0].buffer.as<double>());
+    ops[0].buffer = fresh(send_seg);
+    std::memcpy(ops[0].buffer.data.get(), data + seg_begin(send_seg) * es, seg_bytes(send_seg));
     ops[0].label = fmt::format("{}(b{}) ring step {} send to rank {}", name, tag, step, next);
     ops[1].kind = ir::OpKind::RECV;
     ops[1].peer = prev;
     ops[1].key = TensorKey{ir::OpKind::ALLREDUCE, tag, step, recv_seg};
-    ops[1].buffer = host_buffer(seg_len(recv_seg));
+    ops[1].buffer = fresh(recv_seg);
     ops[1].label = fmt::format("{}(b{}) ring step {} receive from rank {}", name, tag, step, prev);
     fabric_->post(CpuFabric::kDP, self, ops);
     return ops[1].buffer;
@@ -340,7 +453,7 @@ void CpuTransport::ring(const Buffer& buffer, int tag, bool reduce) {
       const int send_seg = ((i - s) % n + n) % n;
       const int recv_seg = ((i - s - 1) % n + n) % n;
       Buffer got = exchange(s, send_seg, recv_seg);
-      double* dst = data + seg_begin(recv_seg);
+      double* dst = buffer.as<double>() + seg_begin(recv_seg);
       const double* src = got.as<double>();
       for (std::int64_t k = 0; k < seg_len(recv_seg); ++k) dst[k] += src[k];
     }
@@ -351,7 +464,7 @@ void CpuTransport::ring(const Buffer& buffer, int tag, bool reduce) {
     const int send_seg = ((i + 1 - s) % n + n) % n;
     const int recv_seg = ((i - s) % n + n) % n;
     Buffer got = exchange(n - 1 + s, send_seg, recv_seg);
-    std::copy(got.as<double>(), got.as<double>() + seg_len(recv_seg), data + seg_begin(recv_seg));
+    std::memcpy(data + seg_begin(recv_seg) * es, got.data.get(), seg_bytes(recv_seg));
   }
 }
 

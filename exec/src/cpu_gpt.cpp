@@ -561,6 +561,15 @@ void GptStage::adam(const AdamConfig& a, int t, std::int64_t first, std::int64_t
   }
 }
 
+void GptStage::adam_frozen_variance(const AdamConfig& a, int t, int frozen_at) {
+  Impl& I = *impl_;
+  if (frozen_at < 1 || t <= frozen_at)
+    throw Error(fmt::format("stage {}: 1-bit Adam step {} with the variance frozen after step {}", I.stage, t, frozen_at));
+  const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, frozen_at);
+  for (std::size_t i = 0; i < I.params.size(); ++i)
+    I.params[i] -= a.lr * (I.m1[i] / c1) / (std::sqrt(I.m2[i] / c2) + a.eps);
+}
+
 ParamMap GptStage::named_params() const {
   ParamMap out;
   for (const auto& s : impl_->specs) {

@@ -121,6 +121,7 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
     for (int step = 0; step < steps; ++step) {
       std::vector<RankStepResult> outs(static_cast<std::size_t>(p * d));
       const std::int64_t step_start = clock.now_ns(ir::Stream::Compute);
+      const std::int64_t wire_before = fabric.bytes_moved(CpuFabric::kDP);
       std::vector<std::thread> threads;
       for (int w = 0; w < p * d; ++w)
         threads.emplace_back([&, w] {
@@ -135,6 +136,7 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
       for (auto& t : threads) t.join();
       if (control.failed()) throw Error(control.failure());
       const std::int64_t step_end = clock.now_ns(ir::Stream::Compute);
+      result.dp_wire_bytes.push_back(fabric.bytes_moved(CpuFabric::kDP) - wire_before);
       record_step(result, outs, step_end - step_start, step == trace_step, options.keep_step_traces, "cpu",
                   plan, p * d);
     }
@@ -190,6 +192,11 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   md["backend"] = "cpu";
   md["threads"] = std::to_string(p * d);
   md["hardware_concurrency"] = std::to_string(std::thread::hardware_concurrency());
+  md["dp_wire_bytes"] = std::to_string(result.dp_wire_bytes.at(static_cast<std::size_t>(trace_step)));
+  const auto& par = plan.scenario.parallel;
+  md["optimizer"] = !par.onebit() ? par.optimizer
+                    : first + trace_step < par.onebit_warmup_steps ? "onebit-adam (warm-up: Adam)"
+                                                                  : "onebit-adam (compressed)";
   return result;
 }
 

@@ -51,7 +51,7 @@ class RankRun {
     grad_ops_.assign(static_cast<std::size_t>(chunks), {});
     reduce_count_.assign(static_cast<std::size_t>(chunks), 0);
     gather_count_.assign(static_cast<std::size_t>(chunks), 0);
-    int all_reduces = 0, scatters = 0;
+    int all_reduces = 0, scatters = 0, compressed = 0;
     for (int i = 0; i < static_cast<int>(ops_.size()); ++i) {
       const Op& op = ops_[static_cast<std::size_t>(i)];
       const int s = static_cast<int>(op.stream);
@@ -68,11 +68,11 @@ class RankRun {
         check_chunk(op, i);
         grad_ops_[static_cast<std::size_t>(op.chunk)].push_back(i);
       }
-      if (op.kind == OpKind::ALLREDUCE || op.kind == OpKind::REDUCE_SCATTER) {
+      if (ir::is_gradient_reduction(op.kind)) {
         check_chunk(op, i);
         reduce_index_[i] = reduce_count_[static_cast<std::size_t>(op.chunk)]++;
         reduce_ops_.push_back(i);
-        (op.kind == OpKind::ALLREDUCE ? all_reduces : scatters)++;
+        (op.kind == OpKind::ALLREDUCE ? all_reduces : op.kind == OpKind::REDUCE_SCATTER ? scatters : compressed)++;
       }
       if (op.kind == OpKind::ALL_GATHER) {
         check_chunk(op, i);
@@ -80,15 +80,21 @@ class RankRun {
       }
       if (op.kind == OpKind::OPT) opt_ = i;
     }
-    if (all_reduces > 0 && scatters > 0)
-      throw Error(fmt::format("rank {}: the plan mixes ALLREDUCE and REDUCE_SCATTER buckets; a rank's "
-                              "optimizer is either sharded (REDUCE_SCATTER, OPT, ALL_GATHER) or not", rank));
+    if ((all_reduces > 0) + (scatters > 0) + (compressed > 0) > 1)
+      throw Error(fmt::format("rank {}: the plan mixes ALLREDUCE, REDUCE_SCATTER and COMPRESSED_ALLREDUCE "
+                              "buckets; a rank's optimizer is one of Adam (ALLREDUCE), sharded Adam "
+                              "(REDUCE_SCATTER, OPT, ALL_GATHER) or 1-bit Adam (COMPRESSED_ALLREDUCE)", rank));
+    // 1-bit Adam: Adam with plain all-reduces for the warm-up steps, then compressed.
+    compressed_ = compressed > 0 && step >= plan.scenario.parallel.onebit_warmup_steps;
+    if (compressed_ && plan.scenario.parallel.onebit_warmup_steps < 1)
+      throw Error(fmt::format("rank {}: 1-bit Adam needs at least one warm-up step to freeze the variance "
+                              "(parallel.onebit_warmup_steps = {})", rank, plan.scenario.parallel.onebit_warmup_steps));
     if (plan.data > 1)
       for (int c = 0; c < chunks; ++c) {
         const int reduces = reduce_count_[static_cast<std::size_t>(c)];
         if (reduces == 0)
-          throw Error(fmt::format("rank {}: the plan has d = {} replicas but no ALLREDUCE or REDUCE_SCATTER "
-                                  "for chunk {}: its gradients would diverge", rank, plan.data, c));
+          throw Error(fmt::format("rank {}: the plan has d = {} replicas but no ALLREDUCE, REDUCE_SCATTER or "
+                                  "COMPRESSED_ALLREDUCE for chunk {}: its gradients would diverge", rank, plan.data, c));
         const int gathers = gather_count_[static_cast<std::size_t>(c)];
         if (scatters > 0 && opt_ >= 0 && gathers != reduces)
           throw Error(fmt::format("rank {}: chunk {} has {} REDUCE_SCATTER but {} ALL_GATHER buckets: after a "
@@ -225,7 +231,7 @@ class RankRun {
           run_compute(item.first, stream);
         else if (ir::is_p2p(op.kind))
           run_batch(item, stream);
-        else if (op.kind == OpKind::ALLREDUCE || op.kind == OpKind::REDUCE_SCATTER)
+        else if (ir::is_gradient_reduction(op.kind))
           run_reduce(item.first, stream);
         else if (op.kind == OpKind::ALL_GATHER)
           run_gather(item.first, stream);
@@ -244,6 +250,7 @@ class RankRun {
     const Op& op = ops_[static_cast<std::size_t>(i)];
     ComputeOp cop{op.kind, op.mb, op.chunk, op.slice, op.kind == OpKind::OPT ? -1 : stage(rank_, op.chunk),
                   op.kind == OpKind::OPT && sharded_ ? &shard_ : nullptr};
+    if (op.kind == OpKind::OPT && compressed_) cop.variance_frozen_at = plan_.scenario.parallel.onebit_warmup_steps;
     // The chunk's last gradient op: its buckets may start as its gradients become final.
     GradProgress progress;
     if (op.kind != OpKind::B && last_grad_.count(i)) {
@@ -262,7 +269,7 @@ class RankRun {
       std::string what = fmt::format("{} waiting for", op_label(op));
       if (in_key) what += " the " + key_text(*in_key);
       if (!op.deps.empty()) what += " its deps";
-      if (op.kind == OpKind::OPT) what += sharded_ ? " every REDUCE_SCATTER" : " every ALLREDUCE";
+      if (op.kind == OpKind::OPT) what += " every gradient reduction";
       wait_for(lock, stream, what, [&] {
         return deps_done(op) && (!in_key || tensors_.count(*in_key)) &&
                (op.kind != OpKind::OPT || all_done(reduce_ops_));
@@ -365,7 +372,7 @@ class RankRun {
     return tail_done_[c] >= tail_total_[c] - first;
   }
 
-  // ALLREDUCE or REDUCE_SCATTER of a gradient bucket.
+  // ALLREDUCE, REDUCE_SCATTER or COMPRESSED_ALLREDUCE of a gradient bucket.
   void run_reduce(int i, ir::Stream stream) {
     const Op& op = ops_[static_cast<std::size_t>(i)];
     const int index = reduce_index_.at(i), count = reduce_count_[static_cast<std::size_t>(op.chunk)];
@@ -379,13 +386,29 @@ class RankRun {
                          fmt::format("{} blocked in the data-parallel ring", op_label(op)));
     const std::int64_t start = backend_.clock->now_ns(stream);
     control_.progress();
-    if (op.kind == OpKind::ALLREDUCE)
-      backend_.transport->all_reduce(bucket, op.tag);
-    else
+    std::int64_t payload = bucket.bytes();
+    if (op.kind == OpKind::REDUCE_SCATTER) {
       backend_.transport->reduce_scatter(bucket, op.tag);
+    } else if (op.kind == OpKind::ALLREDUCE || !compressed_) {
+      backend_.transport->all_reduce(bucket, op.tag);  // (a warm-up step's COMPRESSED_ALLREDUCE)
+    } else {
+      // 1-bit Adam: the momentum's worker compression, the all-to-all of the segments to
+      // their owners, the owner's average and re-compression, the all-gather, the decoding.
+      const auto [member, members] = backend_.transport->dp_member();
+      const int part = part_of(index, count);
+      OnebitMessages m = backend_.compute->onebit_compress(op.chunk, part, count, members);
+      backend_.transport->all_to_all(m.sent, m.received, op.tag);
+      backend_.compute->onebit_serve(op.chunk, part, count, member, members, m);
+      backend_.transport->all_gather(m.gathered, op.tag);
+      backend_.compute->onebit_expand(op.chunk, part, count, members, m);
+      payload = m.gathered.bytes();
+    }
     const std::int64_t end = backend_.clock->now_ns(stream);
     control_.set_waiting(trace_rank_, stream, "");
     finish({i, i + 1}, start, end);
+    // What this bucket really carried: a compressed one's packed message, or in its
+    // warm-up the gradients (the plan's bytes are the compressed message's).
+    if (op.kind == OpKind::COMPRESSED_ALLREDUCE) events_[static_cast<std::size_t>(i)].bytes = payload;
   }
 
   // ALL_GATHER of a bucket's parameters, once this rank's (sharded) OPT stepped its part.
@@ -435,6 +458,7 @@ class RankRun {
   std::map<int, int> gather_index_;             // op index → bucket index in its chunk
   int opt_ = -1;                                // the OPT's index, if any
   bool sharded_ = false;                        // REDUCE_SCATTER buckets: OPT steps shard_ only
+  bool compressed_ = false;                     // COMPRESSED_ALLREDUCE buckets past the warm-up
   OptimizerShard shard_;
   std::map<int, int> last_grad_;                // op index → chunk whose last gradient op it is
   std::vector<std::int64_t> tail_done_;         // per chunk: GradProgress of that op (−1: none yet)

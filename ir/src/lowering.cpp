@@ -429,6 +429,8 @@ class Lowerer {
     for (int k = 0; k < static_cast<int>(compute.size()); ++k)
       if (is_backward(in[static_cast<std::size_t>(compute[static_cast<std::size_t>(k)])].kind)) last_backward = k;
     if (plan_.data <= 1 || !options_.grad_bytes || last_backward < 0) return after;
+    if (options_.shard_optimizer && options_.compress_element_bytes > 0)
+      throw Error("lowering: 1-bit Adam's compressed all-reduce and a sharded optimizer (ZeRO-1) exclude each other");
     after.resize(compute.size());
     const int chunks = ix_.stages.chunks;
     std::vector<int> last_of_chunk(static_cast<std::size_t>(chunks), -1);
@@ -457,6 +459,13 @@ class Lowerer {
         ar.bytes = std::min(left, bucket);
         ar.stream = Stream::DP;
         left -= ar.bytes;
+        if (options_.compress_element_bytes > 0) {
+          const std::int64_t e = options_.compress_element_bytes;
+          const std::int64_t elements = (ar.bytes + e - 1) / e;
+          ar.kind = OpKind::COMPRESSED_ALLREDUCE;
+          ar.bytes = compressed_bucket_bytes(elements, plan_.data);
+          if (options_.compress_seconds) ar.est_seconds = options_.compress_seconds(r, elements);
+        }
         // Overlapped: the backward produces the chunk's gradients from its last
         // parameters to its first, at a steady rate through the trigger op; the bucket
         // that ends them is ready that far in.

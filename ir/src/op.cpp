@@ -6,9 +6,9 @@
 
 namespace tdpipe::ir {
 namespace {
-constexpr std::array<std::string_view, 13> kKindNames = {
+constexpr std::array<std::string_view, 14> kKindNames = {
     "F", "B", "W", "BW", "OPT", "SEND", "RECV", "ALLREDUCE", "REDUCE_SCATTER",
-    "ALL_GATHER", "LOAD", "OFFLOAD", "CKPT"};
+    "ALL_GATHER", "LOAD", "OFFLOAD", "CKPT", "COMPRESSED_ALLREDUCE"};
 constexpr std::array<std::string_view, 3> kStreamNames = {"compute", "p2p", "dp"};
 }  // namespace
 
@@ -28,7 +28,16 @@ int peak_inflight(const std::vector<Op>& rank_ops) {
 bool is_p2p(OpKind kind) { return kind == OpKind::SEND || kind == OpKind::RECV; }
 bool is_collective(OpKind kind) {
   return kind == OpKind::ALLREDUCE || kind == OpKind::REDUCE_SCATTER ||
-         kind == OpKind::ALL_GATHER;
+         kind == OpKind::ALL_GATHER || kind == OpKind::COMPRESSED_ALLREDUCE;
+}
+bool is_gradient_reduction(OpKind kind) {
+  return kind == OpKind::ALLREDUCE || kind == OpKind::REDUCE_SCATTER ||
+         kind == OpKind::COMPRESSED_ALLREDUCE;
+}
+std::int64_t compressed_bucket_bytes(std::int64_t elements, int members) {
+  const std::int64_t d = std::max(1, members);
+  const std::int64_t longest = (std::max<std::int64_t>(elements, 0) + d - 1) / d;
+  return d * (4 + (longest + 7) / 8);
 }
 
 std::string_view to_string(OpKind kind) { return kKindNames[static_cast<std::size_t>(kind)]; }

@@ -82,7 +82,8 @@ struct PlanIndex {
 inline bool p2p_kind(OpKind kind) { return kind == OpKind::SEND || kind == OpKind::RECV; }
 inline bool compute_kind(OpKind kind) { return kind <= OpKind::OPT; }
 inline bool collective_kind(OpKind kind) {
-  return kind == OpKind::ALLREDUCE || kind == OpKind::REDUCE_SCATTER || kind == OpKind::ALL_GATHER;
+  return kind == OpKind::ALLREDUCE || kind == OpKind::REDUCE_SCATTER || kind == OpKind::ALL_GATHER ||
+         kind == OpKind::COMPRESSED_ALLREDUCE;
 }
 
 /// The slot an op is filed under and its key; {kSlots, −1} if none. Inline: every

@@ -37,7 +37,7 @@ namespace {
 using nlohmann::json;
 
 constexpr std::string_view kKindList =
-    "F, B, W, BW, OPT, SEND, RECV, ALLREDUCE, REDUCE_SCATTER, ALL_GATHER, LOAD, OFFLOAD, CKPT";
+    "F, B, W, BW, OPT, SEND, RECV, ALLREDUCE, REDUCE_SCATTER, ALL_GATHER, LOAD, OFFLOAD, CKPT, COMPRESSED_ALLREDUCE";
 
 std::vector<std::vector<int>> default_stage_of(int stages, int chunks) {
   std::vector<std::vector<int>> s(static_cast<std::size_t>(std::max(stages, 0)));

@@ -118,6 +118,14 @@ void check_parallel(Rules& r, const Scenario& s) {
   if (r.ok() && (p.bucket_mb > 1 << 20 || p.bucket_mb < 0.001))
     r.fail("parallel.bucket_mb",
            fmt::format("expected 0.001 to 1048576 MiB (1 KiB to 1 TiB) per bucket, got {}", p.bucket_mb));
+  r.member("parallel.optimizer", p.optimizer, scenario_optimizer_names());
+  r.count("parallel.onebit_warmup_steps", p.onebit_warmup_steps, "uncompressed Adam steps before 1-bit Adam");
+  // 1-bit Adam compresses the momentum all-reduce; ZeRO-1 reduce-scatters gradients
+  // instead (DeepSpeed's 1-bit Adam likewise runs without ZeRO).
+  if (r.ok() && p.onebit() && p.distributed_optimizer)
+    r.fail("parallel.optimizer",
+           "onebit-adam all-reduces a compressed momentum on every replica; it cannot be combined with "
+           "distributed_optimizer: true (ZeRO-1 shards the optimizer) — choose one");
   if (!r.ok()) return;
 
   const ModelConfig& model = s.model;
@@ -242,6 +250,10 @@ const std::vector<std::string>& scenario_attention_names() {
 }
 const std::vector<std::string>& scenario_recompute_names() {
   static const std::vector<std::string> names = {"none", "selective", "full"};
+  return names;
+}
+const std::vector<std::string>& scenario_optimizer_names() {
+  static const std::vector<std::string> names = {"adam", "onebit-adam"};
   return names;
 }
 const std::vector<std::string>& scenario_topologies() {

@@ -398,7 +398,7 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
   MapReader r(rep, node, "parallel", where,
               {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
                "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce",
-               "bucket_mb", "distributed_optimizer"});
+               "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps"});
   ParallelConfig p;
   p.tensor = r.get_int("tensor", 1, 1, "tensor-parallel size");
   p.pipeline = r.get_int("pipeline", 1, 1, "pipeline stages");
@@ -416,6 +416,8 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
   p.overlap_grad_reduce = r.get_bool("overlap_grad_reduce", true);
   p.bucket_mb = r.get_number("bucket_mb", 40.0, true, "MiB of gradients per data-parallel bucket");
   p.distributed_optimizer = r.get_bool("distributed_optimizer", false);
+  p.optimizer = r.get_choice("optimizer", "adam", "optimizer", scenario_optimizer_names());
+  p.onebit_warmup_steps = r.get_int("onebit_warmup_steps", 100, 1, "uncompressed Adam steps before 1-bit Adam");
   if (r.has("layers_per_stage")) {
     const YAML::Node& n = r.node("layers_per_stage");
     const std::string expected = "auto or a list of layer counts, one per virtual stage (pipeline*chunks)";
@@ -645,7 +647,9 @@ json to_json(const Scenario& s) {
          s.parallel.layers_per_stage_auto ? json("auto") : json(s.parallel.layers_per_stage)},
         {"overlap_grad_reduce", s.parallel.overlap_grad_reduce},
         {"bucket_mb", s.parallel.bucket_mb},
-        {"distributed_optimizer", s.parallel.distributed_optimizer}}},
+        {"distributed_optimizer", s.parallel.distributed_optimizer},
+        {"optimizer", s.parallel.optimizer},
+        {"onebit_warmup_steps", s.parallel.onebit_warmup_steps}}},
       {"synthetic", nullptr},
   };
   if (s.synthetic) {
@@ -699,7 +703,7 @@ Scenario scenario_from_json(const json& j) {
   JsonReader p(r.at("parallel"), r.path("parallel"),
                {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
                 "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce",
-                "bucket_mb", "distributed_optimizer"});
+                "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps"});
   s.parallel.tensor = p.get_int("tensor");
   s.parallel.pipeline = p.get_int("pipeline");
   s.parallel.data = p.get_int("data");
@@ -720,6 +724,8 @@ Scenario scenario_from_json(const json& j) {
   if (p.has("overlap_grad_reduce")) s.parallel.overlap_grad_reduce = p.get_bool("overlap_grad_reduce");
   if (p.has("bucket_mb")) s.parallel.bucket_mb = p.get_double("bucket_mb");
   if (p.has("distributed_optimizer")) s.parallel.distributed_optimizer = p.get_bool("distributed_optimizer");
+  if (p.has("optimizer")) s.parallel.optimizer = p.get_string("optimizer");
+  if (p.has("onebit_warmup_steps")) s.parallel.onebit_warmup_steps = p.get_int("onebit_warmup_steps");
   if (p.has("layers_per_stage")) {  // older files: even
     const json& l = p.at("layers_per_stage");
     if (l == "auto") {

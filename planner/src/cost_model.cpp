@@ -19,6 +19,14 @@
 //  - optimizer_bytes_per_param 36: one fused Adam step reads the fp32 gradient, master
 //    weight and two moments, writes the three fp32 states and the 16-bit weight, then
 //    zeroes the gradient buffer (4+4+4+4 read, 4+4+4+2 write, 4 zero, ≈2 for the norm).
+//  - onebit_bytes_per_element 26: 1-bit Adam's kernels per gradient element of a
+//    bucket (DeepSpeed's compressed_allreduce, Tang et al. 2021): the momentum update
+//    reads the gradient and reads/writes the fp32 momentum (4+4+4), the worker
+//    compression reads/writes the fp32 error (4+4) and writes the sign bit, the server
+//    side touches 1/d of it (fp32 error read/write: ≤ 4 at d = 2), the decompression
+//    writes the momentum back (4); ≈ 2 for the scales' norms. The OPT that follows is
+//    priced as Adam's (it reads the frozen variance instead of updating it: < 1 % of a
+//    step at any scale this models).
 //  - flash_attention 0.60: FlashAttention-2 (Dao 2023, arXiv 2307.08691) reaches 50–73 %
 //    of A100 peak, counting the causal half of the score block and its backward as 2.5×
 //    forward (the counts used here); its best cases are ~73 % forward and ~63 % backward,
@@ -476,6 +484,11 @@ double optimizer_seconds(const ir::Scenario& sc, const ir::GpuSpec& gpu, double 
   return hbm_seconds(params * default_efficiencies().optimizer_bytes_per_param, gpu);
 }
 
+double onebit_compress_seconds(const ir::Scenario& sc, const ir::GpuSpec& gpu, double elements) {
+  (void)sc;
+  return hbm_seconds(elements * default_efficiencies().onebit_bytes_per_element, gpu);
+}
+
 std::vector<int> solve_slices_by(int seq, int slices,
                                  const std::function<double(double tokens, double prefix)>& cost) {
   if (slices < 1 || slices > seq)
@@ -842,6 +855,12 @@ ir::LoweringOptions lowering_options(const ir::Plan& plan, const ir::Scenario& s
   opt.bucket_bytes = std::max<std::int64_t>(1, std::llround(sc.parallel.bucket_mb * (1 << 20)));
   const int shards = optimizer_shards(sc);
   opt.shard_optimizer = shards > 1;
+  if (sc.parallel.onebit() && sc.parallel.data > 1) {
+    opt.compress_element_bytes = static_cast<int>(s.e);
+    opt.compress_seconds = [sc](int rank, std::int64_t elements) {
+      return onebit_compress_seconds(sc, gpu_of_rank(sc, rank), static_cast<double>(elements));
+    };
+  }
   std::vector<double> opt_seconds;
   for (int r = 0; r < int(stage_of.size()); ++r) {
     double params = 0;
@@ -860,6 +879,9 @@ MemoryEstimate static_bytes_per_param(const ir::Scenario& sc) {
   m.weights_bytes = fp32 ? 4 : 2;
   m.grads_bytes = fp32 ? 4 : 2;
   m.optimizer_bytes = (fp32 ? 8.0 : 12.0) / optimizer_shards(sc);
+  // 1-bit Adam's error feedback: the worker's over every parameter, the server's over
+  // the member's segment of each bucket.
+  if (sc.parallel.onebit() && sc.parallel.data > 1 && !sc.synthetic) m.optimizer_bytes += 4.0 + 4.0 / sc.parallel.data;
   return m;
 }
 

@@ -135,10 +135,15 @@ ir::DurationFn analytic_durations(const ir::Plan& plan) {
       }
       case ir::OpKind::ALLREDUCE:
       case ir::OpKind::REDUCE_SCATTER:
-      case ir::OpKind::ALL_GATHER: {
+      case ir::OpKind::ALL_GATHER:
+      case ir::OpKind::COMPRESSED_ALLREDUCE: {
         if (rank < 0 || rank >= t->ranks) return 0;
+        // A compressed all-reduce (an all-to-all, then an all-gather of the packed
+        // message) moves what a ring all-reduce of its bytes moves, after its kernels.
+        const bool twice = op.kind == ir::OpKind::ALLREDUCE || op.kind == ir::OpKind::COMPRESSED_ALLREDUCE;
         return to_ns(ring_seconds(t->dp[static_cast<std::size_t>(rank)], t->data, static_cast<double>(op.bytes),
-                                  op.kind == ir::OpKind::ALLREDUCE));
+                                  twice) +
+                     (op.kind == ir::OpKind::COMPRESSED_ALLREDUCE ? op.est_seconds : 0.0));
       }
       default:
         return to_ns(op.est_seconds);

@@ -43,7 +43,7 @@ struct RankInfo {
   std::vector<std::vector<int>> local_deps;
   std::vector<std::vector<ir::OpRef>> remote_deps;
   std::vector<int> match;        ///< SEND/RECV: index of the matching op on the peer rank
-  std::vector<double> seconds;   ///< non-comm ops: duration, quantised to ns
+  std::vector<double> seconds;   ///< non-comm ops and COMPRESSED_ALLREDUCE kernels: duration, quantised to ns
 };
 
 struct OpState {
@@ -171,9 +171,10 @@ void Model::prepare_ranks() {
       if (op.kind == OpKind::B || op.kind == OpKind::W || op.kind == OpKind::BW) last_backward = i;
       if (ir::is_compute(op.kind) && op.kind != OpKind::OPT) last_compute = i;
       if (ir::is_collective(op.kind)) collectives.push_back(i);
-      if (!ir::is_p2p(op.kind) && !ir::is_collective(op.kind)) {
+      // Device time: compute ops', and a compressed all-reduce's kernels before its wire.
+      if (!ir::is_p2p(op.kind) && (!ir::is_collective(op.kind) || op.kind == OpKind::COMPRESSED_ALLREDUCE)) {
         std::optional<double> over;
-        if (opt_.op_seconds) over = opt_.op_seconds(op, r);
+        if (opt_.op_seconds && !ir::is_collective(op.kind)) over = opt_.op_seconds(op, r);
         const double sec = over ? *over : op.est_seconds;
         if (!(sec >= 0) || !(sec <= 9e9))  // 9e9 s keeps every time inside int64 ns
           throw Error(fmt::format("plan rank {} op {} ({}): duration {} s; expected a value in [0, 9e9]",
@@ -578,7 +579,12 @@ void Model::run_collective(int gi, int op) {
   const int n = place_.data;
   if (n <= 1) return;
   const double bytes = synthetic_ ? 0.0 : static_cast<double>(o.bytes);
-  const int steps = o.kind == OpKind::ALLREDUCE ? 2 * (n - 1) : n - 1;
+  // 1-bit Adam: the compression kernels first (the op's est_seconds), then an all-to-all
+  // and an all-gather of the packed message — a ring all-reduce's steps and volume.
+  const bool compressed = o.kind == OpKind::COMPRESSED_ALLREDUCE;
+  const double kernels = ranks_[g.stage].seconds[static_cast<std::size_t>(op)];
+  if (compressed && kernels > 0 && !synthetic_) sg4::this_actor::sleep_for(kernels);
+  const int steps = o.kind == OpKind::ALLREDUCE || compressed ? 2 * (n - 1) : n - 1;
   const double alpha = g.ring_alpha, beta = g.ring_beta;
   bool tree = false;
   if (o.kind == OpKind::ALLREDUCE) {

@@ -86,6 +86,8 @@ TEST_CASE("JSON scenarios get the rules YAML scenarios get", "[scenario][bad-inp
       {{"parallel", "bucket_mb"}, 1e12, "scenario.parallel.bucket_mb: expected 0.001 to 1048576 MiB"},
       {{"parallel", "distributed_optimizer"}, "yes", "scenario.parallel.distributed_optimizer: expected"},
       {{"parallel", "overlap_grad_reduce"}, 1, "scenario.parallel.overlap_grad_reduce: expected"},
+      {{"parallel", "optimizer"}, "lamb", "scenario.parallel.optimizer: expected one of adam, onebit-adam"},
+      {{"parallel", "onebit_warmup_steps"}, 0, "scenario.parallel.onebit_warmup_steps: expected a positive integer"},
   };
   for (const auto& c : cases) {
     json j = good;
@@ -144,6 +146,21 @@ TEST_CASE("YAML rules checked after reading still point at their line", "[scenar
       "  bucket_mb: 2000000\n";
   REQUIRE_THROWS_WITH(parse_scenario(bucket, "s.yaml"),
                       StartsWith("s.yaml:7: parallel.bucket_mb: expected 0.001 to 1048576 MiB (1 KiB to 1 TiB)"));
+  const std::string onebit_zero =
+      "model: {layers: 8, hidden: 64, heads: 4, seq: 32, vocab: 64}\n"
+      "cluster: {gpu: cpu, nodes: 1, gpus_per_node: 4}\n"
+      "parallel:\n"
+      "  pipeline: 2\n"
+      "  data: 2\n"
+      "  global_batch: 8\n"
+      "  distributed_optimizer: true\n"
+      "  optimizer: onebit-adam\n";
+  REQUIRE_THROWS_WITH(parse_scenario(onebit_zero, "s.yaml"),
+                      StartsWith("s.yaml:8: parallel.optimizer: onebit-adam all-reduces a compressed momentum"));
+  REQUIRE_THROWS_WITH(parse_scenario(onebit_zero.substr(0, onebit_zero.find("  distributed")) +
+                                         "  optimizer: sgd\n",
+                                     "s.yaml"),
+                      StartsWith("s.yaml:7: parallel.optimizer: unknown optimizer 'sgd'"));
   const std::string chunks =
       "model: {layers: 8, hidden: 64, heads: 4, seq: 32, vocab: 64}\n"
       "cluster: {gpu: cpu, nodes: 1, gpus_per_node: 2}\n"

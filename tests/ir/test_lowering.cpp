@@ -220,6 +220,39 @@ TEST_CASE("lower: data parallelism adds bucketed all-reduces and OPT after them"
     for (const OpRef& d : ops[static_cast<std::size_t>(o)].deps) CHECK(low.at(d).kind == OpKind::REDUCE_SCATTER);
     CHECK_NOTHROW(validate(low));
   }
+  SECTION("1-bit Adam: each bucket a COMPRESSED_ALLREDUCE of its packed bytes, where the all-reduce was") {
+    const Plan plain = lower(plan, opt);
+    opt.compress_element_bytes = 2;
+    opt.compress_seconds = [](int rank, std::int64_t elements) { return 1e-6 * double(elements) + rank; };
+    const Plan low = lower(plan, opt);
+    REQUIRE(low.ranks[0].size() == plain.ranks[0].size());
+    int compressed = 0;
+    for (std::size_t i = 0; i < low.ranks[0].size(); ++i) {
+      const Op& a = plain.ranks[0][i];
+      const Op& c = low.ranks[0][i];
+      if (a.kind != OpKind::ALLREDUCE) {
+        CHECK(c == a);
+        continue;
+      }
+      ++compressed;
+      CHECK(c.kind == OpKind::COMPRESSED_ALLREDUCE);
+      CHECK(c.deps == a.deps);
+      CHECK(c.ready_after == a.ready_after);  // the gradients' share, as before
+      CHECK(c.stream == Stream::DP);
+      // 40 gradient bytes = 20 elements over d = 4: 4 × (4-byte scale + 1 byte of 5 bits).
+      const std::int64_t elements = a.bytes / 2;
+      CHECK(c.bytes == compressed_bucket_bytes(elements, 4));
+      CHECK(c.est_seconds == Approx(1e-6 * double(elements)));
+    }
+    CHECK(compressed == 5);
+    CHECK(low.ranks[0][index_of(low, 0, "COMPRESSED_ALLREDUCE(b0.c1)")].bytes == 4 * (4 + 1));
+    for (const OpRef& d : low.ranks[0].back().deps) CHECK(low.at(d).kind == OpKind::COMPRESSED_ALLREDUCE);
+    CHECK_NOTHROW(validate(low));
+    CHECK(plan_from_text(to_text(low)).ranks[0][index_of(low, 0, "COMPRESSED_ALLREDUCE(b3)")].kind ==
+          OpKind::COMPRESSED_ALLREDUCE);
+    opt.shard_optimizer = true;
+    CHECK_THROWS_WITH(lower(plan, opt), Catch::Contains("exclude each other"));
+  }
   SECTION("no DP reduction with d = 1") {
     plan.data = 1;
     const Plan low = lower(plan, opt);

@@ -318,7 +318,7 @@ TEST_CASE("plan JSON: defaults for omitted fields, errors name the field path", 
   auto b = j;
   b["ranks"][1][2]["kind"] = "FW";
   expect_error(b, "plan.ranks[1][2].kind: expected an op kind (F, B, W, BW, OPT, SEND, RECV, ALLREDUCE, "
-                  "REDUCE_SCATTER, ALL_GATHER, LOAD, OFFLOAD, CKPT), got \"FW\"");
+                  "REDUCE_SCATTER, ALL_GATHER, LOAD, OFFLOAD, CKPT, COMPRESSED_ALLREDUCE), got \"FW\"");
   b = j;
   b["ranks"][0][3]["deps"] = nlohmann::json::parse("[[0]]");
   expect_error(b, "plan.ranks[0][3].deps[0]: expected a [rank, index] pair, got [0]");
@@ -338,7 +338,7 @@ TEST_CASE("plan JSON: defaults for omitted fields, errors name the field path", 
   b = j;
   b["ranks"][0][0].erase("kind");
   expect_error(b, "plan.ranks[0][0].kind: missing; expected an op kind (F, B, W, BW, OPT, SEND, RECV, "
-                  "ALLREDUCE, REDUCE_SCATTER, ALL_GATHER, LOAD, OFFLOAD, CKPT)");
+                  "ALLREDUCE, REDUCE_SCATTER, ALL_GATHER, LOAD, OFFLOAD, CKPT, COMPRESSED_ALLREDUCE)");
   b = j;
   b["stage_of"][1][0] = -2.5;
   expect_error(b, "plan.stage_of[1][0]: expected an integer in [-2147483648, 2147483647], got -2.5");

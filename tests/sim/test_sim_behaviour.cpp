@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "sim_test_util.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/plan_io.hpp"
@@ -233,4 +235,60 @@ TEST_CASE("bad inputs are rejected with a message naming the problem", "[sim][er
   SECTION("an unknown platform preset") {
     REQUIRE_THROWS_WITH(sim::platform_preset("dgx-b300", 1), Contains("dgx-a100-hdr"));
   }
+}
+
+TEST_CASE("1-bit Adam: each bucket's compressed all-reduce carries the packed momentum, priced as its kernels plus "
+          "a ring all-reduce of those bytes in both engines",
+          "[sim][dp][onebit]") {
+  ir::Scenario sc = gpt3_dp(4);
+  const auto plain = planner::build_plan(sc, "1f1b");
+  sc.parallel.optimizer = "onebit-adam";
+  const auto onebit = planner::build_plan(sc, "1f1b");
+  // The same buckets, each now a COMPRESSED_ALLREDUCE of one sign bit per bf16 gradient
+  // (elements = bytes / 2) plus a 4-byte scale per member: 1/16 of the bytes and a little.
+  std::vector<std::int64_t> grads, packed;
+  for (const ir::Op& op : plain.lowered.ranks[0])
+    if (op.kind == ir::OpKind::ALLREDUCE) grads.push_back(op.bytes);
+  for (const ir::Op& op : onebit.lowered.ranks[0]) {
+    CHECK(op.kind != ir::OpKind::ALLREDUCE);
+    if (op.kind != ir::OpKind::COMPRESSED_ALLREDUCE) continue;
+    packed.push_back(op.bytes);
+    CHECK(op.stream == ir::Stream::DP);
+    CHECK(op.est_seconds > 0);  // the compression kernels
+  }
+  REQUIRE(grads.size() == packed.size());
+  REQUIRE(!grads.empty());
+  for (std::size_t k = 0; k < grads.size(); ++k) {
+    const std::int64_t elements = grads[k] / 2, longest = (elements + 3) / 4;
+    CHECK(packed[k] == 4 * (4 + (longest + 7) / 8));
+  }
+  // The error-feedback buffers: fp32 worker error over every parameter, the server's over
+  // its 1/d segment: 4 + 4/4 bytes per parameter more optimizer state.
+  const auto mem_plain = planner::memory_per_rank(plain.lowered, gpt3_dp(4));
+  const auto mem_onebit = planner::memory_per_rank(onebit.lowered, sc);
+  for (std::size_t r = 0; r < mem_plain.size(); ++r) {
+    const double params = mem_plain[r].weights_bytes / 2;
+    CHECK(mem_onebit[r].optimizer_bytes == Approx(mem_plain[r].optimizer_bytes + 5 * params));
+  }
+  const traces::Trace analytic = planner::evaluate(onebit.lowered);
+  std::map<std::pair<int, std::string>, std::int64_t> dur;
+  for (const auto& e : analytic.events) dur[{e.rank, e.name}] = e.dur_ns;
+  for (int r = 0; r < onebit.lowered.num_ranks(); ++r)
+    for (const ir::Op& op : onebit.lowered.ranks[static_cast<std::size_t>(r)]) {
+      if (op.kind != ir::OpKind::COMPRESSED_ALLREDUCE) continue;
+      const double want = planner::allreduce_seconds(onebit.lowered, r, op.bytes) + op.est_seconds;
+      CHECK(double(dur.at({r, ir::op_to_text(op)})) == Approx(want * 1e9).margin(2));
+    }
+  const auto sim_plain = sim::simulate(plain.lowered, {});
+  const auto sim_onebit = sim::simulate(onebit.lowered, {});
+  const std::int64_t sim_c = total_ns(sim_onebit.trace, ir::OpKind::COMPRESSED_ALLREDUCE);
+  const std::int64_t ana_c = total_ns(analytic, ir::OpKind::COMPRESSED_ALLREDUCE);
+  REQUIRE(sim_c > 0);
+  CHECK(double(sim_c) == Approx(double(ana_c)).epsilon(0.05));
+  // Less on the wire: the reduction takes a fraction of the all-reduce's time, and the
+  // iteration is no longer.
+  CHECK(sim_c < total_ns(sim_plain.trace, ir::OpKind::ALLREDUCE) / 4);
+  CHECK(sim_onebit.metrics.iteration_ns <= sim_plain.metrics.iteration_ns);
+  // A plan file keeps the compressed collectives.
+  CHECK(ir::plan_from_json(ir::to_json(onebit.lowered)) == onebit.lowered);
 }

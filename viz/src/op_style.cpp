@@ -30,6 +30,7 @@ QColor kind_color(ir::OpKind k) {
     case ir::OpKind::LOAD: return {0x9c, 0x75, 0x5f};
     case ir::OpKind::OFFLOAD: return {0x79, 0x55, 0x48};
     case ir::OpKind::CKPT: return {0x9e, 0x9e, 0x9e};
+    case ir::OpKind::COMPRESSED_ALLREDUCE: return {0xe5, 0x73, 0x73};
   }
   return Qt::gray;
 }
@@ -52,7 +53,12 @@ QString op_label(const traces::TraceEvent& e) {
   if (*e.kind == ir::OpKind::SEND || *e.kind == ir::OpKind::RECV) {
     s = (*e.kind == ir::OpKind::SEND ? "S" : "R");
   } else if (ir::is_collective(*e.kind)) {
-    s = (*e.kind == ir::OpKind::ALLREDUCE ? "AR" : *e.kind == ir::OpKind::REDUCE_SCATTER ? "RS" : "AG");
+    switch (*e.kind) {
+      case ir::OpKind::ALLREDUCE: s = "AR"; break;
+      case ir::OpKind::REDUCE_SCATTER: s = "RS"; break;
+      case ir::OpKind::COMPRESSED_ALLREDUCE: s = "AR1b"; break;
+      default: s = "AG"; break;
+    }
   }
   if (e.mb >= 0) s += QString::number(e.mb);
   if (e.chunk > 0) s += QStringLiteral(".c%1").arg(e.chunk);

@@ -3,6 +3,7 @@
 // SIMT tests run kernels.cu itself instead (simt/).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernels.cuh"
 
@@ -250,6 +251,47 @@ void adam(float* p, const float* g, float* m, float* v, bf16* pb, i64 n, float l
       v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
       p[i] -= lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
       pb[i] = b(p[i]);
+    }
+  });
+}
+void adam_frozen_variance(float* p, const float* m, const float* v, bf16* pb, i64 n, float lr, float eps, float c1,
+                          float c2, cudaStream_t stream) {
+  emu::launch(stream, [=] {
+    for (i64 i = 0; i < n; ++i) {
+      p[i] -= lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
+      pb[i] = b(p[i]);
+    }
+  });
+}
+void onebit_momentum(float* m, const float* g, i64 n, float b1, float gs, cudaStream_t stream) {
+  emu::launch(stream, [=] {
+    for (i64 i = 0; i < n; ++i) m[i] = b1 * m[i] + (1 - b1) * gs * g[i];
+  });
+}
+void onebit_compress(const float* x, float* e, i64 len, unsigned char* block, double* sum, cudaStream_t stream) {
+  emu::launch(stream, [=] {
+    double s2 = 0;
+    for (i64 i = 0; i < len; ++i) s2 += double(x[i] + e[i]) * double(x[i] + e[i]);
+    *sum = s2;
+    const float s = len > 0 ? float(std::sqrt(s2 / double(len))) : 0.f;
+    std::memcpy(block, &s, sizeof s);
+    std::memset(block + 4, 0, static_cast<std::size_t>((len + 7) / 8));
+    for (i64 i = 0; i < len; ++i) {
+      const float c = x[i] + e[i];
+      if (c >= 0.f) block[4 + i / 8] = static_cast<unsigned char>(block[4 + i / 8] | (1u << (i % 8)));
+      e[i] = c - (c >= 0.f ? s : -s);
+    }
+  });
+}
+void onebit_expand(const unsigned char* block, i64 len, float w, float* out, bool acc, const float* keep,
+                   cudaStream_t stream) {
+  emu::launch(stream, [=] {
+    float s;
+    std::memcpy(&s, block, sizeof s);
+    s *= w;
+    for (i64 i = 0; i < len; ++i) {
+      const float v = (block[4 + i / 8] >> (i % 8)) & 1u ? s : -s;
+      out[i] = acc ? out[i] + v : keep != nullptr && keep[i] == 0.f ? 0.f : v;
     }
   });
 }

@@ -568,7 +568,7 @@ Registry& registry() {
   return *r;
 }
 
-std::size_t type_size(ncclDataType_t t) { return t == ncclFloat64 ? 8 : 4; }
+std::size_t type_size(ncclDataType_t t) { return t == ncclFloat64 ? 8 : t == ncclUint8 ? 1 : 4; }
 
 struct P2P {
   bool send;
@@ -794,6 +794,10 @@ ncclResult_t collective(Kind kind, const void* sendbuf, void* recvbuf, std::size
     nccl_last_error = "root " + std::to_string(root) + " of " + std::to_string(c->n);
     return ncclInvalidArgument;
   }
+  if (type == ncclUint8 && kind != Kind::Broadcast) {  // (the emulation sums floats only)
+    nccl_last_error = "emulated NCCL sums fp32 and fp64 only";
+    return ncclInvalidArgument;
+  }
   const std::uint64_t seq = comm->collectives++;  // call order = matching order, as NCCL
   const int me = comm->rank;
   emu::submit(stream, [c, seq, me, sendbuf, recvbuf, count, type, kind, root] {
@@ -819,13 +823,16 @@ ncclResult_t collective(Kind kind, const void* sendbuf, void* recvbuf, std::size
     c->cv.notify_all();
     c->cv.wait(lock, [&] { return c->aborted || k.arrived == c->n; });
     if (c->aborted) return;
-    const std::size_t bytes = count * (type == ncclFloat64 ? sizeof(double) : sizeof(float));
+    const std::size_t bytes = count * type_size(type);
     std::vector<double> sum64(type == ncclFloat64 ? count : 0, 0.0);
-    std::vector<float> sum32(type == ncclFloat64 ? 0 : count, 0.f);
+    std::vector<float> sum32(type == ncclFloat32 ? count : 0, 0.f);
+    std::vector<unsigned char> raw(type == ncclUint8 ? count : 0);
     const bool writes = kind == Kind::AllReduce || kind == Kind::Broadcast || me == root;
     if (kind == Kind::Broadcast) {
-      if (type == ncclFloat64) std::memcpy(sum64.data(), k.inputs[static_cast<std::size_t>(root)], bytes);
-      else std::memcpy(sum32.data(), k.inputs[static_cast<std::size_t>(root)], bytes);
+      void* to = type == ncclFloat64 ? static_cast<void*>(sum64.data())
+                 : type == ncclUint8 ? static_cast<void*>(raw.data())
+                                     : static_cast<void*>(sum32.data());
+      std::memcpy(to, k.inputs[static_cast<std::size_t>(root)], bytes);
     } else if (writes) {
       for (const void* in : k.inputs)
         for (std::size_t i = 0; i < count; ++i) {
@@ -837,7 +844,12 @@ ncclResult_t collective(Kind kind, const void* sendbuf, void* recvbuf, std::size
     c->cv.notify_all();
     c->cv.wait(lock, [&] { return c->aborted || k.read == c->n; });
     if (c->aborted) return;
-    if (writes) std::memcpy(recvbuf, type == ncclFloat64 ? static_cast<const void*>(sum64.data()) : sum32.data(), bytes);
+    if (writes)
+      std::memcpy(recvbuf,
+                  type == ncclFloat64 ? static_cast<const void*>(sum64.data())
+                  : type == ncclUint8 ? static_cast<const void*>(raw.data())
+                                      : static_cast<const void*>(sum32.data()),
+                  bytes);
     if (--k.left == 0) c->collectives.erase(seq);
   });
   return ncclSuccess;

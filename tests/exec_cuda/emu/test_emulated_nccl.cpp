@@ -52,16 +52,24 @@ std::vector<RankOutcome> run_world(const std::vector<ir::Plan>& plans, const cud
   return out;
 }
 
-void check_against_cpu(const std::string& schedule, int p, int d, int m, bool distributed_optimizer = false) {
+void check_against_cpu(const std::string& schedule, int p, int d, int m, bool distributed_optimizer = false,
+                       bool onebit = false) {
   ir::Scenario sc = cuda::test::tiny_scenario(p, d, m);
   sc.parallel.distributed_optimizer = distributed_optimizer;
-  sc.parallel.bucket_mb = distributed_optimizer ? 0.004 : sc.parallel.bucket_mb;  // several buckets a chunk
+  // Several buckets a chunk; 1-bit Adam: 3 warm-up steps (a variance worth freezing:
+  // see onebit.hpp), then 2 compressed.
+  sc.parallel.bucket_mb = distributed_optimizer || onebit ? 0.004 : sc.parallel.bucket_mb;
+  const int steps = onebit ? 5 : 2;
+  if (onebit) {
+    sc.parallel.optimizer = "onebit-adam";
+    sc.parallel.onebit_warmup_steps = 3;
+  }
   const ir::Plan plan = planner::build_plan(sc, schedule, 1).lowered;
   cpu::CpuRunOptions co;
-  co.train = cuda::test::train_options(2);
+  co.train = cuda::test::train_options(steps);
   const cpu::RunResult want = cpu::run_cpu(plan, co);
   cuda::CudaRunOptions o;
-  o.train = cuda::test::train_options(2);
+  o.train = cuda::test::train_options(steps);
   o.watchdog_seconds = 60;
   const auto ranks = run_world(std::vector<ir::Plan>(static_cast<std::size_t>(p * d), plan), o);
   cpu::ParamMap grads;
@@ -74,8 +82,8 @@ void check_against_cpu(const std::string& schedule, int p, int d, int m, bool di
     CHECK(got.root == (r == 0));
     CHECK(got.run.trace.metadata.at("transport") == "nccl");
     // The loss is summed over every process (NCCL all-reduce): the same on each.
-    REQUIRE(got.run.loss_per_step.size() == 2);
-    for (int s = 0; s < 2; ++s) {
+    REQUIRE(got.run.loss_per_step.size() == static_cast<std::size_t>(steps));
+    for (int s = 0; s < steps; ++s) {
       INFO("step " << s << " loss " << got.run.loss_per_step[s] << " cpu " << want.loss_per_step[s]);
       CHECK(std::abs(got.run.loss_per_step[s] - want.loss_per_step[s]) <= 1e-2 * std::abs(want.loss_per_step[s]));
       CHECK(got.run.loss_per_step[s] == ranks[0].result.run.loss_per_step[s]);
@@ -109,6 +117,11 @@ TEST_CASE("emulated NCCL: 2 stages x 2 replicas (split communicator, gradient al
 TEST_CASE("emulated NCCL: 2 stages x 2 replicas with a distributed optimizer (reduce and broadcast groups)",
           "[emulated][nccl][zero1]") {
   check_against_cpu("1f1b", 2, 2, 4, true);
+}
+
+TEST_CASE("emulated NCCL: 2 stages x 2 replicas with 1-bit Adam (grouped all-to-all, byte broadcasts)",
+          "[emulated][nccl][onebit]") {
+  check_against_cpu("1f1b", 2, 2, 4, false, true);
 }
 
 TEST_CASE("emulated NCCL: zb-h1 over 4 processes (B and W apart, grouped p2p)", "[emulated][nccl]") {

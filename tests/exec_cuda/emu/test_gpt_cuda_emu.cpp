@@ -12,12 +12,15 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "gpt_cuda.hpp"
+#include "kernels.cuh"
+#include "tdpipe/exec/onebit.hpp"
 #include "tdpipe/exec/cpu/gpt.hpp"
 #ifdef EMU_SIMT
 #include "simt.hpp"
@@ -216,3 +219,73 @@ TEST_CASE("bf16 rounding stays inside the GPU tests' tolerances at the tiny scen
   }
 }
 #endif
+
+TEST_CASE("1-bit Adam's kernels equal the host compression (tdpipe/exec/onebit.hpp)", "[exec_cuda][emu][onebit]") {
+  // 1001 elements: 126 bytes of signs, the last one partial; over 256-thread blocks the
+  // sum of squares crosses blocks (atomics). Signs and decoding must match exactly; the
+  // scale to fp32 rounding of a differently ordered sum, the error to that.
+  const std::int64_t n = 1001;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> x(n), e(n);
+  for (auto& v : x) v = dist(rng);
+  for (auto& v : e) v = 0.1f * dist(rng);
+  e[5] = -x[5];  // c = 0 exactly: counts as non-negative on both
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, 0) == cudaSuccess);
+  const std::int64_t block = onebit::block_bytes(n, 1);
+  void *dx = nullptr, *de = nullptr, *db = nullptr, *dsum = nullptr, *dout = nullptr;
+  for (auto [ptr, bytes] : {std::pair{&dx, n * 4}, {&de, n * 4}, {&db, block}, {&dsum, std::int64_t{8}}, {&dout, n * 4}})
+    REQUIRE(cudaMalloc(ptr, static_cast<std::size_t>(bytes)) == cudaSuccess);
+  cudaMemcpyAsync(dx, x.data(), n * 4, cudaMemcpyHostToDevice, stream);
+  cudaMemcpyAsync(de, e.data(), n * 4, cudaMemcpyHostToDevice, stream);
+#ifdef EMU_SIMT
+  for (simt::Order order : {simt::Order::Forward, simt::Order::Reverse}) {
+    simt::set_order(order);
+    CAPTURE(order == simt::Order::Forward);
+#endif
+    cudaMemcpyAsync(de, e.data(), n * 4, cudaMemcpyHostToDevice, stream);
+    cuda::kernels::onebit_compress(static_cast<float*>(dx), static_cast<float*>(de), n,
+                                   static_cast<unsigned char*>(db), static_cast<double*>(dsum), stream);
+    cuda::kernels::onebit_expand(static_cast<unsigned char*>(db), n, 0.5f, static_cast<float*>(dout), false, nullptr,
+                                 stream);
+    std::vector<unsigned char> got(static_cast<std::size_t>(block));
+    std::vector<float> got_e(n), got_out(n);
+    cudaMemcpyAsync(got.data(), db, static_cast<std::size_t>(block), cudaMemcpyDeviceToHost, stream);
+    cudaMemcpyAsync(got_e.data(), de, n * 4, cudaMemcpyDeviceToHost, stream);
+    cudaMemcpyAsync(got_out.data(), dout, n * 4, cudaMemcpyDeviceToHost, stream);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    std::vector<float> want_e = e;
+    std::vector<unsigned char> want(static_cast<std::size_t>(block));
+    onebit::compress(x.data(), want_e.data(), n, want.data());
+    CHECK(onebit::block_scale(got.data()) == Approx(onebit::block_scale(want.data())).epsilon(1e-5));
+    CHECK(std::memcmp(got.data() + 4, want.data() + 4, static_cast<std::size_t>(block - 4)) == 0);
+    CHECK((got[4] >> 5 & 1) == 1);
+    const float scale = onebit::block_scale(got.data());
+    for (std::int64_t i = 0; i < n; ++i) {
+      REQUIRE(got_e[i] == Approx(want_e[i]).margin(1e-5 * scale));
+      REQUIRE(got_out[i] == ((got[4 + i / 8] >> (i % 8)) & 1 ? 0.5f * scale : -0.5f * scale));
+    }
+    // Accumulating: out += 1·decoded.
+    cuda::kernels::onebit_expand(static_cast<unsigned char*>(db), n, 1.0f, static_cast<float*>(dout), true, nullptr,
+                                 stream);
+    cudaMemcpyAsync(got_out.data(), dout, n * 4, cudaMemcpyDeviceToHost, stream);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    CHECK(std::abs(got_out[0]) == Approx(1.5f * scale));
+    // The momentum mask: assigning with keep = x, where x[3] is 0, zeroes element 3 only.
+    std::vector<float> keep = x;
+    keep[3] = 0.f;
+    cudaMemcpyAsync(de, keep.data(), n * 4, cudaMemcpyHostToDevice, stream);
+    cuda::kernels::onebit_expand(static_cast<unsigned char*>(db), n, 1.0f, static_cast<float*>(dout), false,
+                                 static_cast<const float*>(de), stream);
+    cudaMemcpyAsync(got_out.data(), dout, n * 4, cudaMemcpyDeviceToHost, stream);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    CHECK(got_out[3] == 0.f);
+    CHECK(std::abs(got_out[2]) == scale);
+#ifdef EMU_SIMT
+  }
+  simt::set_order(simt::Order::Forward);
+#endif
+  for (void* ptr : {dx, de, db, dsum, dout}) cudaFree(ptr);
+  cudaStreamDestroy(stream);
+}

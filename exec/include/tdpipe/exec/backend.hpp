@@ -67,7 +67,28 @@ struct ComputeOp {
   /// become final (on run()'s thread), so the dp stream can start the finished buckets
   /// while the op goes on; null, or a backend that does not call it: at the op's end.
   const GradProgress* progress = nullptr;
+  /// OPT of a 1-bit Adam step after its warm-up (the plan's COMPRESSED_ALLREDUCE buckets
+  /// already set the momentum): step with that momentum and the second moment as it was
+  /// after step `variance_frozen_at` (the warm-up's last, 1-based), leaving both as they
+  /// are; 0: an Adam step.
+  int variance_frozen_at = 0;
 };
+
+/// The buffers of one bucket's 1-bit all-reduce, each in the backend's memory and
+/// `members` blocks of onebit::block_bytes (tdpipe/exec/onebit.hpp) long.
+struct OnebitMessages {
+  Buffer sent;      ///< block j: the segment member j reduces (owned_segment(j))
+  Buffer received;  ///< block i: this member's segment as member i compressed it
+  Buffer gathered;  ///< block s: segment s as its owner re-compressed it (all-gathered)
+};
+
+/// [first, last) of part `index` of `count` of local chunk `chunk` (of `chunks`), which
+/// holds `n` parameters, for a 1-bit all-reduce over `members`; throws tdpipe::Error
+/// naming the bucket when any of them is out of range.
+std::pair<std::int64_t, std::int64_t> onebit_bucket_range(std::int64_t n, int chunk, int chunks, int index,
+                                                          int count, int members);
+/// Throws tdpipe::Error unless each of m's buffers holds `bytes` bytes (DType::U8).
+void check_onebit_messages(const OnebitMessages& m, std::int64_t bytes);
 
 /// Runs the model. One instance per rank; it owns the rank's weights, gradients,
 /// optimizer state, stashed activations and (TD-Pipe) per-(mb, chunk) KV caches.
@@ -107,6 +128,21 @@ class Compute {
   /// the backend keeps one), for an in-place ALL_GATHER after a sharded OPT. Parameters
   /// the backend derives from them (a bf16 copy) are refreshed before the next step.
   virtual Buffer param_bucket(int chunk, int index, int count) = 0;
+
+  /// 1-bit Adam after warm-up: the local arithmetic of the compressed all-reduce of part
+  /// `index` of `count` of chunk `chunk`'s flattened parameters, around the transport's
+  /// all_to_all(sent → received) and all_gather(gathered). Called on the dp stream, with
+  /// grad_bucket's rules; a backend without it throws tdpipe::Error.
+  /// Worker side: momentum ← β1·momentum + (1 − β1)·members·gradient over the part (the
+  /// gradients are 1/members of the replica's mean), then compressed with the worker's
+  /// error feedback into `sent`; `received` and `gathered` allocated.
+  virtual OnebitMessages onebit_compress(int chunk, int index, int count, int members);
+  /// Server side: the mean of the `received` blocks plus the server's error feedback for
+  /// this member's segment, compressed into its block of `gathered`.
+  virtual void onebit_serve(int chunk, int index, int count, int member, int members, OnebitMessages& m);
+  /// The part's momentum ← the decoded blocks of `gathered` (every member the same), 0
+  /// where the frozen second moment is 0 (the momentum mask, tdpipe/exec/onebit.hpp).
+  virtual void onebit_expand(int chunk, int index, int count, int members, const OnebitMessages& m);
 
   /// After the step's last op: the loss this rank computed (sum of per-token
   /// cross-entropy / tokens in the global batch over its micro-batches; 0 unless
@@ -153,6 +189,11 @@ class Transport {
 
   /// Copies each member's owned segment of `buffer` to every other member, in place.
   virtual void all_gather(const Buffer& buffer, int tag) = 0;
+
+  /// Block j of `send` (members equal blocks) to member j's `recv` block (this member's
+  /// index): NCCL's grouped ncclSend/ncclRecv all-to-all. Same calling rules as
+  /// all_reduce; a transport without it throws tdpipe::Error.
+  virtual void all_to_all(const Buffer& send, const Buffer& recv, int tag);
 
   /// This rank's place in its data-parallel group: {member, members}.
   virtual std::pair<int, int> dp_member() const = 0;

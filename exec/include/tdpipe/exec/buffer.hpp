@@ -16,10 +16,13 @@
 
 namespace tdpipe::exec {
 
-enum class DType : std::uint8_t { F32, F64 };
+/// U8: raw bytes (1-bit Adam's packed sign bits and scales).
+enum class DType : std::uint8_t { F32, F64, U8 };
 
 /// Bytes of one element of `dtype`.
-constexpr std::int64_t dtype_bytes(DType dtype) { return dtype == DType::F32 ? 4 : 8; }
+constexpr std::int64_t dtype_bytes(DType dtype) {
+  return dtype == DType::F32 ? 4 : dtype == DType::U8 ? 1 : 8;
+}
 
 /// A block of elements in the backend's memory; empty when `data` is null.
 struct Buffer {

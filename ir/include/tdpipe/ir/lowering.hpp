@@ -34,6 +34,13 @@ struct LoweringOptions {
   /// (which then steps 1/d of the parameters) and an ALL_GATHER of the updated parameters
   /// after it, instead of one ALLREDUCE.
   bool shard_optimizer = false;
+  /// 1-bit Adam: each bucket is a COMPRESSED_ALLREDUCE of its momentum instead of an
+  /// ALLREDUCE, `bytes` = compressed_bucket_bytes of its elements (gradient bytes ÷
+  /// this many bytes per gradient); 0: no compression. Not with shard_optimizer.
+  int compress_element_bytes = 0;
+  /// est_seconds of a COMPRESSED_ALLREDUCE of `elements` on rank `rank`: its compression
+  /// kernels' device time, which the engines add to the wire's; empty: 0.
+  std::function<double(int rank, std::int64_t elements)> compress_seconds;
   bool optimizer_step = true;  ///< append OPT on every rank
   /// est_seconds of rank `rank`'s OPT; empty = keep the compute-only plan's OPT cost, or 0.
   std::function<double(int rank)> optimizer_seconds;
@@ -42,7 +49,8 @@ struct LoweringOptions {
 /// Inserts SEND/RECV for every cross-rank dependency and, when plan.data > 1, one
 /// ALLREDUCE per gradient bucket (on Stream::DP), plus OPT after them — or, with
 /// shard_optimizer, a REDUCE_SCATTER per bucket, OPT, then an ALL_GATHER per bucket
-/// (each depending on OPT, in the same bucket order).
+/// (each depending on OPT, in the same bucket order); with compress_element_bytes, a
+/// COMPRESSED_ALLREDUCE per bucket where the ALLREDUCE would be.
 Plan lower(const Plan& compute_only, const LoweringOptions& options);
 
 struct LoweredPlan {

@@ -26,6 +26,11 @@ enum class OpKind : std::uint8_t {
   LOAD,            ///< load parameters / activations from host memory
   OFFLOAD,         ///< offload to host memory
   CKPT,            ///< activation checkpoint
+  /// 1-bit Adam's all-reduce of one bucket's momentum (after its warm-up steps): sign
+  /// bits plus one scale per segment, error-compensated on the sending (worker) and the
+  /// reducing (server) side; `bytes` is the packed message (compressed_bucket_bytes).
+  /// During warm-up the executor runs it as a plain ALLREDUCE of the gradients.
+  COMPRESSED_ALLREDUCE,
 };
 
 /// The stream an op is issued on. Ops of one rank and one stream run in plan
@@ -80,8 +85,15 @@ bool is_chunk_work(OpKind kind);
 int peak_inflight(const std::vector<Op>& rank_ops);
 /// True for SEND and RECV.
 bool is_p2p(OpKind kind);
-/// True for ALLREDUCE, REDUCE_SCATTER and ALL_GATHER.
+/// True for ALLREDUCE, REDUCE_SCATTER, ALL_GATHER and COMPRESSED_ALLREDUCE.
 bool is_collective(OpKind kind);
+/// True for the collectives that reduce a gradient bucket before OPT: ALLREDUCE,
+/// REDUCE_SCATTER and COMPRESSED_ALLREDUCE.
+bool is_gradient_reduction(OpKind kind);
+/// Bytes of one bucket of `elements` gradients as 1-bit Adam sends it: per data-parallel
+/// member's segment (part of `members` near-equal parts) a 4-byte fp32 scale and one
+/// bit per element, each segment padded to the longest's whole bytes.
+std::int64_t compressed_bucket_bytes(std::int64_t elements, int members);
 /// "F", "BW", "SEND", "ALLREDUCE", …
 std::string_view to_string(OpKind kind);
 /// Inverse of to_string; nullopt for an unknown name.

@@ -99,6 +99,13 @@ struct ParallelConfig {
   /// replica steps the optimizer on its 1/d shard (optimizer state ÷ d), and the updated
   /// parameters are all-gathered.
   bool distributed_optimizer = false;
+  /// "adam", or "onebit-adam": 1-bit Adam (Tang et al. 2021) — Adam for the first
+  /// onebit_warmup_steps steps, then the variance is frozen and the data-parallel
+  /// all-reduce carries the momentum as sign bits plus one scale per segment, with error
+  /// feedback on both sides (COMPRESSED_ALLREDUCE buckets). Not with distributed_optimizer.
+  std::string optimizer = "adam";
+  int onebit_warmup_steps = 100;  ///< uncompressed Adam steps before compression starts
+  bool onebit() const { return optimizer == "onebit-adam"; }
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 
   /// Micro-batches per pipeline per iteration: global_batch / (micro_batch · data).

@@ -31,12 +31,13 @@ std::optional<ScenarioProblem> find_problem(const Scenario& scenario);
 std::optional<double> memory_budget_gib(const std::string& text);
 
 /// Names a scenario's schedule may take, dtypes, MLP kinds, attention kernels, recompute
-/// modes, topologies.
+/// modes, topologies, optimizers.
 const std::vector<std::string>& scenario_schedule_names();
 const std::vector<std::string>& scenario_dtypes();
 const std::vector<std::string>& scenario_mlp_names();
 const std::vector<std::string>& scenario_attention_names();
 const std::vector<std::string>& scenario_recompute_names();
 const std::vector<std::string>& scenario_topologies();
+const std::vector<std::string>& scenario_optimizer_names();
 
 }  // namespace tdpipe::ir

@@ -68,6 +68,7 @@ struct Efficiencies {
   double nvlink = 0.65;              ///< NCCL ring bus bandwidth / NVLink per-direction bandwidth
   double network = 0.90;             ///< same for InfiniBand
   double optimizer_bytes_per_param = 36;  ///< HBM traffic of one mixed-precision Adam step per parameter
+  double onebit_bytes_per_element = 26;   ///< HBM traffic of 1-bit Adam's compression kernels per gradient element
   double flash_attention = 0.60;     ///< fused attention kernel's fraction of peak (FlashAttention-2 on A100: 50–73 %)
 };
 /// The defaults above.
@@ -129,6 +130,12 @@ double activation_bytes(const ir::Scenario& scenario, int virtual_stage, int vir
 /// HBM-bound).
 double optimizer_seconds(const ir::Scenario& scenario, const ir::GpuSpec& gpu, double params);
 
+/// Device time of 1-bit Adam's local kernels for one bucket of `elements` gradients
+/// (momentum update, worker and server compression with error feedback, decompression;
+/// HBM-bound, Efficiencies::onebit_bytes_per_element), the COMPRESSED_ALLREDUCE's
+/// est_seconds.
+double onebit_compress_seconds(const ir::Scenario& scenario, const ir::GpuSpec& gpu, double elements);
+
 /// Tokens per slice so that each slice costs the same given its prefix (Seq1F1B);
 /// S = 1 gives {seq}.
 std::vector<int> solve_slices(const ir::Scenario& scenario, int slices);
@@ -176,13 +183,15 @@ void apply_costs(ir::Plan& plan, const ir::Scenario& scenario);
 /// What lowering needs: p2p bytes = b·len·h·elem_bytes / t (Megatron's scatter/gather
 /// of pipeline tensors across the TP ranks, and sequence parallelism, both send 1/t per
 /// rank); gradient bytes of a chunk = its parameters (÷t) × elem_bytes. Synthetic
-/// scenarios: 0 bytes (latency only) and no DP reduction.
+/// scenarios: 0 bytes (latency only) and no DP reduction. parallel.optimizer
+/// onebit-adam: COMPRESSED_ALLREDUCE buckets (compress_element_bytes = elem_bytes).
 ir::LoweringOptions lowering_options(const ir::Plan& plan, const ir::Scenario& scenario);
 
 /// Weights, gradients and optimizer state per parameter (activation_bytes 0), as
 /// memory_per_rank counts them: 2 + 2 + 12/d in bf16/fp16 (fp32 master weights and Adam
 /// moments), 4 + 4 + 8/d in fp32, with d = parallel.data under
-/// parallel.distributed_optimizer (ZeRO-1) and 1 otherwise.
+/// parallel.distributed_optimizer (ZeRO-1) and 1 otherwise; 1-bit Adam with d > 1 adds
+/// its fp32 error-feedback buffers, 4 (worker) + 4/d (server's segment) bytes.
 MemoryEstimate static_bytes_per_param(const ir::Scenario& scenario);
 
 /// Peak memory per pipeline rank for a plan with costs (weights, grads, Adam

@@ -57,6 +57,9 @@ class CpuCompute final : public Compute {
   Buffer allocate(const TensorKey& key) override;
   Buffer grad_bucket(int chunk, int index, int count) override;
   Buffer param_bucket(int chunk, int index, int count) override;
+  OnebitMessages onebit_compress(int chunk, int index, int count, int members) override;
+  void onebit_serve(int chunk, int index, int count, int member, int members, OnebitMessages& m) override;
+  void onebit_expand(int chunk, int index, int count, int members, const OnebitMessages& m) override;
   double end_step() override;
 
   /// The stage of local chunk `chunk`.
@@ -75,6 +78,9 @@ class CpuCompute final : public Compute {
   double speed_ = 1;  ///< options.rank_speed of this rank
   std::int64_t last_layers_ns_ = -1;
   std::vector<GptStage> stages_;
+  /// 1-bit Adam's error feedback per chunk, flat like its parameters: the worker's (the
+  /// whole chunk) and the server's (used on this member's segment of each bucket only).
+  std::vector<std::vector<double>> worker_error_, server_error_;
   std::map<int, MicroBatch> batches_;
   int step_ = 0;
   double loss_ = 0;
@@ -90,10 +96,13 @@ class CpuFabric {
   /// Posts `ops` of world rank `self` (peers given as world ranks) together and
   /// blocks until all completed. Throws tdpipe::Error on a mismatch, Aborted on abort.
   void post(int comm, int self, std::span<P2POp> ops);
+  /// Bytes delivered on communicator `comm` so far (every SEND's payload, counted once).
+  std::int64_t bytes_moved(int comm);
 
  private:
   struct Pending;
   RunControl* control_;
+  std::int64_t moved_[2] = {0, 0};  ///< guarded by control_->mutex()
   std::map<std::tuple<int, int, int>, std::vector<Pending*>> sends_, recvs_;
   /// One condition per (communicator, world rank): a match wakes its two posters only.
   std::map<std::pair<int, int>, std::condition_variable> wake_;
@@ -113,6 +122,8 @@ class CpuTransport final : public Transport {
   void reduce_scatter(const Buffer& buffer, int tag) override;
   /// all_reduce's second half.
   void all_gather(const Buffer& buffer, int tag) override;
+  /// One batch of d − 1 sends and d − 1 receives (block j to replica j), as NCCL groups them.
+  void all_to_all(const Buffer& send, const Buffer& recv, int tag) override;
   std::pair<int, int> dp_member() const override { return {replica_, data_}; }
 
  private:
@@ -137,5 +148,7 @@ class CpuClock final : public Clock {
 
 /// A host buffer of `elements` doubles, owned by the Buffer.
 Buffer host_buffer(std::int64_t elements);
+/// A zeroed host buffer of `bytes` bytes (DType::U8), owned by the Buffer.
+Buffer host_bytes(std::int64_t bytes);
 
 }  // namespace tdpipe::exec::cpu

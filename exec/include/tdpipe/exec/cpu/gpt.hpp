@@ -103,6 +103,10 @@ class GptStage {
   void adam(const AdamConfig& adam, int t);
   /// The same step over parameters [first, last) only (a sharded optimizer's part).
   void adam(const AdamConfig& adam, int t, std::int64_t first, std::int64_t last);
+  /// 1-bit Adam's step t after its warm-up: Adam's update with the first moment as the
+  /// compressed all-reduce left it and the second as it was after step `frozen_at`,
+  /// both unchanged (bias corrections 1 − β1^t and 1 − β2^frozen_at).
+  void adam_frozen_variance(const AdamConfig& adam, int t, int frozen_at);
 
   std::vector<double>& params();
   std::vector<double>& grads();

@@ -16,7 +16,9 @@ namespace tdpipe::exec::cpu {
 
 /// What training carries from one run to the next: every parameter and both Adam
 /// moments by name (any partition of the model holds the same names), and the steps
-/// done (Adam's bias correction and the data position follow it).
+/// done (Adam's bias correction and the data position follow it). Not 1-bit Adam's
+/// error feedback, which is cut by the plan's buckets: a run continued from a state
+/// starts it from zero.
 struct TrainState {
   ParamMap params, m1, m2;
   int steps_done = 0;
@@ -56,7 +58,12 @@ struct RunResult {
   std::vector<double> loss_per_step;      ///< mean token cross-entropy of each step
   std::vector<double> iteration_seconds;  ///< wall time of each step
   ParamMap weights;  ///< replica 0, after the last step
-  ParamMap grads;    ///< replica 0, the last step's (reduced) gradients
+  /// replica 0, the last step's gradients: reduced, but after 1-bit Adam's warm-up its
+  /// own (the momentum is what the replicas reduce then)
+  ParamMap grads;
+  /// Per step: bytes delivered between replicas (every data-parallel collective of every
+  /// rank; what the in-process wire really carried).
+  std::vector<std::int64_t> dp_wire_bytes;
   double replica_divergence = 0;  ///< max |w − w(replica 0)| over replicas
   traces::Trace trace;  ///< origin "cpu": the trace step, times from its start
   std::vector<traces::Trace> step_traces;  ///< every step's, if keep_step_traces
