@@ -249,11 +249,18 @@ TimeBound bound_of(const ir::Scenario& sc, const std::string& schedule, const Sh
   // Data parallelism: a chunk's gradient buckets are reduced (one after another on the
   // DP stream) as its last backward finishes them — the last bucket no earlier than that
   // op's end (every bucket, without overlap_grad_reduce) — and the optimizer step waits
-  // for them; with a sharded optimizer every bucket's all-gather follows the step.
+  // for them; with a sharded optimizer every bucket's all-gather follows the step; with
+  // 1-bit Adam a bucket is its compression kernels and a ring of the packed bytes.
   double buckets = 0;  // the most on any chunk: each is rounded to whole ns by the engine
   const bool sharded = lowering.shard_optimizer;
   auto bucket_seconds = [&](int r, std::int64_t bytes) {
-    return sharded ? reduce_scatter_seconds(probe, r, bytes) : allreduce_seconds(probe, r, bytes);
+    if (sharded) return reduce_scatter_seconds(probe, r, bytes);
+    if (const std::int64_t e = lowering.compress_element_bytes; e > 0) {  // 1-bit Adam, as lowering cuts it
+      const std::int64_t elements = (bytes + e - 1) / e;
+      return allreduce_seconds(probe, r, ir::compressed_bucket_bytes(elements, sc.parallel.data)) +
+             (lowering.compress_seconds ? lowering.compress_seconds(r, elements) : 0.0);
+    }
+    return allreduce_seconds(probe, r, bytes);
   };
   std::vector<double> gather(static_cast<std::size_t>(s.p), 0.0);
   auto chunk_reduce = [&](int r, int c) {

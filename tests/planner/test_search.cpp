@@ -49,13 +49,15 @@ planner::SearchOptions small_options() {
 
 TEST_CASE("search: the lower bound never exceeds the analytic engine's time, on every layout of a small space") {
   // Megatron's defaults (buckets overlapped with the backward), buckets after the last
-  // backward, and the distributed optimizer (its all-gathers after OPT).
-  for (const auto& [what, overlap, sharded] : std::vector<std::tuple<std::string, bool, bool>>{
-           {"overlap_grad_reduce", true, false}, {"serial reduction", false, false},
-           {"distributed optimizer", true, true}}) DYNAMIC_SECTION(what) {
+  // backward, the distributed optimizer (its all-gathers after OPT), and 1-bit Adam (its
+  // compressed buckets).
+  for (const auto& [what, overlap, sharded, onebit] : std::vector<std::tuple<std::string, bool, bool, bool>>{
+           {"overlap_grad_reduce", true, false, false}, {"serial reduction", false, false, false},
+           {"distributed optimizer", true, true, false}, {"1-bit Adam", true, false, true}}) DYNAMIC_SECTION(what) {
     ir::Scenario sc = small_space();
     sc.parallel.overlap_grad_reduce = overlap;
     sc.parallel.distributed_optimizer = sharded;
+    if (onebit) sc.parallel.optimizer = "onebit-adam";
     const planner::SearchOptions o = small_options();
     std::vector<planner::Candidate> cands = planner::enumerate_layouts(sc, o);
     REQUIRE(cands.size() > 300);
