@@ -150,3 +150,36 @@ TEST_CASE("pair_ops does not pair ops of different ranks, kinds or slices", "[pa
   CHECK(p.pairs == 1);
   CHECK(p.pred_to_meas[0] == 3);
 }
+
+TEST_CASE("compare: a measured run of d replicas against the prediction of one - each replica compared",
+          "[traces][compare]") {
+  // The engines predict the p pipeline ranks of one replica; the executors measure all p·d
+  // (world rank k·p + r). Replica 1 here runs 10 ns behind on rank 1.
+  Trace measured = predicted();
+  measured.origin = "cpu";
+  measured.ranks = 4;
+  measured.metadata["data"] = "2";
+  const std::size_t n = measured.events.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    TraceEvent e = measured.events[i];
+    e.rank += 2;
+    if (e.rank == 3) e.start_ns += 10;
+    measured.events.push_back(e);
+  }
+  const Comparison c = compare(predicted(), measured);
+  CHECK(c.matched == 12);
+  CHECK(c.only_predicted == 0);
+  CHECK(c.only_measured == 0);
+  REQUIRE(c.ranks.size() == 4);
+  CHECK(c.ranks[2].bubble_error_pp == Approx(c.ranks[0].bubble_error_pp));
+  CHECK(c.predicted_iteration_ns == 50);
+  CHECK(c.measured_iteration_ns == 55);  // replica 1's rank 1 ends at 55
+  REQUIRE(c.largest_drift.size() >= 1);
+  CHECK(c.largest_drift[0].rank == 3);
+  CHECK(c.largest_drift[0].drift_ns() == 10);
+  REQUIRE(c.warnings.size() == 1);
+  CHECK_THAT(c.warnings[0], Catch::Contains("each of the 2 measured data-parallel replicas"));
+  // A run whose metadata names another replica count is not of this plan.
+  measured.metadata["data"] = "4";
+  REQUIRE_THROWS_WITH(compare(predicted(), measured), Catch::Contains("4 data-parallel replicas by its metadata"));
+}

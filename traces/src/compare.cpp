@@ -46,12 +46,47 @@ double quantile(std::vector<double> values, double q) {
   return values[lo] + (pos - double(lo)) * (values[hi] - values[lo]);
 }
 
-Comparison compare(const Trace& predicted, const Trace& measured, const CompareOptions& options) {
+namespace {
+// A prediction of one replica's p pipeline ranks, as each of the measured run's d
+// replicas: rank r of replica k is measured rank k·p + r (the executors' world order).
+Trace replicated(const Trace& t, int d) {
+  Trace out = t;
+  out.ranks = t.ranks * d;
+  out.events.reserve(t.events.size() * static_cast<std::size_t>(d));
+  for (int k = 1; k < d; ++k)
+    for (const TraceEvent& e : t.events) {
+      TraceEvent& c = out.events.emplace_back(e);
+      c.rank += k * t.ranks;
+      if (c.peer >= 0) c.peer += k * t.ranks;
+    }
+  return out;
+}
+}  // namespace
+
+Comparison compare(const Trace& predicted_in, const Trace& measured, const CompareOptions& options) {
+  // Data parallelism: the engines predict one replica (the replicas are alike); the
+  // executors measure every one. Measured p·d ranks against predicted p: each replica
+  // is compared with the prediction.
+  int replicas = 1;
+  if (predicted_in.ranks > 0 && measured.ranks > predicted_in.ranks && measured.ranks % predicted_in.ranks == 0) {
+    replicas = measured.ranks / predicted_in.ranks;
+    const auto it = measured.metadata.find("data");
+    if (it != measured.metadata.end() && it->second != std::to_string(replicas))
+      throw Error(fmt::format("compare: the measured trace has {} ranks, {} data-parallel replicas by its metadata, "
+                              "but the predicted one {} ranks: they are not of the same plan",
+                              measured.ranks, it->second, predicted_in.ranks));
+  }
+  const Trace expanded = replicas > 1 ? replicated(predicted_in, replicas) : Trace();
+  const Trace& predicted = replicas > 1 ? expanded : predicted_in;
   const Metrics pm = compute_metrics(predicted), mm = compute_metrics(measured);
   if (pm.ranks.size() != mm.ranks.size())
     throw Error(fmt::format("compare: the predicted trace has {} ranks and the measured one {}: "
                             "they are not of the same plan", pm.ranks.size(), mm.ranks.size()));
   Comparison c;
+  if (replicas > 1)
+    c.warnings.push_back(fmt::format("the prediction's {} pipeline ranks stand for each of the {} measured "
+                                     "data-parallel replicas (ranks r, r + {}, …)",
+                                     predicted_in.ranks, replicas, predicted_in.ranks));
   c.predicted_origin = predicted.origin;
   c.measured_origin = measured.origin;
   c.schedule = !measured.schedule.empty() ? measured.schedule : predicted.schedule;

@@ -52,8 +52,11 @@ struct CompareOptions {
   int top_drift = 10;  ///< how many ops with the largest start-time drift to keep
 };
 
-/// Throws tdpipe::Error when the traces cannot be of the same run (rank counts differ,
-/// or no op pairs up).
+/// A measured trace of p·d ranks (d data-parallel replicas, world rank k·p + r) against
+/// a predicted one of p (the engines predict one replica): every replica is compared
+/// with the prediction, and a warning says so. Throws tdpipe::Error when the traces
+/// cannot be of the same run (rank counts differ otherwise, the measured metadata's
+/// `data` disagrees, or no op pairs up).
 Comparison compare(const Trace& predicted, const Trace& measured, const CompareOptions& options = {});
 
 /// Linear-interpolated quantile (q in [0, 1]) of unsorted values; 0 for none.
