@@ -50,6 +50,7 @@ void add_sim_command(CLI::App& app);      // cmd_sim.cpp
 void add_compare_command(CLI::App& app);  // cmd_compare.cpp
 void add_balance_command(CLI::App& app);  // cmd_balance.cpp
 void add_search_command(CLI::App& app);   // cmd_search.cpp
+void add_import_command(CLI::App& app);   // cmd_import.cpp
 #ifdef TDPIPE_HAVE_EXEC
 void add_exec_command(CLI::App& app);       // cmd_exec.cpp
 void add_calibrate_command(CLI::App& app);  // cmd_calibrate.cpp

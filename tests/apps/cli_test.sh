@@ -280,6 +280,24 @@ PY
       && fail "--balance-every with nccl exited 0"
     expect "$out" 'needs --transport loopback' "nccl refused"
     ;;
+  import-megatron)
+    # Megatron-LM arguments → a scenario file (written atomically) that the other
+    # commands read; bad arguments are named, and the file is not touched.
+    "$tdpipe" import megatron --gpus 64 -o "$work/m.yaml" -- --num-layers 32 --hidden-size 4096 \
+        --num-attention-heads 32 --seq-length 2048 --micro-batch-size 1 --global-batch-size 128 \
+        --tensor-model-parallel-size 4 --pipeline-model-parallel-size 4 --vocab-size 50000 --bf16 \
+        --lr 1e-4 --data-path x 2> "$work/err" || fail "import exited $?: $(cat "$work/err")"
+    grep -q "data: 4" "$work/m.yaml" || fail "expected d = 64 / (4 * 4) = 4 in $(cat "$work/m.yaml")"
+    grep -q "vocab: 50176" "$work/m.yaml" || fail "expected the vocabulary padded to a multiple of 512"
+    grep -q "padded to 50176" "$work/err" || fail "expected the padding noted on stderr: $(cat "$work/err")"
+    "$tdpipe" sim "$work/m.yaml" --engine analytic > "$work/sim" || fail "sim of the imported scenario exited $?"
+    grep -q "^1f1b" "$work/sim" || fail "expected a 1f1b row: $(cat "$work/sim")"
+    cp "$work/m.yaml" "$work/before"
+    if "$tdpipe" import megatron --gpus 64 -o "$work/m.yaml" -- --num-layers 32 --moe-router-topk 2 \
+        2> "$work/err"; then fail "an unknown argument was accepted"; fi
+    grep -q -- "--moe-router-topk is not an argument tdpipe knows" "$work/err" || fail "message: $(cat "$work/err")"
+    cmp -s "$work/m.yaml" "$work/before" || fail "a failed import touched the output"
+    ;;
   search)
     # The default scenario's model on its 64 GPUs: a ranked table, the same ranking as
     # JSON and as CSV (every layout), the winner's scenario written and planned, the
