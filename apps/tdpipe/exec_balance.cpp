@@ -65,6 +65,7 @@ exec::cpu::RunResult run_balanced(const ir::Scenario& sc, ir::Plan& plan, int st
   std::optional<exec::cpu::TrainState> state;
   exec::cpu::RunResult out;
   std::vector<double> losses, iterations;
+  std::vector<std::int64_t> wire;
   for (int done = 0; done < steps;) {
     const int n = std::min(loop.every, steps - done);
     std::vector<double> speed;
@@ -78,6 +79,7 @@ exec::cpu::RunResult run_balanced(const ir::Scenario& sc, ir::Plan& plan, int st
     state = out.state;
     losses.insert(losses.end(), out.loss_per_step.begin(), out.loss_per_step.end());
     iterations.insert(iterations.end(), out.iteration_seconds.begin(), out.iteration_seconds.end());
+    wire.insert(wire.end(), out.dp_wire_bytes.begin(), out.dp_wire_bytes.end());
     const std::vector<double> ms = stage_ms(plan, out.step_traces);
     // Each segment starts a fresh run whose first step pays for allocations: its
     // iteration is the median of the steps after it (of the only step, for K = 1).
@@ -123,6 +125,7 @@ exec::cpu::RunResult run_balanced(const ir::Scenario& sc, ir::Plan& plan, int st
   }
   out.loss_per_step = std::move(losses);
   out.iteration_seconds = std::move(iterations);
+  out.dp_wire_bytes = std::move(wire);
   out.step_traces.clear();
   return out;
 }

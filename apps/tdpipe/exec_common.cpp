@@ -88,6 +88,7 @@ nlohmann::json run_report(const ir::Scenario& scenario, const ir::Plan& plan, in
   j["optimizer"] = scenario.parallel.optimizer;
   if (scenario.parallel.onebit()) j["onebit_warmup_steps"] = scenario.parallel.onebit_warmup_steps;
   if (!run.dp_wire_bytes.empty()) j["dp_wire_bytes"] = run.dp_wire_bytes;  // (the CPU backend counts them)
+  j["first_step"] = run.state.steps_done - static_cast<int>(run.loss_per_step.size());  // > 0 when resumed
   if (!trace_out.empty()) j["trace"] = trace_out;
   return j;
 }
@@ -120,10 +121,10 @@ void print_run_report(const nlohmann::json& j, const exec::cpu::RunResult& r, do
   if (j.contains("dp_wire_bytes") && j["data"].get<int>() > 1) {
     // Bytes between replicas per step; with 1-bit Adam, the warm-up's beside the compressed steps'.
     const auto wire = j["dp_wire_bytes"].get<std::vector<std::int64_t>>();
-    const int warmup = j.value("onebit_warmup_steps", 0);
+    const int warmup = j.value("onebit_warmup_steps", 0), first = j.value("first_step", 0);
     std::vector<double> adam, packed;
-    for (std::size_t i = 0; i < wire.size(); ++i)
-      (warmup > 0 && static_cast<int>(i) >= warmup ? packed : adam).push_back(static_cast<double>(wire[i]));
+    for (std::size_t i = 0; i < wire.size(); ++i)  // by the training step, not the run's
+      (warmup > 0 && first + static_cast<int>(i) >= warmup ? packed : adam).push_back(static_cast<double>(wire[i]));
     auto mean = [](const std::vector<double>& v) {
       double s = 0;
       for (double x : v) s += x;
@@ -131,15 +132,17 @@ void print_run_report(const nlohmann::json& j, const exec::cpu::RunResult& r, do
     };
     if (warmup == 0)
       fmt::print("data-parallel wire: {:.0f} bytes per step\n", mean(adam));
+    else if (adam.empty())
+      fmt::print("1-bit Adam, past its {}-step warm-up: {:.0f} bytes per step on the data-parallel wire\n", warmup,
+                 mean(packed));
     else if (packed.empty())
       fmt::print("1-bit Adam: every step was warm-up (Adam; compression from step {}): {:.0f} bytes per step on the "
                  "data-parallel wire\n", warmup, mean(adam));
     else
-      fmt::print("1-bit Adam: steps 0-{} Adam ({:.0f} bytes per step on the data-parallel wire), then compressed "
-                 "({:.0f} bytes per step{})\n",
+      fmt::print("1-bit Adam: steps 0-{} Adam ({:.0f} bytes per step on the data-parallel wire, mean), then "
+                 "compressed ({:.0f} bytes per step{})\n",
                  warmup - 1, mean(adam), mean(packed),
-                 adam.empty() || mean(packed) <= 0 ? std::string()
-                                                   : fmt::format(", 1/{:.1f}", mean(adam) / mean(packed)));
+                 mean(packed) <= 0 ? std::string() : fmt::format(", 1/{:.1f}", mean(adam) / mean(packed)));
   }
   if (!trace_out.empty()) fmt::print("measured trace (last step): {}\n", trace_out);
 }

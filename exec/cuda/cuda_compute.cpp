@@ -271,7 +271,8 @@ void CudaCompute::onebit_serve(int chunk, int index, int count, int member, int 
   if (onebit_sum_.empty()) onebit_sum_ = DeviceMemory(sizeof(double), s, true);
   const int seg = owned_segment(member, members);
   const auto [s0, s1] = part_range(last - first, seg, members);
-  float* error = error_of(server_error_, chunk, n, s) + first + s0;
+  const auto [offset, owned] = owned_segments_offset(n, index, count, member, members);
+  float* error = error_of(server_error_, chunk, owned, s) + offset;
   Buffer mean = device_buffer(s1 - s0, s);
   for (int i = 0; i < members; ++i)
     kernels::onebit_expand(msg.received.as<unsigned char>() + i * block, s1 - s0, 1.0f / static_cast<float>(members),

@@ -64,7 +64,8 @@ class CudaCompute final : public Compute {
   double speed_ = 1;  ///< options.rank_speed of this rank (a slower device, emulated)
   bool gathered_ = false;  ///< a sharded OPT ran: the bf16 weights follow the gathered master
   /// 1-bit Adam's error feedback per chunk (fp32, zeroed when first used): the worker's
-  /// over the chunk, the server's used on this member's segments; one double of scratch.
+  /// over the chunk, the server's over this member's segments (owned_segments_offset);
+  /// one double of scratch.
   std::vector<DeviceMemory> worker_error_, server_error_;
   DeviceMemory onebit_sum_;
 };

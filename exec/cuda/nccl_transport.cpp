@@ -149,7 +149,7 @@ void NcclTransport::reduce_scatter(const Buffer& buffer, int tag) { segments(buf
 void NcclTransport::all_gather(const Buffer& buffer, int tag) { segments(buffer, tag, false); }
 
 void NcclTransport::warm_up(const std::set<int>& pipeline_peers, const std::vector<Buffer>& dp_buckets,
-                            bool sharded) {
+                            bool sharded, bool compressed) {
   ctx_->bind();
   cudaStream_t s = ctx_->p2p();
   const int n = static_cast<int>(pipeline_peers.size());
@@ -184,6 +184,14 @@ void NcclTransport::warm_up(const std::set<int>& pipeline_peers, const std::vect
       TDPIPE_NCCL_CHECK(ncclAllReduce(b.data.get(), b.data.get(), static_cast<std::size_t>(b.elements), ncclFloat32,
                                       ncclSum, dp_, ctx_->dp()));
       wait(ctx_->dp(), dp_);
+    }
+    // 1-bit Adam's compressed steps send to every replica and broadcast bytes: connect
+    // those too (the warm-up steps only all-reduce).
+    if (compressed) {
+      const int members = dp_member().second;
+      Buffer send = device_bytes(members, ctx_->dp()), recv = device_bytes(members, ctx_->dp());
+      all_to_all(send, recv, -1);
+      all_gather(recv, -1);
     }
   }
 }

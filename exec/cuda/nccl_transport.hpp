@@ -37,8 +37,10 @@ class NcclTransport final : public Transport {
   /// the plan reduces (NCCL picks its algorithm by size and connects it on first use:
   /// mid-step, that setup would run while p2p kernels spin on the other communicator),
   /// so no timed op pays NCCL's lazy setup.
-  /// `sharded`: the plan reduce-scatters and all-gathers its buckets instead.
-  void warm_up(const std::set<int>& pipeline_peers, const std::vector<Buffer>& dp_buckets, bool sharded);
+  /// `sharded`: the plan reduce-scatters and all-gathers its buckets instead;
+  /// `compressed`: it also runs 1-bit Adam's all-to-all and byte all-gather.
+  void warm_up(const std::set<int>& pipeline_peers, const std::vector<Buffer>& dp_buckets, bool sharded,
+               bool compressed);
 
  private:
   /// Polls `stream` until NCCL's work on it is done; throws on `comm`'s asynchronous

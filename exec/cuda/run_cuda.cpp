@@ -90,7 +90,10 @@ std::int64_t minimum_bytes(const cpu::GptConfig& c, const ir::Plan& plan, int ra
   }
   const std::int64_t n = std::int64_t(c.micro_batch) * c.seq;
   const std::int64_t per_block = n * (40LL * c.hidden + 6LL * c.ffn) + 2LL * c.micro_batch * c.heads * c.seq * c.seq;
-  return stage_state_bytes(params) + blocks * per_block + (64LL << 20);
+  // 1-bit Adam's fp32 error feedback: the worker's over every parameter, the server's over 1/d.
+  const int d = std::max(1, plan.data);
+  const std::int64_t onebit = plan.scenario.parallel.onebit() && d > 1 ? params * 4 + params * 4 / d : 0;
+  return stage_state_bytes(params) + onebit + blocks * per_block + (64LL << 20);
 }
 
 std::string device_name(int device) {
@@ -453,18 +456,19 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
     if (ir::is_p2p(op.kind)) peers.insert(op.peer);
   // This rank's all-reduce buckets, as the interpreter will cut them (Compute::grad_bucket).
   std::vector<Buffer> buckets;
-  bool sharded = false;
+  bool sharded = false, compressed = false;
   if (d > 1) {
     std::map<int, int> per_chunk;
     for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)])
       if (ir::is_gradient_reduction(op.kind)) {
         ++per_chunk[op.chunk];
         sharded = sharded || op.kind == ir::OpKind::REDUCE_SCATTER;
+        compressed = compressed || op.kind == ir::OpKind::COMPRESSED_ALLREDUCE;
       }
     for (const auto& [chunk, count] : per_chunk)
       for (int i = 0; i < count; ++i) buckets.push_back(compute.grad_bucket(chunk, i, count));
   }
-  transport.warm_up(peers, buckets, sharded);
+  transport.warm_up(peers, buckets, sharded, compressed);
 
   DeviceMemory scratch(2 * sizeof(double), ctx.compute(), true);
   // A world-wide sum (and barrier), on the compute stream from this (main) thread —

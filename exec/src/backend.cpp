@@ -50,6 +50,21 @@ std::pair<std::int64_t, std::int64_t> onebit_bucket_range(std::int64_t n, int ch
   return part_range(n, index, count);
 }
 
+std::pair<std::int64_t, std::int64_t> owned_segments_offset(std::int64_t n, int index, int count, int member,
+                                                            int members) {
+  const int seg = owned_segment(member, members);
+  std::int64_t offset = 0, total = 0;
+  for (int k = 0; k < count; ++k) {
+    const auto [b0, b1] = part_range(n, k, count);
+    const auto [s0, s1] = part_range(b1 - b0, seg, members);
+    if (k == index) offset = total;
+    total += s1 - s0;
+  }
+  if (index < 0 || index >= count)
+    throw Error(fmt::format("owned segment of bucket {} of {}: out of range", index, count));
+  return {offset, total};
+}
+
 void check_onebit_messages(const OnebitMessages& m, std::int64_t bytes) {
   for (const Buffer* b : {&m.sent, &m.received, &m.gathered})
     if (b->empty() || b->dtype != DType::U8 || b->bytes() != bytes)
@@ -60,8 +75,12 @@ OnebitMessages Compute::onebit_compress(int, int, int, int) {
   throw Error("this backend does not implement 1-bit Adam's compressed all-reduce (parallel.optimizer: "
               "onebit-adam); run it on the CPU backend, or with optimizer: adam");
 }
-void Compute::onebit_serve(int, int, int, int, int, OnebitMessages&) { onebit_compress(0, 0, 1, 1); }
-void Compute::onebit_expand(int, int, int, int, const OnebitMessages&) { onebit_compress(0, 0, 1, 1); }
+void Compute::onebit_serve(int, int, int, int, int, OnebitMessages&) {
+  throw Error("this backend does not implement 1-bit Adam's compressed all-reduce (its server side)");
+}
+void Compute::onebit_expand(int, int, int, int, const OnebitMessages&) {
+  throw Error("this backend does not implement 1-bit Adam's compressed all-reduce (its decoding)");
+}
 
 void Transport::all_to_all(const Buffer&, const Buffer&, int) {
   throw Error("this transport does not implement the all-to-all of 1-bit Adam's compressed all-reduce");

@@ -264,14 +264,15 @@ void CpuCompute::onebit_serve(int chunk, int index, int count, int member, int m
   const auto [first, last] = onebit_bucket_range(n, chunk, chunks(), index, count, members);
   const std::int64_t block = onebit::block_bytes(last - first, members);
   check_onebit_messages(msg, members * block);
+  const auto [offset, owned] = owned_segments_offset(n, index, count, member, members);
   auto& error = server_error_[static_cast<std::size_t>(chunk)];
-  if (error.empty()) error.assign(static_cast<std::size_t>(n), 0.0);
+  if (error.empty()) error.assign(static_cast<std::size_t>(owned), 0.0);
   const int seg = owned_segment(member, members);
   const auto [s0, s1] = part_range(last - first, seg, members);
   std::vector<double> mean(static_cast<std::size_t>(s1 - s0), 0.0);
   for (int i = 0; i < members; ++i)
     onebit::expand(msg.received.as<std::uint8_t>() + i * block, s1 - s0, 1.0 / members, mean.data(), true);
-  onebit::compress(mean.data(), error.data() + first + s0, s1 - s0, msg.gathered.as<std::uint8_t>() + seg * block);
+  onebit::compress(mean.data(), error.data() + offset, s1 - s0, msg.gathered.as<std::uint8_t>() + seg * block);
 }
 
 void CpuCompute::onebit_expand(int chunk, int index, int count, int members, const OnebitMessages& msg) {

@@ -31,12 +31,15 @@ void pin_to_core(int w) {
 }
 
 /// Bytes the CPU backend holds for `plan` (all ranks and replicas in this process), in
-/// its fp64 model: weights, gradients and Adam's two moments (4 values per parameter),
+/// its fp64 model: weights, gradients and Adam's two moments (4 values per parameter;
+/// 1-bit Adam's error feedback adds 1 + 1/d),
 /// and each rank's peak in-flight activations (F adds one micro-batch's slice of its
 /// chunk, B/BW frees it) at ~10 hidden-wide and 1.5 ffn-wide tensors per token and
 /// layer plus the heads·seq² attention scores.
 double cpu_memory_bytes(const GptConfig& c, const ir::Plan& plan) {
-  const double per_param = 4 * sizeof(double);
+  const double d = std::max(1, plan.data);
+  const bool onebit = plan.scenario.parallel.onebit() && d > 1;
+  const double per_param = (4 + (onebit ? 1 + 1 / d : 0)) * sizeof(double);
   const double tokens = double(c.micro_batch) * c.seq;
   const double per_layer_act =
       sizeof(double) * (tokens * (10.0 * c.hidden + 1.5 * c.ffn) + double(c.micro_batch) * c.heads * c.seq * c.seq);

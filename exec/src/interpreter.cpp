@@ -209,8 +209,10 @@ class RankRun {
     events_[static_cast<std::size_t>(i)] = std::move(e);
   }
 
-  void finish(const Item& item, std::int64_t start, std::int64_t end, std::int64_t layers_ns = -1) {
-    for (int i = item.first; i < item.last; ++i) {
+  // Records the item's events (unless record_events is false: done already) and marks its ops done.
+  void finish(const Item& item, std::int64_t start, std::int64_t end, std::int64_t layers_ns = -1,
+              bool record_events = true) {
+    for (int i = item.first; i < item.last && record_events; ++i) {
       record(i, start, end);
       events_[static_cast<std::size_t>(i)].layers_ns = layers_ns;
     }
@@ -405,10 +407,12 @@ class RankRun {
     }
     const std::int64_t end = backend_.clock->now_ns(stream);
     control_.set_waiting(trace_rank_, stream, "");
-    finish({i, i + 1}, start, end);
-    // What this bucket really carried: a compressed one's packed message, or in its
-    // warm-up the gradients (the plan's bytes are the compressed message's).
+    record(i, start, end);
+    // What a compressed bucket really carried, in this backend: its packed message, or in
+    // the warm-up its gradients (the plan's bytes are the message's; other collectives
+    // keep the plan's).
     if (op.kind == OpKind::COMPRESSED_ALLREDUCE) events_[static_cast<std::size_t>(i)].bytes = payload;
+    finish({i, i + 1}, start, end, -1, false);
   }
 
   // ALL_GATHER of a bucket's parameters, once this rank's (sharded) OPT stepped its part.
@@ -451,7 +455,7 @@ class RankRun {
   std::vector<char> done_;                      // guarded by control_.mutex()
   std::map<TensorKey, Buffer> tensors_;         // guarded by control_.mutex()
   std::vector<std::vector<int>> grad_ops_;      // per chunk: its last gradient ops
-  std::vector<int> reduce_count_;               // per chunk: ALLREDUCE / REDUCE_SCATTER ops
+  std::vector<int> reduce_count_;               // per chunk: its gradient reductions (ALLREDUCE, …)
   std::map<int, int> reduce_index_;             // op index → bucket index in its chunk
   std::vector<int> reduce_ops_;
   std::vector<int> gather_count_;               // per chunk: ALL_GATHER ops

@@ -173,6 +173,10 @@ class Checker {
           if (o.peer < 0 || o.peer >= p || o.peer == r)
             problem(fmt::format("{}: peer {}; expected another rank in 0..{}", where(g), o.peer, p - 1));
         }
+        // Every engine times an op by it (a compressed all-reduce: its kernels); 9e9 s keeps
+        // every time inside int64 ns.
+        if (!(o.est_seconds >= 0 && o.est_seconds <= 9e9))
+          problem(fmt::format("{}: est_seconds {}; expected a duration from 0 to 9e9 s", where(g), o.est_seconds));
         if (o.ready_after != 1.0f) {
           if (!(o.ready_after >= 0.0f && o.ready_after < 1.0f))
             problem(fmt::format("{}: ready_after {}; expected a fraction from 0 to 1", where(g), o.ready_after));

@@ -19,14 +19,18 @@
 //  - optimizer_bytes_per_param 36: one fused Adam step reads the fp32 gradient, master
 //    weight and two moments, writes the three fp32 states and the 16-bit weight, then
 //    zeroes the gradient buffer (4+4+4+4 read, 4+4+4+2 write, 4 zero, ≈2 for the norm).
-//  - onebit_bytes_per_element 26: 1-bit Adam's kernels per gradient element of a
-//    bucket (DeepSpeed's compressed_allreduce, Tang et al. 2021): the momentum update
-//    reads the gradient and reads/writes the fp32 momentum (4+4+4), the worker
-//    compression reads/writes the fp32 error (4+4) and writes the sign bit, the server
-//    side touches 1/d of it (fp32 error read/write: ≤ 4 at d = 2), the decompression
-//    writes the momentum back (4); ≈ 2 for the scales' norms. The OPT that follows is
-//    priced as Adam's (it reads the frozen variance instead of updating it: < 1 % of a
-//    step at any scale this models).
+//  - onebit_bytes_per_element 48 + onebit_server_bytes 16 / d: 1-bit Adam's kernels per
+//    gradient element of a bucket, pass by pass as exec/cuda/kernels.cu runs them (DeepSpeed's
+//    compressed_allreduce, Tang et al. 2021, makes as many passes): the momentum update
+//    reads the gradient and reads/writes the fp32 momentum (12); the worker compression's
+//    norm reads momentum and error (8), its packing reads them again and writes the error
+//    (12, and 1/8 of sign bits); decoding into the momentum reads the frozen variance (its
+//    mask) and writes the momentum (8); the owner averages the d received segments into
+//    an fp32 buffer (d passes over 1/d of the elements: 8 − 4/d) and re-compresses it (20
+//    over 1/d). The kernels run on the dp stream, overlapping the backward without slowing
+//    it in either engine: on a GPU they share its HBM, so the hidden share is an upper
+//    bound. The OPT that follows is priced as Adam's (it reads the frozen variance instead
+//    of updating it: < 1 % of a step at any scale this models).
 //  - flash_attention 0.60: FlashAttention-2 (Dao 2023, arXiv 2307.08691) reaches 50–73 %
 //    of A100 peak, counting the causal half of the score block and its backward as 2.5×
 //    forward (the counts used here); its best cases are ~73 % forward and ~63 % backward,
@@ -485,8 +489,9 @@ double optimizer_seconds(const ir::Scenario& sc, const ir::GpuSpec& gpu, double 
 }
 
 double onebit_compress_seconds(const ir::Scenario& sc, const ir::GpuSpec& gpu, double elements) {
-  (void)sc;
-  return hbm_seconds(elements * default_efficiencies().onebit_bytes_per_element, gpu);
+  const Efficiencies& eff = default_efficiencies();
+  const double d = std::max(1, sc.parallel.data);
+  return hbm_seconds(elements * (eff.onebit_bytes_per_element + eff.onebit_server_bytes / d), gpu);
 }
 
 std::vector<int> solve_slices_by(int seq, int slices,

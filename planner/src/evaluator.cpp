@@ -89,6 +89,15 @@ double ring_seconds(const Link& link, int n, double bytes, bool full) {
   return (link.bytes_per_second > 0 ? volume / link.bytes_per_second : 0.0) + steps * link.latency_seconds;
 }
 
+// 1-bit Adam's exchange of a packed message (as the SimGrid engine runs it): an
+// all-to-all round, (n − 1)/n of it through the link at once, then the ring all-gather's
+// n − 1 steps of 1/n: an all-reduce's volume in n latencies.
+double compressed_seconds(const Link& link, int n, double bytes) {
+  if (n <= 1) return 0;
+  const double volume = 2.0 * (n - 1) / n * bytes;
+  return (link.bytes_per_second > 0 ? volume / link.bytes_per_second : 0.0) + n * link.latency_seconds;
+}
+
 struct Tables {
   int ranks = 0;
   int data = 1;
@@ -105,6 +114,11 @@ double p2p_seconds(const ir::Plan& plan, int from, int to, std::int64_t bytes) {
 double allreduce_seconds(const ir::Plan& plan, int rank, std::int64_t bytes) {
   const int n = std::max(1, plan.data);
   return ring_seconds(Placement(plan).dp(rank, n), n, static_cast<double>(bytes), true);
+}
+
+double compressed_allreduce_seconds(const ir::Plan& plan, int rank, std::int64_t bytes) {
+  const int n = std::max(1, plan.data);
+  return compressed_seconds(Placement(plan).dp(rank, n), n, static_cast<double>(bytes));
 }
 
 double reduce_scatter_seconds(const ir::Plan& plan, int rank, std::int64_t bytes) {
@@ -137,13 +151,13 @@ ir::DurationFn analytic_durations(const ir::Plan& plan) {
       case ir::OpKind::REDUCE_SCATTER:
       case ir::OpKind::ALL_GATHER:
       case ir::OpKind::COMPRESSED_ALLREDUCE: {
-        if (rank < 0 || rank >= t->ranks) return 0;
-        // A compressed all-reduce (an all-to-all, then an all-gather of the packed
-        // message) moves what a ring all-reduce of its bytes moves, after its kernels.
-        const bool twice = op.kind == ir::OpKind::ALLREDUCE || op.kind == ir::OpKind::COMPRESSED_ALLREDUCE;
-        return to_ns(ring_seconds(t->dp[static_cast<std::size_t>(rank)], t->data, static_cast<double>(op.bytes),
-                                  twice) +
-                     (op.kind == ir::OpKind::COMPRESSED_ALLREDUCE ? op.est_seconds : 0.0));
+        if (rank < 0 || rank >= t->ranks || t->data <= 1) return 0;  // (one replica: nothing runs, as in SimGrid)
+        const Link& link = t->dp[static_cast<std::size_t>(rank)];
+        const double bytes = static_cast<double>(op.bytes);
+        // A compressed all-reduce: its kernels, then its exchange (compressed_seconds).
+        if (op.kind == ir::OpKind::COMPRESSED_ALLREDUCE)
+          return to_ns(op.est_seconds + compressed_seconds(link, t->data, bytes));
+        return to_ns(ring_seconds(link, t->data, bytes, op.kind == ir::OpKind::ALLREDUCE));
       }
       default:
         return to_ns(op.est_seconds);

@@ -257,7 +257,7 @@ TimeBound bound_of(const ir::Scenario& sc, const std::string& schedule, const Sh
     if (sharded) return reduce_scatter_seconds(probe, r, bytes);
     if (const std::int64_t e = lowering.compress_element_bytes; e > 0) {  // 1-bit Adam, as lowering cuts it
       const std::int64_t elements = (bytes + e - 1) / e;
-      return allreduce_seconds(probe, r, ir::compressed_bucket_bytes(elements, sc.parallel.data)) +
+      return compressed_allreduce_seconds(probe, r, ir::compressed_bucket_bytes(elements, sc.parallel.data)) +
              (lowering.compress_seconds ? lowering.compress_seconds(r, elements) : 0.0);
     }
     return allreduce_seconds(probe, r, bytes);

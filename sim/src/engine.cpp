@@ -579,12 +579,17 @@ void Model::run_collective(int gi, int op) {
   const int n = place_.data;
   if (n <= 1) return;
   const double bytes = synthetic_ ? 0.0 : static_cast<double>(o.bytes);
-  // 1-bit Adam: the compression kernels first (the op's est_seconds), then an all-to-all
-  // and an all-gather of the packed message — a ring all-reduce's steps and volume.
+  // 1-bit Adam: the compression kernels first (the op's est_seconds), then the all-to-all
+  // of the packed message's segments — one round: (n − 1)/n of it leaves through this
+  // member's link at once — and their ring all-gather, n − 1 steps of 1/n: a ring
+  // all-reduce's volume in n latencies instead of 2(n − 1).
   const bool compressed = o.kind == OpKind::COMPRESSED_ALLREDUCE;
   const double kernels = ranks_[g.stage].seconds[static_cast<std::size_t>(op)];
   if (compressed && kernels > 0 && !synthetic_) sg4::this_actor::sleep_for(kernels);
-  const int steps = o.kind == OpKind::ALLREDUCE || compressed ? 2 * (n - 1) : n - 1;
+  const int steps = compressed ? n : o.kind == OpKind::ALLREDUCE ? 2 * (n - 1) : n - 1;
+  // Bytes of ring step s (every step 1/n of the buffer, but the all-to-all's).
+  auto step_bytes = [&](int s) { return compressed && s == 0 ? (n - 1) * bytes / n : bytes / n; };
+  const double volume = compressed ? 2.0 * (n - 1) * bytes / n : steps * bytes / n;
   const double alpha = g.ring_alpha, beta = g.ring_beta;
   bool tree = false;
   if (o.kind == OpKind::ALLREDUCE) {
@@ -621,11 +626,11 @@ void Model::run_collective(int gi, int op) {
     if (opt_.collapse_ring_steps) {
       if (steps > 1) sg4::this_actor::sleep_for((steps - 1) * alpha);
       ++flows_;
-      sg4::Comm::sendto_async(g.mirror_src, g.mirror, steps * bytes / n)->wait();
+      sg4::Comm::sendto_async(g.mirror_src, g.mirror, volume)->wait();
     } else {
       for (int s = 0; s < steps; ++s) {
         ++flows_;
-        sg4::Comm::sendto_async(g.mirror_src, g.mirror, bytes / n)->wait();
+        sg4::Comm::sendto_async(g.mirror_src, g.mirror, step_bytes(s))->wait();
       }
     }
     return;
@@ -640,7 +645,7 @@ void Model::run_collective(int gi, int op) {
   for (int s = 0; s < steps; ++s) {
     if (s > 0) wait_recv_steps(gi, op, s);
     ++flows_;
-    sg4::Comm::sendto_async(from, to, bytes / n)->wait();
+    sg4::Comm::sendto_async(from, to, step_bytes(s))->wait();
     ++next.ops[op].recv_steps;
     notify(next_i);
   }

@@ -223,7 +223,7 @@ TEST_CASE("1-bit Adam trains the tiny corpus as Adam does - final loss within 5 
   // warm-up 60 of 300 steps; the bound is on the mean loss of the last 20 steps (the
   // per-step loss of 4 sequences is noisy: a few % from step to step).
   // The tiny scenario's model (4 layers, hidden 64), p = 2, one micro-batch of 2 sequences per replica. (At the
-  // 16-wide model of the other tests the sign noise is larger: +6 % there, bench_onebit.)
+  // 16-wide model of the other tests the sign noise is larger: +3 % there, bench_onebit.)
   constexpr int kSteps = 300, kWarmup = 60;
   ir::Scenario adam_sc = ir::load_scenario(test::source_path("scenarios/tiny-gpt-cpu.yaml"));
   adam_sc.parallel.data = 2;

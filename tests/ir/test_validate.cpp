@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "tdpipe/ir/error.hpp"
@@ -116,6 +117,21 @@ TEST_CASE("validate: ids out of range and bad stage maps", "[validate]") {
                          Message("invalid plan: 2 problem(s) with plan shape:\n"
                                  "  virtual stage 0 is run by rank 0 chunk 0 and by rank 1 chunk 0\n"
                                  "  virtual stage 1 is run by no rank's chunk (stage_of)"));
+}
+
+TEST_CASE("validate: an op's duration must be a number of seconds every engine can time", "[validate]") {
+  // Both engines time an op by est_seconds (a compressed all-reduce: its kernels); NaN,
+  // negative or beyond int64 ns would mean different things to each.
+  for (const double bad : {std::nan(""), -1e-6, 1e10}) {
+    Plan plan = plan_from_text(one_f_one_b(2, 2));
+    plan.ranks[1][0].est_seconds = bad;
+    INFO(bad);
+    REQUIRE_THROWS_WITH(validate(plan), Contains("rank 1 op #0 F0: est_seconds") &&
+                                            Contains("expected a duration from 0 to 9e9 s"));
+  }
+  Plan ok = plan_from_text(one_f_one_b(2, 2));
+  ok.ranks[1][0].est_seconds = 9e9;
+  CHECK_NOTHROW(validate(ok));
 }
 
 TEST_CASE("validate: SEND/RECV pairing", "[validate]") {

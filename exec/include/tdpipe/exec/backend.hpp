@@ -87,6 +87,11 @@ struct OnebitMessages {
 /// naming the bucket when any of them is out of range.
 std::pair<std::int64_t, std::int64_t> onebit_bucket_range(std::int64_t n, int chunk, int chunks, int index,
                                                           int count, int members);
+/// 1-bit Adam's server error feedback is kept for this member's segment of each bucket
+/// only, bucket after bucket: for a chunk of `n` parameters cut into `count` buckets,
+/// {where bucket `index`'s segment starts in it, its length over all buckets} (≈ n / members).
+std::pair<std::int64_t, std::int64_t> owned_segments_offset(std::int64_t n, int index, int count, int member,
+                                                            int members);
 /// Throws tdpipe::Error unless each of m's buffers holds `bytes` bytes (DType::U8).
 void check_onebit_messages(const OnebitMessages& m, std::int64_t bytes);
 

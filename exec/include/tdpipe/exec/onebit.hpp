@@ -6,7 +6,9 @@
 // A bucket of n elements is cut into `members` segments (part_range, as the data-parallel
 // collectives cut it). The packed message of a bucket is `members` blocks of
 // block_bytes(n, members) each: a 4-byte fp32 scale, then the segment's sign bits (bit k
-// of byte k/8, LSB first; 1 = non-negative), zero-padded to the longest segment.
+// of byte k/8, LSB first; 1 = non-negative), zero-padded to the longest segment. One
+// scale per segment on both sides (DeepSpeed's worker side has one per whole buffer; a
+// scale per segment follows each segment's own magnitude, for 4 bytes more per member).
 #pragma once
 
 #include <cmath>

@@ -68,7 +68,8 @@ struct Efficiencies {
   double nvlink = 0.65;              ///< NCCL ring bus bandwidth / NVLink per-direction bandwidth
   double network = 0.90;             ///< same for InfiniBand
   double optimizer_bytes_per_param = 36;  ///< HBM traffic of one mixed-precision Adam step per parameter
-  double onebit_bytes_per_element = 26;   ///< HBM traffic of 1-bit Adam's compression kernels per gradient element
+  double onebit_bytes_per_element = 48;   ///< HBM traffic of 1-bit Adam's kernels per gradient element …
+  double onebit_server_bytes = 16;        ///< … plus this much ÷ d (the owner's average and re-compression)
   double flash_attention = 0.60;     ///< fused attention kernel's fraction of peak (FlashAttention-2 on A100: 50–73 %)
 };
 /// The defaults above.
@@ -132,8 +133,8 @@ double optimizer_seconds(const ir::Scenario& scenario, const ir::GpuSpec& gpu, d
 
 /// Device time of 1-bit Adam's local kernels for one bucket of `elements` gradients
 /// (momentum update, worker and server compression with error feedback, decompression;
-/// HBM-bound, Efficiencies::onebit_bytes_per_element), the COMPRESSED_ALLREDUCE's
-/// est_seconds.
+/// HBM-bound: Efficiencies::onebit_bytes_per_element + onebit_server_bytes / d), the
+/// COMPRESSED_ALLREDUCE's est_seconds.
 double onebit_compress_seconds(const ir::Scenario& scenario, const ir::GpuSpec& gpu, double elements);
 
 /// Tokens per slice so that each slice costs the same given its prefix (Seq1F1B);

@@ -78,8 +78,8 @@ class CpuCompute final : public Compute {
   double speed_ = 1;  ///< options.rank_speed of this rank
   std::int64_t last_layers_ns_ = -1;
   std::vector<GptStage> stages_;
-  /// 1-bit Adam's error feedback per chunk, flat like its parameters: the worker's (the
-  /// whole chunk) and the server's (used on this member's segment of each bucket only).
+  /// 1-bit Adam's error feedback per chunk: the worker's, flat like its parameters, and
+  /// the server's over this member's segments only (owned_segments_offset).
   std::vector<std::vector<double>> worker_error_, server_error_;
   std::map<int, MicroBatch> batches_;
   int step_ = 0;
