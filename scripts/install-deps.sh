@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # install-deps.sh — installs every Debian 12 package tdpipe needs to build and test.
 # Idempotent: when everything is present it prints nothing and exits 0.
+#   --fuzz   also clang-16 and its runtime (libFuzzer) for the `fuzz` preset / bench/fuzz.sh
 set -euo pipefail
 
 packages=(
@@ -10,6 +11,12 @@ packages=(
   qt6-base-dev qt6-charts-dev libqt6opengl6-dev qt6-svg-dev libxkbcommon-dev
   libgl-dev libvulkan-dev xvfb
 )
+for arg in "$@"; do
+  case "$arg" in
+    --fuzz) packages+=(clang-16 libclang-rt-16-dev) ;;
+    *) echo "install-deps: unknown option $arg (expected --fuzz)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

@@ -72,6 +72,8 @@ json parse_json(std::string_view text, const std::string& source) {
     return json::parse(text.begin(), text.end(), callback);
   } catch (const json::parse_error& e) {
     throw Error(fmt::format("{}: not valid JSON: {}", source, e.what()));
+  } catch (const json::out_of_range& e) {  // a number past double's range, e.g. 1e400
+    throw Error(fmt::format("{}: not valid JSON for tdpipe: {}", source, e.what()));
   }
 }
 
