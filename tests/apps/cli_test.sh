@@ -339,10 +339,14 @@ PY
     # The same search split over two processes by mpirun: the same ranking.
     command -v mpirun > /dev/null || fail "mpirun not found (openmpi-bin)"
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=false
+    # Under the asan preset: Open MPI leaks at MPI_Finalize inside its plugins, which it
+    # has unloaded by then (LeakSanitizer sees only "<unknown module>" frames, so no
+    # suppression can name them): leak checking off for the MPI processes only.
+    mpi_asan="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
     "$tdpipe" search scenarios/llama2-70b-a100-4x8.yaml --top 4 --json --no-simgrid > "$work/one.json" 2>/dev/null \
       || fail "search exited $?"
-    mpirun -n 2 --oversubscribe "$tdpipe" search scenarios/llama2-70b-a100-4x8.yaml --top 4 --json --no-simgrid \
-      > "$work/two.json" 2> "$work/two.err" || fail "mpirun search exited $?: $(cat "$work/two.err")"
+    ASAN_OPTIONS=$mpi_asan mpirun -n 2 --oversubscribe "$tdpipe" search scenarios/llama2-70b-a100-4x8.yaml --top 4 \
+      --json --no-simgrid > "$work/two.json" 2> "$work/two.err" || fail "mpirun search exited $?: $(cat "$work/two.err")"
     python3 - "$work/one.json" "$work/two.json" <<'PY' || fail "one vs two processes"
 import json, sys
 a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
@@ -350,7 +354,7 @@ assert [t["label"] for t in a["top"]] == [t["label"] for t in b["top"]], (a["top
 assert [t["analytic_seconds"] for t in a["top"]] == [t["analytic_seconds"] for t in b["top"]]
 assert a["considered"] == b["considered"]
 PY
-    out=$(mpirun -n 2 --oversubscribe "$tdpipe" search scenarios/llama2-70b-a100-4x8.yaml --top 2 --no-simgrid 2>/dev/null) \
+    out=$(ASAN_OPTIONS=$mpi_asan mpirun -n 2 --oversubscribe "$tdpipe" search scenarios/llama2-70b-a100-4x8.yaml --top 2 --no-simgrid 2>/dev/null) \
       || fail "mpirun table exited $?"
     expect "$out" 'on 2 processes' "the table says it was split"
     [ "$(grep -c '^search ' <<<"$out")" = 1 ] || fail "only rank 0 prints: $out"
