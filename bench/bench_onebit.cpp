@@ -91,8 +91,9 @@ int main(int argc, char** argv) {
                d, plain, warm, packed, plain / packed, plain / 4 / packed, one.replica_divergence);
   }
 
-  fmt::print("2. loss, tiny corpus, p=2 d=2, one micro-batch of 2 sequences per replica, {} steps, 1-bit Adam's warm-up {} steps (lr 1e-2)\n", loss_steps,
-             warmup);
+  fmt::print("2. loss, tiny corpus, p=2 d=2, one micro-batch of 2 sequences per replica, {} steps, 1-bit Adam's "
+             "warm-up {} steps (lr 1e-2)\n",
+             loss_steps, warmup);
   ir::Scenario small = tiny;
   small.parallel.global_batch = 2;  // ×d below: one micro-batch of 2 sequences per replica
   const auto la = train(with_data(small, 2, false, warmup), loss_steps, root);

@@ -248,6 +248,11 @@ TEST_CASE("Malformed traces are rejected naming the source, event and field", "[
              Catch::Contains("expected each ≤ 4e15 µs"));
   CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[],"otherData":{"metadata":{"a":1}}})J")),
              Catch::Contains("otherData.metadata.a: expected a string"));
+  // Fuzz finding (bench/fuzz.sh): a foreign trace with a phase that is not a string
+  // escaped as nlohmann's type_error from the pid/tid renumbering pass.
+  CHECK_THAT(expect_error(json::parse(R"J({"traceEvents":[{"ph":"X","name":"a","pid":0,"tid":0,"ts":0,"dur":1},
+                                                          {"ph":7,"name":"b","pid":0,"tid":0,"ts":0,"dur":1}]})J")),
+             Catch::Contains("traceEvents[1]: field \"ph\": expected a string"));
 }
 
 TEST_CASE("trace op fields out of their range and peers that do not exist are rejected", "[traces][chrome]") {

@@ -101,7 +101,11 @@ class Reader {
     if (!native) {
       for (std::size_t i = 0; i < events->size(); ++i) {
         const json& ev = (*events)[i];
-        if (!ev.is_object() || ev.value("ph", "") != "X") continue;
+        // (json::value would throw nlohmann's type_error on a "ph" that is not a string;
+        // the loop below names that event.)
+        if (!ev.is_object()) continue;
+        const auto ph = ev.find("ph");
+        if (ph == ev.end() || !ph->is_string() || *ph != "X") continue;
         pids.emplace(id(ev, "pid", i), 0);
         tids.emplace(id(ev, "tid", i), 0);
       }
