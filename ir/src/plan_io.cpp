@@ -39,6 +39,24 @@ using nlohmann::json;
 constexpr std::string_view kKindList =
     "F, B, W, BW, OPT, SEND, RECV, ALLREDUCE, REDUCE_SCATTER, ALL_GATHER, LOAD, OFFLOAD, CKPT, COMPRESSED_ALLREDUCE";
 
+// What a plan file's counts may claim, checked before anything is sized by them (the
+// default stage map is p·v entries, the validator's index p·v·m·S cells): a valid plan
+// has an F for every (virtual stage, micro-batch, slice), so p·v·m·S beyond its ops —
+// with room for the odd printable plan, valid or not, that the text form must carry — is
+// refused (a header p = 10⁹ over three lines would otherwise allocate gigabytes).
+void check_counts(const Plan& plan, const char* where) {
+  long double ops = 0;
+  for (const auto& r : plan.ranks) ops += static_cast<long double>(r.size());
+  const long double triples = static_cast<long double>(std::max(plan.stages, 1)) * std::max(plan.chunks, 1) *
+                              std::max(plan.microbatches, 1) * std::max(plan.slices, 1);
+  constexpr long double kSlack = 1 << 20;
+  if (triples > ops + kSlack)
+    throw Error(fmt::format("{}: p·v·m·S = {}·{}·{}·{} forwards needed, but the plan has {} ops in all; expected "
+                            "counts that match its ops",
+                            where, plan.stages, plan.chunks, plan.microbatches, plan.slices,
+                            static_cast<long long>(ops)));
+}
+
 std::vector<std::vector<int>> default_stage_of(int stages, int chunks) {
   std::vector<std::vector<int>> s(static_cast<std::size_t>(std::max(stages, 0)));
   for (int r = 0; r < stages; ++r)
@@ -613,7 +631,8 @@ Plan plan_from_text(std::string_view text) {
                             "(p*v = {}*{})", plan.stage_layers.size(), plan.stages, plan.chunks));
   for (int n : plan.stage_layers)
     if (n < 0) throw Error(fmt::format("plan text header: stage_layers has a stage of {} layers; expected ≥ 0", n));
-  plan.stage_of = h.stage_of.value_or(default_stage_of(plan.stages, plan.chunks));
+  check_counts(plan, "plan text header");
+  plan.stage_of = h.stage_of ? *h.stage_of : default_stage_of(plan.stages, plan.chunks);
   return plan;
 }
 
@@ -675,6 +694,7 @@ Plan plan_from_json(const nlohmann::json& j) {
   } else {
     plan.lowered = in.comm;
   }
+  check_counts(plan, "plan");
   if (o.has("stage_of")) {
     const JsonField f = o["stage_of"];
     if (!f.j().is_array()) f.fail("a list (per rank) of lists (per chunk) of virtual stages");

@@ -148,6 +148,20 @@ TEST_CASE("text header: defaults omitted, non-default stage_of and odd names kep
   CHECK(plan_from_text(to_text(plan)).schedule.empty());
 }
 
+TEST_CASE("plan counts far beyond the plan's ops are refused before anything is sized by them (fuzz finding)",
+          "[plan_io][bad-input]") {
+  // bench/fuzz.sh's plan-text target: "# schedule= p=1000000085" made the reader build a
+  // stage map of 10⁹ ranks (and the validator an index of as many cells): out of memory.
+  REQUIRE_THROWS_WITH(plan_from_text("# schedule= p=1000000085\n"),
+                      Catch::Contains("plan text header: p·v·m·S = 1000000085·1·0·1 forwards needed, but the plan "
+                                      "has 0 ops"));
+  REQUIRE_THROWS_WITH(plan_from_text("# schedule=x p=2 m=100000 v=100 S=1000\nrank0: F0\nrank1: F0\n"),
+                      Catch::Contains("forwards needed, but the plan has 2 ops"));
+  nlohmann::json j = to_json(plan_from_text("rank0: F0 BW0\nrank1: F0 BW0\n"));
+  j["stages"] = 2000000000;
+  REQUIRE_THROWS_WITH(plan_from_json(j), Catch::Contains("plan: p·v·m·S = 2000000000·"));
+}
+
 TEST_CASE("hand-written text without a header: fields inferred, comments skipped", "[plan_io]") {
   const Plan plan = plan_from_text(
       "# 1F1B, p = 2, m = 3\n"
