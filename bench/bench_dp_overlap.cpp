@@ -62,7 +62,7 @@ void run_case(const ir::Scenario& base, int d, bool overlap, bool sharded, int s
   sc.parallel.distributed_optimizer = sharded;
   const ir::Plan plan = planner::build_plan(sc, "1f1b").lowered;
   int buckets = 0;
-  for (const ir::Op& op : plan.ranks[0]) buckets += op.kind == ir::OpKind::ALLREDUCE || op.kind == ir::OpKind::REDUCE_SCATTER;
+  for (const ir::Op& op : plan.ranks[0]) buckets += ir::is_gradient_reduction(op.kind);
   exec::cpu::CpuRunOptions opt;
   opt.train.steps = steps;
   opt.train.corpus_path = std::string(TDPIPE_SOURCE_DIR) + "/data/tiny_corpus.txt";
