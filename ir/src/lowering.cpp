@@ -29,10 +29,18 @@
 // chunk's gradient bytes its buckets up to this one hold). With a
 // sharded optimizer (ZeRO-1) each bucket is a REDUCE_SCATTER there instead, and an
 // ALL_GATHER of the bucket's updated parameters follows OPT (same tag, bytes, chunk).
+//
+// Parameter offload (offload_blocks): each rank's copy stream gets one LOAD per layer
+// block each weight-reading op (F, B, BW; W reads activations only) uses, in the order
+// the compute stream reaches them, and OPT's state LOAD/OFFLOAD per block. The op lists
+// its LOADs as deps, which gate its segments (is_weight_gate); a LOAD's first dep, with
+// ready_after, is the release of the block `offload_window` loads earlier. Weights are
+// read-only until OPT, so a released weight block is dropped, not copied back.
 #include "tdpipe/ir/lowering.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -585,6 +593,105 @@ class Lowerer {
         }
       }
     }
+    add_parameter_copies(r, out);
+  }
+
+  /// Appends rank r's LOAD/OFFLOAD ops (parameter offload) after its other ops and lists
+  /// each weight-reading op's LOADs, in use order, among its deps.
+  void add_parameter_copies(int r, std::vector<Op>& out) const {
+    if (!options_.offload_blocks) return;
+    const int window = std::max(1, options_.offload_window);
+    const int ratio = std::max(0, options_.offload_state_ratio);
+    std::vector<std::vector<std::int64_t>> blocks(static_cast<std::size_t>(ix_.stages.chunks));
+    bool any = false;
+    for (int c = 0; c < ix_.stages.chunks; ++c) {
+      if (ix_.stages.stage_of(r, c) < 0) continue;
+      blocks[static_cast<std::size_t>(c)] = options_.offload_blocks(r, c);
+      any = any || !blocks[static_cast<std::size_t>(c)].empty();
+    }
+    if (!any) return;
+    const auto seconds = [&](std::int64_t bytes) {
+      return options_.copy_seconds ? options_.copy_seconds(r, bytes) : 0.0;
+    };
+    const int ops = static_cast<int>(out.size());
+    std::vector<Op> copies;
+    // The release of each LOAD so far (its consumer's segment end, or the OFFLOAD that
+    // writes it back): the dependency the LOAD `window` places later waits for.
+    struct Release {
+      OpRef at;
+      float ready_after;
+    };
+    std::vector<Release> released;  // [load ordinal on this rank]
+    const auto load = [&](int consumer, int chunk, int layer, std::int64_t bytes) {
+      Op l;
+      l.kind = OpKind::LOAD;
+      l.stream = Stream::Copy;
+      l.mb = out[static_cast<std::size_t>(consumer)].mb;
+      l.chunk = chunk;
+      l.slice = out[static_cast<std::size_t>(consumer)].slice;
+      l.tag = layer;
+      l.bytes = bytes;
+      l.est_seconds = seconds(bytes);
+      if (released.size() >= static_cast<std::size_t>(window)) {
+        const Release& free = released[released.size() - static_cast<std::size_t>(window)];
+        l.deps.push_back(free.at);
+        l.ready_after = free.ready_after;
+      }
+      out[static_cast<std::size_t>(consumer)].deps.push_back({r, ops + static_cast<int>(copies.size())});
+      copies.push_back(std::move(l));
+      released.push_back({{r, consumer}, 1.0f});  // the caller says when it frees
+      return released.size() - 1;
+    };
+    // The end of segment s of n: the release of the block used in it.
+    const auto segment_end = [](int s, int n) {
+      return s + 1 == n ? 1.0f : static_cast<float>(s + 1) / static_cast<float>(n);
+    };
+    for (int i = 0; i < ops; ++i) {
+      const Op& op = out[static_cast<std::size_t>(i)];
+      if (op.stream != Stream::Compute) continue;
+      if (op.kind == OpKind::F || op.kind == OpKind::B || op.kind == OpKind::BW) {
+        if (op.chunk < 0 || op.chunk >= ix_.stages.chunks) continue;
+        const auto& b = blocks[static_cast<std::size_t>(op.chunk)];
+        const int n = static_cast<int>(b.size());
+        for (int s = 0; s < n; ++s) {
+          const int layer = op.kind == OpKind::F ? s : n - 1 - s;
+          const std::size_t k = load(i, op.chunk, layer, b[static_cast<std::size_t>(layer)]);
+          released[k].ready_after = segment_end(s, n);
+        }
+      } else if (op.kind == OpKind::OPT && ratio > 0) {
+        // The optimizer state of every offloaded block, chunk by chunk, in layer order;
+        // a block's slot frees when its OFFLOAD (state + updated weights) is done.
+        std::vector<std::pair<int, int>> order;  // (chunk, layer)
+        for (int c = 0; c < ix_.stages.chunks; ++c)
+          for (int l = 0; l < static_cast<int>(blocks[static_cast<std::size_t>(c)].size()); ++l) order.push_back({c, l});
+        const int n = static_cast<int>(order.size());
+        std::vector<std::size_t> ordinal(order.size());
+        int written = 0;  // OFFLOADs placed so far
+        const auto offload = [&] {
+          const auto [c, l] = order[static_cast<std::size_t>(written)];
+          Op o;
+          o.kind = OpKind::OFFLOAD;
+          o.stream = Stream::Copy;
+          o.chunk = c;
+          o.tag = l;
+          o.bytes = blocks[static_cast<std::size_t>(c)][static_cast<std::size_t>(l)] * (ratio + 1);
+          o.est_seconds = seconds(o.bytes);
+          o.deps.push_back({r, i});
+          o.ready_after = segment_end(written, n);
+          released[ordinal[static_cast<std::size_t>(written)]] = {{r, ops + static_cast<int>(copies.size())}, 1.0f};
+          copies.push_back(std::move(o));
+          ++written;
+        };
+        for (int s = 0; s < n; ++s) {
+          if (s >= window) offload();  // frees the slot this LOAD takes
+          const auto [c, l] = order[static_cast<std::size_t>(s)];
+          ordinal[static_cast<std::size_t>(s)] =
+              load(i, c, l, blocks[static_cast<std::size_t>(c)][static_cast<std::size_t>(l)] * ratio);
+        }
+        while (written < n) offload();
+      }
+    }
+    out.insert(out.end(), std::make_move_iterator(copies.begin()), std::make_move_iterator(copies.end()));
   }
 
   const Plan& plan_;

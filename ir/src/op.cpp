@@ -9,7 +9,7 @@ namespace {
 constexpr std::array<std::string_view, 14> kKindNames = {
     "F", "B", "W", "BW", "OPT", "SEND", "RECV", "ALLREDUCE", "REDUCE_SCATTER",
     "ALL_GATHER", "LOAD", "OFFLOAD", "CKPT", "COMPRESSED_ALLREDUCE"};
-constexpr std::array<std::string_view, 3> kStreamNames = {"compute", "p2p", "dp"};
+constexpr std::array<std::string_view, kStreamCount> kStreamNames = {"compute", "p2p", "dp", "copy"};
 }  // namespace
 
 bool is_compute(OpKind kind) { return kind <= OpKind::OPT; }
@@ -61,6 +61,7 @@ std::optional<Stream> stream_from_string(std::string_view name) {
 Stream default_stream(OpKind kind) {
   if (is_p2p(kind)) return Stream::P2P;
   if (is_collective(kind)) return Stream::DP;
+  if (kind == OpKind::LOAD || kind == OpKind::OFFLOAD) return Stream::Copy;
   return Stream::Compute;
 }
 

@@ -9,6 +9,7 @@
 #include "tdpipe/ir/replay.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include <fmt/format.h>
@@ -22,7 +23,7 @@ namespace tdpipe::ir {
 namespace {
 
 using detail::PlanIndex;
-constexpr int kStreams = 3;  // Stream::Compute, P2P, DP
+constexpr int kStreams = kStreamCount;  // Compute, P2P, DP, Copy
 constexpr std::int64_t kNotDone = -1;
 constexpr std::uint32_t kLagBit = 1u << 31;
 
@@ -116,6 +117,15 @@ class Engine {
     detail::resize_prefaulted(stream_of_, n);
     detail::resize_prefaulted(dep_begin_, n + 1);
     deps_.reserve(n * 2);  // an estimate: not prefaulted, pages it never uses stay unmapped
+    // Weight gates (is_weight_gate) exist only in plans with LOADs: the arrays then.
+    for (const auto& ops : plan_.ranks)
+      for (const Op& op : ops)
+        if (op.kind == OpKind::LOAD) gated_plan_ = true;
+    if (gated_plan_) {
+      detail::resize_prefaulted(gate_begin_, n + 1);
+      detail::assign_prefaulted(seg_next_, n, std::int32_t{0});
+      detail::assign_prefaulted(seg_time_, n, std::int64_t{kNotDone});
+    }
     for (int r = 0; r < plan_.num_ranks(); ++r) {
       const auto& ops = plan_.ranks[static_cast<std::size_t>(r)];
       const int base = ix_.offset[static_cast<std::size_t>(r)];
@@ -133,6 +143,7 @@ class Engine {
           batch_[static_cast<std::size_t>(g)] = op.batch;
         }
         dep_begin_[static_cast<std::size_t>(g)] = static_cast<std::uint32_t>(deps_.size());
+        if (gated_plan_) gate_begin_[static_cast<std::size_t>(g)] = static_cast<std::uint32_t>(gates_.size());
         collect_deps(op, r);
         if (op.ready_after < 1.0f && !op.deps.empty() && dep_begin_[static_cast<std::size_t>(g)] < deps_.size()) {
           if (ready_after_.empty()) detail::assign_prefaulted(ready_after_, n, 1.0f);
@@ -155,6 +166,15 @@ class Engine {
       }
     }
     dep_begin_[static_cast<std::size_t>(n_)] = static_cast<std::uint32_t>(deps_.size());
+    if (gated_plan_) {
+      gate_begin_[static_cast<std::size_t>(n_)] = static_cast<std::uint32_t>(gates_.size());
+      seg_end_.assign(gates_.size(), kNotDone);
+    }
+  }
+
+  int gate_count(int g) const {
+    if (!gated_plan_) return 0;
+    return static_cast<int>(gate_begin_[static_cast<std::size_t>(g) + 1] - gate_begin_[static_cast<std::size_t>(g)]);
   }
   /// p2p latency of a cross-rank dependency with no SEND/RECV in the plan: the
   /// duration of a synthetic SEND of the producer's payload (zero-bubble's T_comm).
@@ -192,7 +212,12 @@ class Engine {
   void collect_deps(const Op& op, int rank) {
     for (const OpRef& ref : op.deps) {
       int d = 0;
-      if (valid_global(ref, d)) deps_.push_back(static_cast<std::uint32_t>(d));
+      if (!valid_global(ref, d)) continue;
+      // A compute op's LOADs gate its segments instead of its start.
+      if (gated_plan_ && ref.rank == rank && is_weight_gate(op.kind, op_at(ref.rank, ref.index).kind))
+        gates_.push_back(static_cast<std::uint32_t>(d));
+      else
+        deps_.push_back(static_cast<std::uint32_t>(d));
     }
     if (is_chunk_work(op.kind)) {
       const int lo = ix_.offset[static_cast<std::size_t>(rank)];
@@ -234,6 +259,18 @@ class Engine {
     const float part = ready_after_.empty() ? 1.0f : ready_after_[static_cast<std::size_t>(g)];
     for (const std::uint32_t* first = d; d != e; ++d) {
       const int dep = static_cast<int>(*d & ~kLagBit);
+      if (part < 1.0f && d == first && gate_count(dep) > 0) {
+        // A gated op's point: the end of the segment ready_after names (a LOAD's window
+        // waits for it while the op still runs), known as soon as that segment ended.
+        const int n = gate_count(dep);
+        const int k = std::clamp(static_cast<int>(std::ceil(static_cast<double>(part) * n - 1e-6)) - 1, 0, n - 1);
+        if (seg_next_[static_cast<std::size_t>(dep)] <= k) {
+          blocker = dep;
+          return false;
+        }
+        ready = std::max(ready, seg_end_[gate_begin_[static_cast<std::size_t>(dep)] + static_cast<std::size_t>(k)]);
+        continue;
+      }
       std::int64_t end = timing_[static_cast<std::size_t>(dep)].end_ns;
       if (end == kNotDone) {
         blocker = dep;
@@ -345,6 +382,11 @@ class Engine {
         pos += count;
         continue;
       }
+      if (gate_count(g) > 0) {
+        if (!run_gated(s, g, now)) return;
+        ++pos;
+        continue;
+      }
       std::int64_t ready = now;
       int blocker = -1;
       if (!gather(g, ready, blocker)) {
@@ -358,6 +400,45 @@ class Engine {
       ++pos;
       if (wait_head_[static_cast<std::size_t>(g)] >= 0) wake(g);
     }
+  }
+
+  /// Runs gated op g (is_weight_gate) on stream s as far as its LOADs allow: its n
+  /// segments of dur/n each start once the previous one ended and its LOAD is done; the
+  /// op starts with segment 0. False (s parked) while a deps or a LOAD is missing.
+  bool run_gated(int s, int g, std::int64_t& now) {
+    const std::size_t gi = static_cast<std::size_t>(g);
+    if (seg_time_[gi] == kNotDone) {
+      std::int64_t ready = now;
+      int blocker = -1;
+      if (!gather(g, ready, blocker)) {
+        park(s, blocker);
+        return false;
+      }
+      seg_time_[gi] = ready;
+    }
+    const std::uint32_t b = gate_begin_[gi];
+    const int n = gate_count(g);
+    const std::int64_t dur = dur_[gi];
+    auto& t = timing_[gi];
+    for (int k = seg_next_[gi]; k < n; k = seg_next_[gi]) {
+      const int load = static_cast<int>(gates_[b + static_cast<std::size_t>(k)]);
+      const std::int64_t arrived = timing_[static_cast<std::size_t>(load)].end_ns;
+      if (arrived == kNotDone) {
+        park(s, load);
+        return false;
+      }
+      const std::int64_t begin = std::max(seg_time_[gi], arrived);
+      if (k == 0) t.start_ns = begin;
+      // Integer split: the segments add up to the op's duration exactly.
+      const std::int64_t len = dur * (k + 1) / n - dur * k / n;
+      seg_time_[gi] = seg_end_[b + static_cast<std::size_t>(k)] = begin + len;
+      seg_next_[gi] = k + 1;
+      if (wait_head_[gi] >= 0) wake(g);  // a LOAD waiting for this block's release
+    }
+    t.end_ns = seg_time_[gi];
+    now = t.end_ns;
+    if (wait_head_[gi] >= 0) wake(g);
+    return true;
   }
 
   /// Why stream s cannot move: the op it waits for, in words.
@@ -387,6 +468,9 @@ class Engine {
     std::int64_t ready = 0;
     int blocker = -1;
     gather(g, ready, blocker);
+    if (blocker < 0 && gate_count(g) > 0 && seg_next_[static_cast<std::size_t>(g)] < gate_count(g))
+      blocker = static_cast<int>(gates_[gate_begin_[static_cast<std::size_t>(g)] +
+                                        static_cast<std::size_t>(seg_next_[static_cast<std::size_t>(g)])]);
     if (blocker < 0) return fmt::format("rank {} blocked on {}", rank, head);
     const auto [br, bi] = ix_.locate(blocker);
     const Op& bop = op_at(br, bi);
@@ -442,6 +526,13 @@ class Engine {
   std::vector<std::int32_t> batch_;     ///< [global] a comm op's batch id; empty without comm ops
   std::vector<std::uint32_t> dep_begin_;  ///< [global] CSR into deps_
   std::vector<std::uint32_t> deps_;     ///< global indices; kLagBit: add the synthetic SEND's lag
+  // Weight gates (parameter offload); all empty in a plan without LOADs.
+  bool gated_plan_ = false;
+  std::vector<std::uint32_t> gate_begin_;  ///< [global] CSR into gates_
+  std::vector<std::uint32_t> gates_;       ///< the LOADs gating each op's segments, in order
+  std::vector<std::int64_t> seg_end_;      ///< [gate] end of the segment that LOAD gates
+  std::vector<std::int32_t> seg_next_;     ///< [global] segments of a gated op run so far
+  std::vector<std::int64_t> seg_time_;     ///< [global] end of its last run segment; kNotDone: not begun
 };
 
 }  // namespace

@@ -9,6 +9,13 @@ int ClusterConfig::nodes() const {
   return n;
 }
 
+double host_link_bytes_per_second(const ClusterConfig& cluster, const GpuSpec& gpu) {
+  if (cluster.host_bytes_per_second > 0) return cluster.host_bytes_per_second;
+  if (gpu.name.rfind("h100", 0) == 0 || gpu.name.rfind("h200", 0) == 0) return 50e9;
+  if (gpu.name == "cpu") return 10e9;
+  return 25e9;
+}
+
 int Scenario::stages() const { return synthetic ? synthetic->stages : parallel.pipeline; }
 int Scenario::microbatches() const {
   return synthetic ? synthetic->microbatches : parallel.microbatches();

@@ -80,6 +80,7 @@ void check_cluster(Rules& r, const ClusterConfig& c) {
   r.non_negative("cluster.nvlink_latency_seconds", c.nvlink_latency_seconds, "NVLink latency");
   r.non_negative("cluster.ib_latency_seconds", c.ib_latency_seconds, "network latency");
   r.non_negative("cluster.shared_capacity", c.shared_capacity, "0: each rank its own device");
+  r.non_negative("cluster.host_bytes_per_second", c.host_bytes_per_second, "0: the GPU's usual host link");
   r.member("cluster.topology", c.topology, scenario_topologies());
 }
 
@@ -126,6 +127,13 @@ void check_parallel(Rules& r, const Scenario& s) {
     r.fail("parallel.optimizer",
            "onebit-adam all-reduces a compressed momentum on every replica; it cannot be combined with "
            "distributed_optimizer: true (ZeRO-1 shards the optimizer) — choose one");
+  r.member("parallel.param_offload", p.param_offload, scenario_param_offload_names());
+  // The offloaded optimizer state is the whole (unsharded, uncompressed) Adam state.
+  if (r.ok() && p.offload() && (p.distributed_optimizer || p.onebit()))
+    r.fail("parallel.param_offload",
+           fmt::format("param_offload: layers streams each layer's whole Adam state through OPT; it is not "
+                       "built for {} — choose one",
+                       p.distributed_optimizer ? "distributed_optimizer: true (ZeRO-1)" : "optimizer: onebit-adam"));
   if (!r.ok()) return;
 
   const ModelConfig& model = s.model;
@@ -254,6 +262,10 @@ const std::vector<std::string>& scenario_recompute_names() {
 }
 const std::vector<std::string>& scenario_optimizer_names() {
   static const std::vector<std::string> names = {"adam", "onebit-adam"};
+  return names;
+}
+const std::vector<std::string>& scenario_param_offload_names() {
+  static const std::vector<std::string> names = {"none", "layers"};
   return names;
 }
 const std::vector<std::string>& scenario_topologies() {

@@ -345,7 +345,7 @@ ModelConfig read_model(const MapReader& r) {
 ClusterConfig read_cluster(const Reporter& rep, const YAML::Node& node, YAML::Mark where) {
   MapReader r(rep, node, "cluster", where,
               with({"gpu", "nodes", "groups", "gpus_per_node", "nvlink_gbps", "ib_gbps_per_nic",
-                    "nics_per_node", "topology", "nvlink_latency_us", "ib_latency_us"},
+                    "nics_per_node", "topology", "nvlink_latency_us", "ib_latency_us", "host_gbps"},
                    kGpuOverrideKeys));
   ClusterConfig c;
   if (r.has("groups")) {
@@ -389,6 +389,8 @@ ClusterConfig read_cluster(const Reporter& rep, const YAML::Node& node, YAML::Ma
   c.nvlink_latency_seconds =
       us_to_seconds(r.get_number("nvlink_latency_us", kDefaultNvlinkLatencyUs, false, "NVLink latency in µs"));
   c.ib_latency_seconds = us_to_seconds(r.get_number("ib_latency_us", kDefaultIbLatencyUs, false, "network latency in µs"));
+  if (r.has("host_gbps"))
+    c.host_bytes_per_second = gbps_to_bytes(r.get_number("host_gbps", {}, true, "host-GPU (PCIe) Gb/s per GPU each way"));
   return c;
 }
 #endif  // TDPIPE_HAVE_YAML
@@ -398,7 +400,7 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
   MapReader r(rep, node, "parallel", where,
               {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
                "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce",
-               "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps"});
+               "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps", "param_offload"});
   ParallelConfig p;
   p.tensor = r.get_int("tensor", 1, 1, "tensor-parallel size");
   p.pipeline = r.get_int("pipeline", 1, 1, "pipeline stages");
@@ -418,6 +420,7 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
   p.distributed_optimizer = r.get_bool("distributed_optimizer", false);
   p.optimizer = r.get_choice("optimizer", "adam", "optimizer", scenario_optimizer_names());
   p.onebit_warmup_steps = r.get_int("onebit_warmup_steps", 100, 1, "uncompressed Adam steps before 1-bit Adam");
+  p.param_offload = r.get_choice("param_offload", "none", "param_offload", scenario_param_offload_names());
   if (r.has("layers_per_stage")) {
     const YAML::Node& n = r.node("layers_per_stage");
     const std::string expected = "auto or a list of layer counts, one per virtual stage (pipeline*chunks)";
@@ -635,6 +638,7 @@ json to_json(const Scenario& s) {
         {"topology", s.cluster.topology},
         {"nvlink_latency_seconds", s.cluster.nvlink_latency_seconds},
         {"ib_latency_seconds", s.cluster.ib_latency_seconds},
+        {"host_bytes_per_second", s.cluster.host_bytes_per_second},
         {"shared_capacity", s.cluster.shared_capacity}}},
       {"parallel",
        {{"tensor", s.parallel.tensor}, {"pipeline", s.parallel.pipeline}, {"data", s.parallel.data},
@@ -649,7 +653,8 @@ json to_json(const Scenario& s) {
         {"bucket_mb", s.parallel.bucket_mb},
         {"distributed_optimizer", s.parallel.distributed_optimizer},
         {"optimizer", s.parallel.optimizer},
-        {"onebit_warmup_steps", s.parallel.onebit_warmup_steps}}},
+        {"onebit_warmup_steps", s.parallel.onebit_warmup_steps},
+        {"param_offload", s.parallel.param_offload}}},
       {"synthetic", nullptr},
   };
   if (s.synthetic) {
@@ -683,7 +688,8 @@ Scenario scenario_from_json(const json& j) {
 
   JsonReader c(r.at("cluster"), r.path("cluster"),
                {"groups", "gpus_per_node", "nvlink_bytes_per_second", "ib_bytes_per_second_per_nic",
-                "nics_per_node", "topology", "nvlink_latency_seconds", "ib_latency_seconds", "shared_capacity"});
+                "nics_per_node", "topology", "nvlink_latency_seconds", "ib_latency_seconds", "shared_capacity",
+                "host_bytes_per_second"});
   const json& groups = c.at("groups");
   if (!groups.is_array()) throw Error(fmt::format("{}: expected an array", c.path("groups")));
   for (std::size_t i = 0; i < groups.size(); ++i) {
@@ -699,11 +705,12 @@ Scenario scenario_from_json(const json& j) {
   s.cluster.nvlink_latency_seconds = c.get_double("nvlink_latency_seconds");
   s.cluster.ib_latency_seconds = c.get_double("ib_latency_seconds");
   if (c.has("shared_capacity")) s.cluster.shared_capacity = c.get_double("shared_capacity");
+  if (c.has("host_bytes_per_second")) s.cluster.host_bytes_per_second = c.get_double("host_bytes_per_second");
 
   JsonReader p(r.at("parallel"), r.path("parallel"),
                {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
                 "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce",
-                "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps"});
+                "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps", "param_offload"});
   s.parallel.tensor = p.get_int("tensor");
   s.parallel.pipeline = p.get_int("pipeline");
   s.parallel.data = p.get_int("data");
@@ -726,6 +733,7 @@ Scenario scenario_from_json(const json& j) {
   if (p.has("distributed_optimizer")) s.parallel.distributed_optimizer = p.get_bool("distributed_optimizer");
   if (p.has("optimizer")) s.parallel.optimizer = p.get_string("optimizer");
   if (p.has("onebit_warmup_steps")) s.parallel.onebit_warmup_steps = p.get_int("onebit_warmup_steps");
+  if (p.has("param_offload")) s.parallel.param_offload = p.get_string("param_offload");
   if (p.has("layers_per_stage")) {  // older files: even
     const json& l = p.at("layers_per_stage");
     if (l == "auto") {

@@ -140,6 +140,14 @@ class Checker {
     }
   }
 
+  /// The kind of the op `d` names; CKPT (neither compute nor LOAD) when there is none.
+  OpKind dep_kind(const OpRef& d) const {
+    if (d.rank < 0 || d.rank >= plan_.num_ranks() || d.index < 0 ||
+        d.index >= static_cast<int>(plan_.ranks[static_cast<std::size_t>(d.rank)].size()))
+      return OpKind::CKPT;
+    return plan_.ranks[static_cast<std::size_t>(d.rank)][static_cast<std::size_t>(d.index)].kind;
+  }
+
   void check_fields() {
     const int p = plan_.num_ranks();
     report_.ranks.assign(plan_.ranks.size(), RankMemory{});
@@ -180,11 +188,22 @@ class Checker {
         if (o.ready_after != 1.0f) {
           if (!(o.ready_after >= 0.0f && o.ready_after < 1.0f))
             problem(fmt::format("{}: ready_after {}; expected a fraction from 0 to 1", where(g), o.ready_after));
-          else if (!detail::collective_kind(o.kind) || o.deps.empty() || o.deps.front().rank != r)
+          else if (o.kind == OpKind::LOAD || o.kind == OpKind::OFFLOAD) {
+            if (o.deps.empty() || o.deps.front().rank != r || !is_compute(dep_kind(o.deps.front())))
+              problem(fmt::format("{}: ready_after {} applies to a copy's first dependency, a compute op on its "
+                                  "own rank (the segment that releases its block)",
+                                  where(g), o.ready_after));
+          } else if (!detail::collective_kind(o.kind) || o.deps.empty() || o.deps.front().rank != r)
             problem(fmt::format("{}: ready_after {} applies to a collective's first dependency on its own rank "
                                 "(the chunk's last backward op)",
                                 where(g), o.ready_after));
         }
+        // Host ↔ device copies run on the copy stream, and only they do.
+        if ((o.kind == OpKind::LOAD || o.kind == OpKind::OFFLOAD) != (o.stream == Stream::Copy))
+          problem(fmt::format("{}: a {} op on the {} stream; LOAD and OFFLOAD run on the copy stream, and only they",
+                              where(g), to_string(o.kind), to_string(o.stream)));
+        if (o.kind == OpKind::LOAD && o.bytes <= 0)
+          problem(fmt::format("{}: LOAD of {} bytes; expected the block's bytes (> 0)", where(g), o.bytes));
         for (const OpRef& d : o.deps) {
           const bool ok = d.rank >= 0 && d.rank < p && d.index >= 0 &&
                           d.index < static_cast<int>(plan_.ranks[static_cast<std::size_t>(d.rank)].size());
@@ -192,6 +211,9 @@ class Checker {
             problem(fmt::format("{}: depends on rank {} op #{}, which does not exist", where(g), d.rank, d.index));
           else if (d.rank == r && d.index == i)
             problem(fmt::format("{}: depends on itself", where(g)));
+          else if (d.rank != r && is_weight_gate(o.kind, dep_kind(d)))
+            problem(fmt::format("{}: waits for a LOAD on rank {}; a LOAD brings weights to its own rank's device",
+                                where(g), d.rank));
         }
       }
     }

@@ -488,6 +488,10 @@ double optimizer_seconds(const ir::Scenario& sc, const ir::GpuSpec& gpu, double 
   return hbm_seconds(params * default_efficiencies().optimizer_bytes_per_param, gpu);
 }
 
+double host_copy_seconds(const ir::Scenario& sc, const ir::GpuSpec& gpu, double bytes) {
+  return kHostCopyLatencySeconds + bytes / ir::host_link_bytes_per_second(sc.cluster, gpu);
+}
+
 double onebit_compress_seconds(const ir::Scenario& sc, const ir::GpuSpec& gpu, double elements) {
   const Efficiencies& eff = default_efficiencies();
   const double d = std::max(1, sc.parallel.data);
@@ -856,6 +860,19 @@ ir::LoweringOptions lowering_options(const ir::Plan& plan, const ir::Scenario& s
     const int vs = stage_of.at(rank).at(chunk);
     return std::llround(params_of_chunk(sc, vs, vstages, layers.at(vs)) * e);
   };
+  if (sc.parallel.offload()) {
+    // Time-shared parameter loading: each decoder layer is one block of 16-bit weights.
+    const std::int64_t block = std::llround(params_per_layer(sc) * s.e);
+    opt.offload_blocks = [stage_of, layers, block](int rank, int chunk) {
+      return std::vector<std::int64_t>(static_cast<std::size_t>(layers.at(stage_of.at(rank).at(chunk))), block);
+    };
+    opt.copy_seconds = [sc](int rank, std::int64_t bytes) {
+      return host_copy_seconds(sc, gpu_of_rank(sc, rank), static_cast<double>(bytes));
+    };
+    opt.offload_window = kOffloadWindow;
+    // fp32 master + two fp32 moments per 16-bit weight (fp32 training: two moments per fp32 weight).
+    opt.offload_state_ratio = s.e == 4 ? 2 : 6;
+  }
   opt.overlap_dp = sc.parallel.overlap_grad_reduce;
   opt.bucket_bytes = std::max<std::int64_t>(1, std::llround(sc.parallel.bucket_mb * (1 << 20)));
   const int shards = optimizer_shards(sc);
@@ -898,11 +915,20 @@ std::vector<MemoryEstimate> memory_per_rank(const ir::Plan& plan, const ir::Scen
   for (int r = 0; r < plan.num_ranks(); ++r) {
     MemoryEstimate& m = out[r];
     if (!sc.synthetic) {
-      double params = 0;
-      for (int vs : plan.stage_of.at(r)) params += params_of_chunk(sc, vs, vstages, layers.at(vs));
-      m.weights_bytes = params * per.weights_bytes;
+      double params = 0, layer_params = 0;
+      for (int vs : plan.stage_of.at(r)) {
+        params += params_of_chunk(sc, vs, vstages, layers.at(vs));
+        layer_params += layers.at(vs) * params_per_layer(sc);
+      }
       m.grads_bytes = params * per.grads_bytes;
-      m.optimizer_bytes = params * per.optimizer_bytes;
+      // Parameter offload: the layers' weights and optimizer state are on the device only
+      // as the window of blocks being streamed (counted for both at once: an upper bound,
+      // the weights' window is empty while OPT streams the state).
+      const double resident = sc.parallel.offload()
+                                  ? params - layer_params + std::min(layer_params, kOffloadWindow * params_per_layer(sc))
+                                  : params;
+      m.weights_bytes = resident * per.weights_bytes;
+      m.optimizer_bytes = resident * per.optimizer_bytes;
     }
     double live = 0, peak = 0;
     for (const auto& op : plan.ranks[r]) {

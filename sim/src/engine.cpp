@@ -39,8 +39,9 @@ std::int64_t to_ns(double seconds) { return std::llround(seconds * 1e9); }
 
 /// Per pipeline rank, shared by every GPU that runs it.
 struct RankInfo {
-  std::vector<int> stream_ops[3];
+  std::vector<int> stream_ops[ir::kStreamCount];
   std::vector<std::vector<int>> local_deps;
+  std::vector<std::vector<int>> gates;  ///< compute ops: the LOADs gating their segments (ir::is_weight_gate)
   std::vector<std::vector<ir::OpRef>> remote_deps;
   std::vector<int> match;        ///< SEND/RECV: index of the matching op on the peer rank
   std::vector<double> seconds;   ///< non-comm ops and COMPRESSED_ALLREDUCE kernels: duration, quantised to ns
@@ -51,6 +52,7 @@ struct OpState {
   double xfer = -1;  ///< comm ops: when data started to move (both sides posted)
   bool posted = false, done = false;
   int recv_steps = 0;  ///< plain ring collectives: steps received from the predecessor
+  int segments = 0;    ///< gated compute ops: segments run so far
 };
 
 struct GpuRun {
@@ -64,7 +66,7 @@ struct GpuRun {
   std::vector<OpState> ops;
   sg4::MutexPtr mutex;
   sg4::ConditionVariablePtr cv;
-  int waiting[3] = {-1, -1, -1};     ///< per stream: op index blocked on (deadlock report)
+  int waiting[ir::kStreamCount] = {-1, -1, -1, -1};  ///< per stream: op index blocked on (deadlock report)
 };
 
 struct PendingComm {
@@ -115,6 +117,7 @@ class Model {
   void compute_actor(int gi);
   void p2p_actor(int gi);
   void dp_actor(int gi);
+  void copy_actor(int gi);
 
   const ir::Plan& plan_;
   const SimOptions& opt_;
@@ -150,6 +153,7 @@ void Model::prepare_ranks() {
     RankInfo& info = ranks_[r];
     const int n = static_cast<int>(ops.size());
     info.local_deps.assign(n, {});
+    info.gates.assign(n, {});
     info.remote_deps.assign(n, {});
     info.match.assign(n, -1);
     info.seconds.assign(n, 0);
@@ -158,7 +162,7 @@ void Model::prepare_ranks() {
     for (int i = 0; i < n; ++i) {
       const ir::Op& op = ops[i];
       const int s = static_cast<int>(op.stream);
-      if (s < 0 || s > 2)
+      if (s < 0 || s >= ir::kStreamCount)
         throw Error(fmt::format("plan rank {} op {} ({}): unknown stream", r, i, ir::op_to_text(op)));
       // Actors know what to do with an op only on its own kind of stream.
       const bool ok = ir::is_p2p(op.kind) ? op.stream == ir::Stream::P2P
@@ -174,7 +178,7 @@ void Model::prepare_ranks() {
       // Device time: compute ops', and a compressed all-reduce's kernels before its wire.
       if (!ir::is_p2p(op.kind) && (!ir::is_collective(op.kind) || op.kind == OpKind::COMPRESSED_ALLREDUCE)) {
         std::optional<double> over;
-        if (opt_.op_seconds && !ir::is_collective(op.kind)) over = opt_.op_seconds(op, r);
+        if (opt_.op_seconds && ir::is_compute(op.kind)) over = opt_.op_seconds(op, r);
         const double sec = over ? *over : op.est_seconds;
         if (!(sec >= 0) || !(sec <= 9e9))  // 9e9 s keeps every time inside int64 ns
           throw Error(fmt::format("plan rank {} op {} ({}): duration {} s; expected a value in [0, 9e9]",
@@ -186,7 +190,9 @@ void Model::prepare_ranks() {
             d.index >= static_cast<int>(plan_.ranks[d.rank].size()))
           throw Error(fmt::format("plan rank {} op {} ({}): dependency on rank {} op {} does not exist",
                                   r, i, ir::op_to_text(op), d.rank, d.index));
-        if (d.rank == r) info.local_deps[i].push_back(d.index);
+        if (d.rank == r && ir::is_weight_gate(op.kind, ops[static_cast<std::size_t>(d.index)].kind))
+          info.gates[i].push_back(d.index);
+        else if (d.rank == r) info.local_deps[i].push_back(d.index);
         else info.remote_deps[i].push_back(d);
       }
     }
@@ -461,8 +467,20 @@ void Model::wait_deps(int gi, int op, int stream) {
   g.waiting[stream] = op;
   const RankInfo& info = ranks_[g.stage];
   const ir::Op& o = plan_.ranks[g.stage][op];
-  const bool partial = opt_.overlap_dp && o.ready_after < 1.0f && !o.deps.empty() && o.deps.front().rank == g.stage;
-  if (partial) {
+  const bool copy = o.stream == ir::Stream::Copy;
+  const bool partial = (opt_.overlap_dp || copy) && o.ready_after < 1.0f && !o.deps.empty() &&
+                       o.deps.front().rank == g.stage;
+  const int first_gates = partial ? static_cast<int>(info.gates[o.deps.front().index].size()) : 0;
+  if (partial && first_gates > 0) {
+    // A block's release: the end of the gated op's segment ready_after names.
+    const int first = o.deps.front().index;
+    const int k = std::clamp(static_cast<int>(std::ceil(static_cast<double>(o.ready_after) * first_gates - 1e-6)) - 1,
+                             0, first_gates - 1);
+    if (g.ops[first].segments <= k && !g.ops[first].done) {
+      std::unique_lock<sg4::Mutex> lock(*g.mutex);
+      while (g.ops[first].segments <= k && !g.ops[first].done) g.cv->wait(lock);
+    }
+  } else if (partial) {
     // A gradient bucket, final part-way through the chunk's last backward op: that far
     // into its planned duration (the compute host runs one op at a time).
     const int first = o.deps.front().index;
@@ -503,12 +521,43 @@ void Model::compute_actor(int gi) {
   const double speed = g.compute_host->get_speed();
   for (int op : info.stream_ops[0]) {
     wait_deps(gi, op, 0);
-    g.ops[op].start = sg4::Engine::get_clock();
-    if (g.partial_waiters > 0) notify(gi);  // a bucket may wait for part of this op
-    if (info.seconds[op] > 0) sg4::this_actor::execute(info.seconds[op] * speed);
+    const std::vector<int>& gates = info.gates[op];
+    if (gates.empty()) {
+      g.ops[op].start = sg4::Engine::get_clock();
+      if (g.partial_waiters > 0) notify(gi);  // a bucket may wait for part of this op
+      if (info.seconds[op] > 0) sg4::this_actor::execute(info.seconds[op] * speed);
+    } else {
+      // Parameter offload: segment k runs once its layer block's LOAD is done.
+      const int n = static_cast<int>(gates.size());
+      for (int k = 0; k < n; ++k) {
+        wait_op(gi, gates[static_cast<std::size_t>(k)]);
+        if (k == 0) {
+          g.ops[op].start = sg4::Engine::get_clock();
+          if (g.partial_waiters > 0) notify(gi);
+        }
+        const double part = info.seconds[op] / n;
+        if (part > 0) sg4::this_actor::execute(part * speed);
+        ++g.ops[op].segments;
+        notify(gi);  // the block used in segment k is released
+      }
+    }
     mark_done(gi, op, sg4::Engine::get_clock());
   }
   g.waiting[0] = -1;
+}
+
+void Model::copy_actor(int gi) {
+  // Host ↔ device copies, one at a time on the rank's copy engine, at est_seconds (the
+  // cost model's PCIe time: a dedicated link per GPU; shared host uplinks not modelled).
+  GpuRun& g = gpus_[gi];
+  const RankInfo& info = ranks_[g.stage];
+  for (int op : info.stream_ops[3]) {
+    wait_deps(gi, op, 3);
+    g.ops[op].start = sg4::Engine::get_clock();
+    if (info.seconds[op] > 0) sg4::this_actor::sleep_for(info.seconds[op]);
+    mark_done(gi, op, sg4::Engine::get_clock());
+  }
+  g.waiting[3] = -1;
 }
 
 void Model::post(int gi, int op, std::vector<PendingComm>& mine) {
@@ -688,6 +737,10 @@ void Model::spawn_actors() {
       sg4::Actor::create(base + "-dp", g.compute_host, [this, gi] { dp_actor(gi); });
       ++actors_;
     }
+    if (!info.stream_ops[3].empty()) {
+      sg4::Actor::create(base + "-copy", g.compute_host, [this, gi] { copy_actor(gi); });
+      ++actors_;
+    }
   }
 }
 
@@ -696,7 +749,7 @@ std::string Model::deadlock_report() const {
   int shown = 0;
   for (const auto& g : gpus_) {
     if (g.replica != 0 || g.tp != 0) continue;
-    for (int s = 0; s < 3; ++s) {
+    for (int s = 0; s < ir::kStreamCount; ++s) {
       const int op = g.waiting[s];
       if (op < 0 || g.ops[op].done) continue;
       const ir::Op& o = plan_.ranks[g.stage][op];

@@ -398,3 +398,16 @@ TEST_CASE("a bucket starts on the dp stream once its part is final - while the c
 }
 
 }  // namespace tdpipe::exec
+
+TEST_CASE("a plan with parameter offload is refused before any thread starts, saying what to do",
+          "[exec][offload]") {
+  tdpipe::ir::Scenario sc = tdpipe::exec::test::small_scenario(2, 1, 2, 1);
+  sc.parallel.param_offload = "layers";
+  const tdpipe::ir::Plan plan = tdpipe::planner::build_plan(sc, "1f1b").lowered;
+  tdpipe::exec::cpu::CpuRunOptions opt;
+  opt.train = tdpipe::exec::test::train_options(1);
+  CHECK_THROWS_WITH(tdpipe::exec::cpu::run_cpu(plan, opt),
+                    Catch::Contains("parameter offload, parallel.param_offload: layers") &&
+                        Catch::Contains("the executors do not run it yet") &&
+                        Catch::Contains("param_offload: none"));
+}

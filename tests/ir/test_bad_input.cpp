@@ -88,6 +88,8 @@ TEST_CASE("JSON scenarios get the rules YAML scenarios get", "[scenario][bad-inp
       {{"parallel", "overlap_grad_reduce"}, 1, "scenario.parallel.overlap_grad_reduce: expected"},
       {{"parallel", "optimizer"}, "lamb", "scenario.parallel.optimizer: expected one of adam, onebit-adam"},
       {{"parallel", "onebit_warmup_steps"}, 0, "scenario.parallel.onebit_warmup_steps: expected a positive integer"},
+      {{"parallel", "param_offload"}, "all", "scenario.parallel.param_offload: expected one of none, layers"},
+      {{"cluster", "host_bytes_per_second"}, -1.0, "scenario.cluster.host_bytes_per_second: expected a finite number ≥ 0"},
   };
   for (const auto& c : cases) {
     json j = good;
@@ -161,6 +163,23 @@ TEST_CASE("YAML rules checked after reading still point at their line", "[scenar
                                          "  optimizer: sgd\n",
                                      "s.yaml"),
                       StartsWith("s.yaml:7: parallel.optimizer: unknown optimizer 'sgd'"));
+  const std::string offload =
+      "model: {layers: 8, hidden: 64, heads: 4, seq: 32, vocab: 64}\n"
+      "cluster: {gpu: cpu, nodes: 1, gpus_per_node: 4, host_gbps: -3}\n"
+      "parallel:\n"
+      "  pipeline: 2\n"
+      "  data: 2\n"
+      "  global_batch: 8\n"
+      "  distributed_optimizer: true\n"
+      "  param_offload: layers\n";
+  REQUIRE_THROWS_WITH(parse_scenario(offload, "s.yaml"), StartsWith("s.yaml:2: cluster.host_gbps: expected a positive"));
+  const std::string zero1 = offload.substr(0, offload.find(", host_gbps")) + "}" +
+                            offload.substr(offload.find("}\n", offload.find("host_gbps")) + 1);
+  REQUIRE_THROWS_WITH(parse_scenario(zero1, "s.yaml"),
+                      StartsWith("s.yaml:8: parallel.param_offload: param_offload: layers streams each layer's whole "
+                                 "Adam state through OPT; it is not built for distributed_optimizer: true (ZeRO-1)"));
+  REQUIRE_THROWS_WITH(parse_scenario(zero1.substr(0, zero1.find("  distributed")) + "  param_offload: weights\n", "s.yaml"),
+                      StartsWith("s.yaml:7: parallel.param_offload: unknown param_offload 'weights'"));
   const std::string chunks =
       "model: {layers: 8, hidden: 64, heads: 4, seq: 32, vocab: 64}\n"
       "cluster: {gpu: cpu, nodes: 1, gpus_per_node: 2}\n"

@@ -495,3 +495,31 @@ TEST_CASE("Memory per rank: 16 bytes per parameter plus peak activations - fit m
   REQUIRE(msg->rfind("does not fit: needs ", 0) == 0);
   REQUIRE(msg->find("GiB of 80.0 GiB on rank") != std::string::npos);
 }
+
+TEST_CASE("Memory per rank with parameter offload: the layers' weights and Adam state count two layers",
+          "[cost_model][offload]") {
+  auto sc = megatron(12288, 96, 96, 8, 2, 1, 16, 1, ir::Recompute::Full, false);
+  sc.parallel.param_offload = "layers";
+  ir::Plan plan = hand_plan(sc, 1);
+  plan.stages = 2;
+  planner::apply_costs(plan, sc);
+  const auto mem = planner::memory_per_rank(plan, sc);
+  const double h = 12288;
+  const double layer = (4 * h * h + 8 * h * h + 3 * h + 4 * h) / 8 + 6 * h;
+  const double ends = 51200 * h / 8 + 2048 * h;  // embedding + positions: never offloaded
+  const double p0 = 48 * layer + ends;
+  REQUIRE(mem[0].grads_bytes == Approx(2 * p0));                  // gradients stay whole
+  REQUIRE(mem[0].weights_bytes == Approx(2 * (ends + 2 * layer)));  // a window of two layers
+  REQUIRE(mem[0].optimizer_bytes == Approx(12 * (ends + 2 * layer)));
+  // Lowering streams each layer's bf16 weights: 2 bytes per parameter, over PCIe Gen4.
+  const auto lo = planner::lowering_options(plan, sc);
+  REQUIRE(lo.offload_blocks);
+  const auto blocks = lo.offload_blocks(0, 0);
+  REQUIRE(blocks.size() == 48);
+  REQUIRE(blocks[0] == std::llround(2 * layer));
+  REQUIRE(lo.offload_state_ratio == 6);
+  REQUIRE(lo.copy_seconds(0, 25'000'000'000) == Approx(1.0 + planner::kHostCopyLatencySeconds));
+  sc.cluster.host_bytes_per_second = 50e9;  // a Gen5 host
+  REQUIRE(planner::lowering_options(plan, sc).copy_seconds(0, 25'000'000'000) ==
+          Approx(0.5 + planner::kHostCopyLatencySeconds));
+}

@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "sim_test_util.hpp"
+#include "tdpipe/ir/lowering.hpp"
+#include "tdpipe/ir/plan_io.hpp"
 #include "tdpipe/ir/replay.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
@@ -144,5 +147,80 @@ TEST_CASE("SimGrid and the analytic engine (planner::evaluate) agree", "[sim][an
             double(built.lowered.ranks[r].size()));  // ns rounding per op
     }
     CHECK(std::abs(double(s.metrics.iteration_ns) / double(a.iteration_ns) - 1) < 0.01);
+  }
+}
+
+TEST_CASE("parameter offload: SimGrid runs gated segments and the copy stream exactly as the replay",
+          "[sim][analytic][offload]") {
+  // F0 BW0 OPT on one GPU, three layer blocks streamed through a window of two (the IR
+  // test's hand-computed plan, in µs here): every op's start and end agree.
+  ir::LoweringOptions opt;
+  opt.offload_blocks = [](int, int) { return std::vector<std::int64_t>{10, 10, 10}; };
+  opt.copy_seconds = [](int, std::int64_t bytes) { return static_cast<double>(bytes) * 1e-6; };
+  ir::Plan plan = ir::lower(ir::plan_from_text("rank0: F0 BW0\n"), opt);
+  plan.scenario = sim::testing::a100_cluster(1, 1, 1, 1);
+  for (ir::Op& op : plan.ranks[0]) {
+    if (op.kind == ir::OpKind::F) op.est_seconds = 30e-6;
+    if (op.kind == ir::OpKind::BW) op.est_seconds = 60e-6;
+    if (op.kind == ir::OpKind::OPT) op.est_seconds = 30e-6;
+  }
+  const auto ref = ir::replay(plan, [](const ir::Op& op, int) { return std::llround(op.est_seconds * 1e9); });
+  CHECK(ref.makespan_ns == 470'000);
+  const auto res = sim::simulate(plan);
+  CHECK(res.metrics.iteration_ns == ref.makespan_ns);
+  std::size_t compared = 0;
+  for (int st = 0; st < ir::kStreamCount; ++st) {
+    std::vector<const traces::TraceEvent*> evs;
+    for (const auto& e : res.trace.events)
+      if (e.stream == st) evs.push_back(&e);
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < plan.ranks[0].size(); ++i) {
+      if (static_cast<int>(plan.ranks[0][i].stream) != st) continue;
+      REQUIRE(k < evs.size());
+      INFO("op " << i << " " << evs[k]->name);
+      CHECK(evs[k]->kind == plan.ranks[0][i].kind);
+      CHECK(evs[k]->start_ns == ref.timing[0][i].start_ns);
+      CHECK(evs[k]->end_ns() == ref.timing[0][i].end_ns);
+      ++k;
+      ++compared;
+    }
+  }
+  CHECK(compared == plan.ranks[0].size());
+}
+
+TEST_CASE("parameter offload on Llama-2 70B: the engines agree, every weight crosses PCIe once per F and B",
+          "[sim][analytic][offload]") {
+  auto sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/llama2-70b-a100-4x8.yaml");
+  sc.parallel.param_offload = "layers";
+  sc.parallel.global_batch = 8;  // m = 8: a short step
+  const auto built = planner::build_plan(sc, "1f1b");
+  const ir::Plan& plan = built.lowered;
+  const auto a = traces::compute_metrics(planner::evaluate(plan));
+  const auto s = sim::simulate(plan);
+  CHECK(std::abs(double(s.metrics.iteration_ns) / double(a.iteration_ns) - 1) < 0.005);
+  for (int r = 0; r < plan.num_ranks(); ++r) {
+    std::int64_t loaded = 0, offloaded = 0, state = 0;
+    int readers = 0, copies = 0;
+    for (const auto& op : plan.ranks[r]) {
+      if (op.kind == ir::OpKind::F || op.kind == ir::OpKind::BW || op.kind == ir::OpKind::B) ++readers;
+      if (op.stream == ir::Stream::Copy) ++copies;
+      if (op.kind == ir::OpKind::LOAD) (op.mb >= 0 ? loaded : state) += op.bytes;
+      if (op.kind == ir::OpKind::OFFLOAD) offloaded += op.bytes;
+    }
+    // 20 layers per rank of bf16 weights: Q and O 8192² each, K and V 8192·1024 (8 KV
+    // heads of 128), SwiGLU's three 8192·28672, the column-parallel biases — all ÷ t = 8 —
+    // and two replicated LayerNorms and row-parallel biases (6·8192).
+    const double h = 8192, kv = 1024, ffn = 28672;
+    const std::int64_t layer =
+        std::llround(((2 * h * h + 2 * h * kv + 3 * h * ffn + (h + 2 * kv) + 2 * ffn) / 8 + 6 * h) * 2);
+    const std::int64_t weights = 20 * layer;
+    CHECK(readers == 2 * 8);
+    CHECK(loaded == readers * weights);
+    CHECK(state == 6 * weights);      // fp32 master + two moments, in
+    CHECK(offloaded == 7 * weights);  // and out with the new bf16 weights
+    std::int64_t events = 0;
+    for (const auto& e : s.trace.events)
+      if (e.rank == r && e.stream == static_cast<int>(ir::Stream::Copy)) ++events;
+    CHECK(events == copies);
   }
 }

@@ -38,7 +38,7 @@ using nlohmann::json;
 constexpr const char* kGenerator = "tdpipe";
 
 std::string stream_name(int stream) {
-  if (stream >= 0 && stream <= static_cast<int>(ir::Stream::DP))
+  if (stream >= 0 && stream < ir::kStreamCount)
     return std::string(ir::to_string(static_cast<ir::Stream>(stream)));
   return fmt::format("stream {}", stream);
 }

@@ -18,7 +18,7 @@ bool is_tdpipe_trace(const traces::Trace& trace) {
 }
 
 std::string stream_name(int stream, bool tdpipe_trace) {
-  if (tdpipe_trace && stream >= 0 && stream <= static_cast<int>(ir::Stream::DP))
+  if (tdpipe_trace && stream >= 0 && stream < ir::kStreamCount)
     return std::string(ir::to_string(static_cast<ir::Stream>(stream)));
   return "tid " + std::to_string(stream);
 }

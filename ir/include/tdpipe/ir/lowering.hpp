@@ -41,6 +41,23 @@ struct LoweringOptions {
   /// est_seconds of a COMPRESSED_ALLREDUCE of `elements` on rank `rank`: its compression
   /// kernels' device time, which the engines add to the wire's; empty: 0.
   std::function<double(int rank, std::int64_t elements)> compress_seconds;
+  /// Parameter offload (time-shared parameter loading, parallel.param_offload): the bytes
+  /// of the 16-bit weights of each decoder layer of chunk `chunk` on rank `rank`, in
+  /// layer order; empty function, or an empty list for a chunk: its weights stay on the
+  /// device. Every F, B and BW of such a chunk then lists one LOAD per layer, in the
+  /// order it uses them (F: first layer first; B, BW: last first), and OPT one LOAD of
+  /// each block's optimizer state plus an OFFLOAD of the state and updated weights.
+  std::function<std::vector<std::int64_t>(int rank, int chunk)> offload_blocks;
+  /// est_seconds of a host ↔ device copy of `bytes` on rank `rank`; empty: 0.
+  std::function<double(int rank, std::int64_t bytes)> copy_seconds;
+  /// Layer blocks on the device at once (≥ 1): the one in use and those prefetched. A LOAD
+  /// waits until the block offload_window loads before it is released (its segment of the
+  /// consumer ended, or for OPT's blocks its OFFLOAD finished).
+  int offload_window = 2;
+  /// Optimizer-state bytes per weight byte that OPT's LOAD brings in (fp32 master and two
+  /// Adam moments per 16-bit weight: 12 / 2 = 6); its OFFLOAD carries them back plus the
+  /// updated 16-bit weights (7×). 0: the optimizer state stays on the device.
+  int offload_state_ratio = 6;
   bool optimizer_step = true;  ///< append OPT on every rank
   /// est_seconds of rank `rank`'s OPT; empty = keep the compute-only plan's OPT cost, or 0.
   std::function<double(int rank)> optimizer_seconds;
@@ -50,7 +67,8 @@ struct LoweringOptions {
 /// ALLREDUCE per gradient bucket (on Stream::DP), plus OPT after them — or, with
 /// shard_optimizer, a REDUCE_SCATTER per bucket, OPT, then an ALL_GATHER per bucket
 /// (each depending on OPT, in the same bucket order); with compress_element_bytes, a
-/// COMPRESSED_ALLREDUCE per bucket where the ALLREDUCE would be.
+/// COMPRESSED_ALLREDUCE per bucket where the ALLREDUCE would be; with offload_blocks,
+/// LOAD/OFFLOAD ops on Stream::Copy after the rank's other ops (see is_weight_gate).
 Plan lower(const Plan& compute_only, const LoweringOptions& options);
 
 struct LoweredPlan {

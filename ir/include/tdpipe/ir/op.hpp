@@ -23,7 +23,11 @@ enum class OpKind : std::uint8_t {
   ALLREDUCE,       ///< data-parallel gradient all-reduce of one bucket
   REDUCE_SCATTER,  ///< data-parallel reduce-scatter of one bucket
   ALL_GATHER,      ///< data-parallel all-gather of one bucket
-  LOAD,            ///< load parameters / activations from host memory
+  /// Copy of one layer block's 16-bit weights from host to device memory
+  /// (parallel.param_offload): `chunk`, `tag` = the block (layer within the chunk),
+  /// `bytes`; ready for the compute op that lists it among its deps (see
+  /// is_weight_gate).
+  LOAD,
   OFFLOAD,         ///< offload to host memory
   CKPT,            ///< activation checkpoint
   /// 1-bit Adam's all-reduce of one bucket's momentum (after its warm-up steps): sign
@@ -39,7 +43,10 @@ enum class Stream : std::uint8_t {
   Compute,  ///< F, B, W, BW, OPT
   P2P,      ///< SEND / RECV between pipeline stages
   DP,       ///< data-parallel collectives
+  Copy,     ///< LOAD / OFFLOAD between host and device memory (parameter offload)
 };
+/// How many streams there are (Stream's values are 0 … kStreamCount − 1).
+inline constexpr int kStreamCount = 4;
 
 // OpRef (rank, index) lives in op_deps.hpp with OpDeps, the type of Op::deps.
 
@@ -98,7 +105,15 @@ std::int64_t compressed_bucket_bytes(std::int64_t elements, int members);
 std::string_view to_string(OpKind kind);
 /// Inverse of to_string; nullopt for an unknown name.
 std::optional<OpKind> op_kind_from_string(std::string_view name);
-/// "compute", "p2p", "dp".
+/// True for a dependency of a compute op on a LOAD: the weights of one layer block of
+/// the op's chunk. A compute op's LOAD deps, in their order, gate the n equal segments
+/// of its run (n = how many it lists): segment i starts once the i-th LOAD is done.
+/// A LOAD's own `ready_after` dependency on a compute op names the end of one of its
+/// segments, ⌈ready_after·n⌉ (the block it may overwrite is released there).
+inline bool is_weight_gate(OpKind consumer, OpKind dependency) {
+  return dependency == OpKind::LOAD && is_compute(consumer);
+}
+/// "compute", "p2p", "dp", "copy".
 std::string_view to_string(Stream stream);
 std::optional<Stream> stream_from_string(std::string_view name);
 /// The stream an op of this kind is issued on unless the plan says otherwise.

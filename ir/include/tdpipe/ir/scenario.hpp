@@ -53,6 +53,9 @@ struct ClusterConfig {
   std::string topology = "fat-tree";  ///< fat-tree | rail-optimized
   double nvlink_latency_seconds = 0;
   double ib_latency_seconds = 0;
+  /// Host ↔ GPU copy bandwidth per GPU, each way (PCIe), for parameter offload; 0 = the
+  /// GPU's usual host link (host_link_bytes_per_second).
+  double host_bytes_per_second = 0;
   /// > 0: every rank runs on one shared device that runs this many compute ops at full
   /// speed at once and shares itself evenly beyond that (the CPU backend's cores; one
   /// GPU's loopback: 1). Set from a calibration profile (traces::apply_profile), not
@@ -63,6 +66,13 @@ struct ClusterConfig {
   int nodes() const;
   int gpus() const { return nodes() * gpus_per_node; }
 };
+
+/// Host ↔ GPU bytes/s each way for a GPU of `gpu` in `cluster`: the cluster's
+/// host_bytes_per_second, else the link such a GPU's host usually has, as achieved
+/// (ZeRO-Offload, Ren et al. 2021: PCIe Gen4 x16 ≈ 32 GB/s theoretical, ≈ 25 GB/s
+/// achieved — A100 SXM hosts; Gen5 twice that — H100/H200 hosts; "cpu": a memcpy,
+/// 10 GB/s).
+double host_link_bytes_per_second(const ClusterConfig& cluster, const GpuSpec& gpu);
 
 enum class Recompute { None, Selective, Full };
 
@@ -106,6 +116,14 @@ struct ParallelConfig {
   std::string optimizer = "adam";
   int onebit_warmup_steps = 100;  ///< uncompressed Adam steps before compression starts
   bool onebit() const { return optimizer == "onebit-adam"; }
+  /// "none", or "layers": time-shared parameter loading (ZeRO-Offload-like, per layer
+  /// block). The decoder layers' 16-bit weights and their optimizer state (fp32 master,
+  /// Adam moments) live in host memory; every F, B and BW streams the weights of its
+  /// chunk's layers in, one block ahead of use (LOAD ops on the copy stream, a window of
+  /// two blocks on the device), and OPT streams each block's state in and out (LOAD,
+  /// OFFLOAD). Gradients, the embedding and the head stay on the device.
+  std::string param_offload = "none";
+  bool offload() const { return param_offload == "layers"; }
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 
   /// Micro-batches per pipeline per iteration: global_batch / (micro_batch · data).

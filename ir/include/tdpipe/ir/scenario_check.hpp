@@ -39,5 +39,6 @@ const std::vector<std::string>& scenario_attention_names();
 const std::vector<std::string>& scenario_recompute_names();
 const std::vector<std::string>& scenario_topologies();
 const std::vector<std::string>& scenario_optimizer_names();
+const std::vector<std::string>& scenario_param_offload_names();
 
 }  // namespace tdpipe::ir

@@ -188,6 +188,16 @@ void apply_costs(ir::Plan& plan, const ir::Scenario& scenario);
 /// onebit-adam: COMPRESSED_ALLREDUCE buckets (compress_element_bytes = elem_bytes).
 ir::LoweringOptions lowering_options(const ir::Plan& plan, const ir::Scenario& scenario);
 
+/// Parameter offload (parallel.param_offload: layers): layer blocks on the device at once,
+/// the one in use and the next one prefetched (double buffering).
+inline constexpr int kOffloadWindow = 2;
+/// Fixed cost of one host ↔ device copy (a cudaMemcpyAsync of pinned memory: its launch
+/// and the DMA engine's start, ~10 µs).
+inline constexpr double kHostCopyLatencySeconds = 10e-6;
+/// Seconds to copy `bytes` between host and device memory of `gpu` (PCIe, one way):
+/// kHostCopyLatencySeconds + bytes / ir::host_link_bytes_per_second.
+double host_copy_seconds(const ir::Scenario& scenario, const ir::GpuSpec& gpu, double bytes);
+
 /// Weights, gradients and optimizer state per parameter (activation_bytes 0), as
 /// memory_per_rank counts them: 2 + 2 + 12/d in bf16/fp16 (fp32 master weights and Adam
 /// moments), 4 + 4 + 8/d in fp32, with d = parallel.data under
@@ -199,7 +209,9 @@ MemoryEstimate static_bytes_per_param(const ir::Scenario& scenario);
 /// states, peak activations from the plan's in-flight count).
 /// Bytes per parameter: weights 2, gradients 2, Adam fp32 master + 2 moments 12 (16 in
 /// all, Korthikanti et al.; fp32 models: 4 + 4 + 8); the optimizer's part ÷ d with
-/// parallel.distributed_optimizer (ZeRO-1; static_bytes_per_param).
+/// parallel.distributed_optimizer (ZeRO-1; static_bytes_per_param). With
+/// parallel.param_offload: layers, the decoder layers' weights and optimizer state count
+/// only kOffloadWindow layers (the blocks being streamed); gradients count whole.
 std::vector<MemoryEstimate> memory_per_rank(const ir::Plan& plan, const ir::Scenario& scenario);
 
 /// nullopt when every rank fits its GPU's HBM; else "does not fit: needs X GiB of Y GiB
