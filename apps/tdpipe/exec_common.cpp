@@ -88,6 +88,8 @@ nlohmann::json run_report(const ir::Scenario& scenario, const ir::Plan& plan, in
   j["optimizer"] = scenario.parallel.optimizer;
   if (scenario.parallel.onebit()) j["onebit_warmup_steps"] = scenario.parallel.onebit_warmup_steps;
   if (!run.dp_wire_bytes.empty()) j["dp_wire_bytes"] = run.dp_wire_bytes;  // (the CPU backend counts them)
+  if (!run.param_state_peak_bytes.empty()) j["param_state_peak_bytes"] = run.param_state_peak_bytes;
+  j["param_offload"] = scenario.parallel.param_offload;
   j["first_step"] = run.state.steps_done - static_cast<int>(run.loss_per_step.size());  // > 0 when resumed
   if (!trace_out.empty()) j["trace"] = trace_out;
   return j;
@@ -143,6 +145,14 @@ void print_run_report(const nlohmann::json& j, const exec::cpu::RunResult& r, do
                  "compressed ({:.0f} bytes per step{})\n",
                  warmup - 1, mean(adam), mean(packed),
                  mean(packed) <= 0 ? std::string() : fmt::format(", 1/{:.1f}", mean(adam) / mean(packed)));
+  }
+  if (j.contains("param_state_peak_bytes")) {
+    // Weights and Adam state on each rank's device at most (what parameter offload moves).
+    const auto peak = j["param_state_peak_bytes"].get<std::vector<std::int64_t>>();
+    std::string ranks;
+    for (std::size_t r = 0; r < peak.size(); ++r) ranks += fmt::format("{}{:.1f}", r ? " " : "", peak[r] / 1024.0);
+    fmt::print("weights + Adam state on the device, peak per rank (KiB, param_offload: {}): {}\n",
+               j.value("param_offload", std::string("none")), ranks);
   }
   if (!trace_out.empty()) fmt::print("measured trace (last step): {}\n", trace_out);
 }

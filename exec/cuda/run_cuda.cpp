@@ -586,6 +586,9 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options, cons
 // What run_cuda and run_cuda_rank refuse before touching a GPU.
 void check_request(const ir::Plan& plan, const CudaRunOptions& options, TransportKind transport) {
   check_runnable(plan);
+  if (plan.scenario.parallel.offload())
+    throw Error("the CUDA backend does not stream parameters yet (parallel.param_offload: layers): run the plan on "
+                "the CPU backend (--backend cpu), or with param_offload: none");
   if (options.train.steps < 1) throw Error("--steps: expected at least 1");
   if (options.start && transport != TransportKind::Loopback)
     throw Error("a start state (re-balancing, --balance-every) needs the loopback transport: an NCCL process "

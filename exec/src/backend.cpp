@@ -71,6 +71,12 @@ void check_onebit_messages(const OnebitMessages& m, std::int64_t bytes) {
       throw Error(fmt::format("1-bit all-reduce: a message of {} bytes, expected {}", b->bytes(), bytes));
 }
 
+void Compute::copy(const CopyOp& op) {
+  throw Error(fmt::format("this backend does not stream parameters ({} of chunk {} layer {}, parallel.param_offload: "
+                          "layers); run the plan on the CPU backend, or with param_offload: none",
+                          ir::to_string(op.kind), op.chunk, op.layer));
+}
+
 OnebitMessages Compute::onebit_compress(int, int, int, int) {
   throw Error("this backend does not implement 1-bit Adam's compressed all-reduce (parallel.optimizer: "
               "onebit-adam); run it on the CPU backend, or with optimizer: adam");

@@ -86,6 +86,7 @@ CpuCompute::CpuCompute(const GptConfig& config, const ir::Plan& plan, int rank, 
                        config.seq);
   const auto& chunks = plan.stage_of.at(static_cast<std::size_t>(rank));
   for (int stage : chunks) stages_.emplace_back(config_, stage, virtual_stages_);
+  for (GptStage& s : stages_) s.attach_memory(&memory_, plan.scenario.parallel.offload());
   worker_error_.resize(stages_.size());
   server_error_.resize(stages_.size());
   speed_ = rank_speed_of(options, rank);
@@ -148,7 +149,58 @@ std::function<void(std::int64_t)> progress_of(const ComputeOp& op, GptStage& st)
 }
 }  // namespace
 
+void CpuCompute::copy(const CopyOp& op) {
+  if (op.chunk < 0 || op.chunk >= chunks())
+    throw Error(fmt::format("{} of chunk {}: this rank has {} chunks", ir::to_string(op.kind), op.chunk, chunks()));
+  GptStage& st = chunk_stage(op.chunk);
+  if (op.kind == ir::OpKind::LOAD)
+    st.load_block(op.layer, op.state);
+  else if (op.kind == ir::OpKind::OFFLOAD && op.state)
+    st.offload_block(op.layer);
+  else
+    throw Error(fmt::format("{} of chunk {} layer {}: expected a LOAD, or an OFFLOAD of optimizer state",
+                            ir::to_string(op.kind), op.chunk, op.layer));
+}
+
+namespace {
+// Parameter offload: while an F, B or BW runs, each block waits at the gate for its LOAD
+// and its device copy is dropped when the block is done (the weights did not change).
+class GatedBlocks {
+ public:
+  GatedBlocks(const ComputeOp& op, GptStage& st) : st_(st) {
+    if (!op.gate) return;
+    st.set_block_hooks([gate = op.gate, chunk = op.chunk, this](int b) { gate->acquire(next_++, chunk, b); },
+                       [gate = op.gate, &st, this](int b) {
+                         st.release_block(b);
+                         gate->release(next_ - 1);
+                       });
+  }
+  ~GatedBlocks() { st_.set_block_hooks({}, {}); }
+  GatedBlocks(const GatedBlocks&) = delete;
+  GatedBlocks& operator=(const GatedBlocks&) = delete;
+
+ private:
+  GptStage& st_;
+  int next_ = 0;
+};
+}  // namespace
+
 Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
+  if (op.kind == ir::OpKind::OPT && op.gate) {
+    // Parameter offload: the blocks' state arrives chunk by chunk, layer by layer; each
+    // is stepped on the device and written back by its OFFLOAD. The rest is resident.
+    int segment = 0;
+    for (int c = 0; c < chunks(); ++c) {
+      GptStage& s = chunk_stage(c);
+      for (int b = 0; b < s.blocks(); ++b) {
+        op.gate->acquire(segment, c, b);
+        s.adam_block(options_.adam, step_ + 1, b);
+        op.gate->release(segment++);
+      }
+      s.adam_resident(options_.adam, step_ + 1);
+    }
+    return {};
+  }
   if (op.kind == ir::OpKind::OPT) {
     for (int c = 0; c < chunks(); ++c) {
       GptStage& s = chunk_stage(c);
@@ -172,6 +224,7 @@ Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
   if (op.mb < 0 || op.mb >= microbatches_)
     throw Error(fmt::format("micro-batch {} out of range (m = {})", op.mb, microbatches_));
   GptStage& st = chunk_stage(op.chunk);
+  const GatedBlocks gated(op, st);
   const int t0 = offsets_[static_cast<std::size_t>(op.slice)];
   const int t1 = offsets_[static_cast<std::size_t>(op.slice) + 1];
   const Eigen::Index rows = static_cast<Eigen::Index>(config_.micro_batch) * (t1 - t0);

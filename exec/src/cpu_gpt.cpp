@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <list>
+#include <mutex>
 #include <random>
 #include <tuple>
 #include <utility>
@@ -33,7 +35,27 @@ struct ParamSpec {
   int rows = 0, cols = 0;
   Init init = Init::Normal;
   std::size_t offset = 0;
+  int block = -1;  ///< local decoder block it belongs to; −1: embedding or head
 };
+
+// One Adam update of one element (the same arithmetic wherever the element lives).
+inline void adam_element(const AdamConfig& a, double c1, double c2, double g, double& p, double& m1, double& m2) {
+  m1 = a.beta1 * m1 + (1.0 - a.beta1) * g;
+  m2 = a.beta2 * m2 + (1.0 - a.beta2) * g * g;
+  p -= a.lr * (m1 / c1) / (std::sqrt(m2 / c2) + a.eps);
+}
+
+// One device copy of a decoder block under parameter offload: its weights while a compute
+// op uses them; with its Adam moments (`state`) while OPT steps it. A block may have two
+// copies at once — each LOAD takes one of the plan's slots, and the next op's first
+// block can be the one the last op still uses — with the same weights (they change only
+// in OPT, after every use).
+struct DeviceCopy {
+  std::vector<double> w, m1, m2;
+  bool state() const { return !m1.empty(); }
+  std::int64_t bytes() const { return static_cast<std::int64_t>((w.size() + m1.size() + m2.size()) * sizeof(double)); }
+};
+using DeviceBlock = std::list<DeviceCopy>;  // a list: a copy stays put while others come and go
 
 // LayerNorm over rows: y = xhat ⊙ g + b. Keeps xhat and 1/σ for backward.
 void ln_forward(const Mat& x, const MapVec& g, const MapVec& b, double eps, Mat& xhat,
@@ -114,6 +136,14 @@ struct GptStage::Impl {
   std::map<std::pair<int, int>, SliceState> slices;          // (mb, slice)
   std::map<std::pair<int, int>, KvState> kv;                 // (mb, block)
   std::int64_t block_ns = 0;  // time in decoder blocks since take_block_ns()
+  // Parameter offload (attach_memory): device copies of the decoder blocks.
+  DeviceMemory* memory = nullptr;
+  bool offload = false;
+  std::vector<DeviceBlock> device;  // [local block]; the lists guarded by device_mutex
+  std::mutex device_mutex;          // the copy stream adds and removes copies beside compute
+  std::vector<std::pair<std::size_t, std::size_t>> block_range;  // [local block] its params [first, last)
+  std::function<void(int)> block_begin, block_end;
+  int adding_block = -1;  // build(): the block add() files tensors under
 
   /// Runs `f` (a loop over this stage's blocks) and adds its time to block_ns.
   template <class F>
@@ -128,15 +158,25 @@ struct GptStage::Impl {
   int nblocks() const { return last_block - first_block; }
 
   void add(const std::string& name, int rows, int cols, Init init) {
-    ParamSpec s{name, rows, cols, init, 0};
+    ParamSpec s{name, rows, cols, init, 0, adding_block};
     index[name] = specs.size();
     specs.push_back(s);
   }
   std::string bname(int l, const char* p) const { return fmt::format("block{}.{}", l, p); }
 
+  // Where a tensor's weights are: the host vector, or under offload a block's device copy.
+  double* weights(const ParamSpec& s) {
+    if (!offload || s.block < 0) return params.data() + s.offset;
+    std::lock_guard lock(device_mutex);
+    DeviceBlock& d = device[static_cast<std::size_t>(s.block)];
+    if (d.empty())
+      throw Error(fmt::format("stage {}: {} used while block {} is in host memory (no LOAD brought it to the device)",
+                              stage, s.name, first_block + s.block));
+    return d.front().w.data() + (s.offset - block_range[static_cast<std::size_t>(s.block)].first);
+  }
   MapMat P(const std::string& name) {
     const ParamSpec& s = specs[index.at(name)];
-    return MapMat(params.data() + s.offset, s.rows, s.cols);
+    return MapMat(weights(s), s.rows, s.cols);
   }
   MapMat G(const std::string& name) {
     const ParamSpec& s = specs[index.at(name)];
@@ -144,7 +184,14 @@ struct GptStage::Impl {
   }
   MapVec Pv(const std::string& name) {
     const ParamSpec& s = specs[index.at(name)];
-    return MapVec(params.data() + s.offset, s.rows * s.cols);
+    return MapVec(weights(s), s.rows * s.cols);
+  }
+  DeviceBlock& device_block(int b, const char* what) {
+    if (!offload || b < 0 || b >= nblocks())
+      throw Error(fmt::format("stage {}: {} of block {}: {}", stage, what, b,
+                              offload ? fmt::format("the stage has blocks 0..{}", nblocks() - 1)
+                                      : std::string("the stage keeps its weights on the device (no offload)")));
+    return device[static_cast<std::size_t>(b)];
   }
   MapVec Gv(const std::string& name) {
     const ParamSpec& s = specs[index.at(name)];
@@ -158,6 +205,7 @@ struct GptStage::Impl {
       add("embed.pos", cfg.seq, H, Init::Normal);
     }
     for (int l = first_block; l < last_block; ++l) {
+      adding_block = l - first_block;
       add(bname(l, "ln1.g"), 1, H, Init::Ones);
       add(bname(l, "ln1.b"), 1, H, Init::Zeros);
       // No bias on q/k/v: a key bias has an exactly-zero gradient (softmax is shift
@@ -174,6 +222,7 @@ struct GptStage::Impl {
       add(bname(l, "w2"), F, H, Init::Normal);
       add(bname(l, "b2"), 1, H, Init::Zeros);
     }
+    adding_block = -1;
     if (last()) {
       add("head.ln.g", 1, H, Init::Ones);
       add("head.ln.b", 1, H, Init::Zeros);
@@ -181,9 +230,14 @@ struct GptStage::Impl {
       add("head.bias", 1, cfg.vocab, Init::Zeros);
     }
     std::size_t total = 0;
+    block_range.assign(static_cast<std::size_t>(nblocks()), {0, 0});
     for (auto& s : specs) {
       s.offset = total;
       total += static_cast<std::size_t>(s.rows) * s.cols;
+      if (s.block < 0) continue;
+      auto& [first, last] = block_range[static_cast<std::size_t>(s.block)];
+      if (first == last) first = s.offset;  // a block's tensors are contiguous
+      last = total;
     }
     params.assign(total, 0.0);
     grads.assign(total, 0.0);
@@ -435,8 +489,11 @@ Mat GptStage::forward(int mb, int slice, int t0, int t1, const Mat& x,
   }
   st.blocks.resize(static_cast<std::size_t>(I.nblocks()));
   I.timed_blocks([&] {
-    for (int l = I.first_block; l < I.last_block; ++l)
+    for (int l = I.first_block; l < I.last_block; ++l) {
+      if (I.block_begin) I.block_begin(l - I.first_block);
       act = I.block_forward(mb, l, t0, t1, act, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+      if (I.block_end) I.block_end(l - I.first_block);
+    }
   });
   if (!I.last()) return act;
 
@@ -517,11 +574,14 @@ Mat GptStage::run_backward(int mb, int slice, const Mat& dy, bool input, bool we
   I.timed_blocks([&] {
     for (int l = I.last_block - 1; l >= I.first_block; --l) {
       auto& stash = st.blocks[static_cast<std::size_t>(l - I.first_block)];
+      // Only the input gradient reads the block's weights (W reads activations).
+      if (input && I.block_begin) I.block_begin(l - I.first_block);
       if (input) grad = I.block_backward(mb, l, st.t0, st.t1, grad, stash);
       if (weight) {
         I.block_weight(l, stash);
         finished_from(I.bname(l, "ln1.g"));
       }
+      if (input && I.block_end) I.block_end(l - I.first_block);
     }
   });
   if (input && slice == 0) {
@@ -553,12 +613,112 @@ void GptStage::adam(const AdamConfig& a, int t, std::int64_t first, std::int64_t
   if (first < 0 || last < first || last > static_cast<std::int64_t>(I.params.size()))
     throw Error(fmt::format("stage {}: Adam over parameters [{}, {}) of {}", I.stage, first, last, I.params.size()));
   const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, t);
-  for (auto i = static_cast<std::size_t>(first); i < static_cast<std::size_t>(last); ++i) {
-    const double g = I.grads[i];
-    I.m1[i] = a.beta1 * I.m1[i] + (1.0 - a.beta1) * g;
-    I.m2[i] = a.beta2 * I.m2[i] + (1.0 - a.beta2) * g * g;
-    I.params[i] -= a.lr * (I.m1[i] / c1) / (std::sqrt(I.m2[i] / c2) + a.eps);
+  for (auto i = static_cast<std::size_t>(first); i < static_cast<std::size_t>(last); ++i)
+    adam_element(a, c1, c2, I.grads[i], I.params[i], I.m1[i], I.m2[i]);
+}
+
+void GptStage::attach_memory(DeviceMemory* memory, bool offload) {
+  Impl& I = *impl_;
+  I.memory = memory;
+  I.offload = offload;
+  I.device.assign(offload ? static_cast<std::size_t>(I.nblocks()) : 0, {});
+  std::size_t resident = I.params.size();
+  if (offload)
+    for (const auto& [first, last] : I.block_range) resident -= last - first;
+  memory->add(static_cast<std::int64_t>(3 * resident * sizeof(double)));
+}
+
+int GptStage::blocks() const { return impl_->nblocks(); }
+
+void GptStage::load_block(int block, bool state) {
+  Impl& I = *impl_;
+  DeviceBlock& d = I.device_block(block, "LOAD");
+  const auto [first, last] = I.block_range[static_cast<std::size_t>(block)];
+  const auto at = [&](std::vector<double>& v, std::size_t i) { return v.begin() + static_cast<std::ptrdiff_t>(i); };
+  // The copy is made outside the lock (the host vectors do not change while the
+  // plan's LOADs run: OPT writes them through OFFLOADs, after every use).
+  DeviceCopy c;
+  c.w.assign(at(I.params, first), at(I.params, last));
+  if (state) {
+    c.m1.assign(at(I.m1, first), at(I.m1, last));
+    c.m2.assign(at(I.m2, first), at(I.m2, last));
   }
+  I.memory->add(c.bytes());
+  std::lock_guard lock(I.device_mutex);
+  if (state) {
+    for (const DeviceCopy& other : d)
+      if (other.state())
+        throw Error(fmt::format("stage {}: LOAD of block {}'s optimizer state: it is on the device already", I.stage,
+                                I.first_block + block));
+    d.push_back(std::move(c));  // OPT's copy; the weight copies in use stay in front
+  } else {
+    d.push_front(std::move(c));
+  }
+}
+
+namespace {
+// The block's copy holding (or not holding) optimizer state, or end().
+DeviceBlock::iterator find_copy(DeviceBlock& d, bool state) {
+  return std::find_if(d.begin(), d.end(), [state](const DeviceCopy& c) { return c.state() == state; });
+}
+}  // namespace
+
+void GptStage::release_block(int block) {
+  Impl& I = *impl_;
+  DeviceBlock& d = I.device_block(block, "release");
+  std::lock_guard lock(I.device_mutex);
+  const auto it = find_copy(d, false);
+  if (it == d.end())
+    throw Error(fmt::format("stage {}: release of block {}: no copy of its weights is on the device", I.stage,
+                            I.first_block + block));
+  I.memory->add(-it->bytes());
+  d.erase(it);
+}
+
+void GptStage::offload_block(int block) {
+  Impl& I = *impl_;
+  DeviceBlock& d = I.device_block(block, "OFFLOAD");
+  std::lock_guard lock(I.device_mutex);
+  const auto it = find_copy(d, true);
+  if (it == d.end())
+    throw Error(fmt::format("stage {}: OFFLOAD of block {}: its optimizer state is not on the device", I.stage,
+                            I.first_block + block));
+  const std::size_t first = I.block_range[static_cast<std::size_t>(block)].first;
+  const auto at = [&](std::vector<double>& v) { return v.begin() + static_cast<std::ptrdiff_t>(first); };
+  std::copy(it->w.begin(), it->w.end(), at(I.params));
+  std::copy(it->m1.begin(), it->m1.end(), at(I.m1));
+  std::copy(it->m2.begin(), it->m2.end(), at(I.m2));
+  I.memory->add(-it->bytes());
+  d.erase(it);
+}
+
+void GptStage::adam_block(const AdamConfig& a, int t, int block) {
+  Impl& I = *impl_;
+  DeviceBlock& d = I.device_block(block, "Adam");
+  DeviceCopy* c = nullptr;
+  {
+    std::lock_guard lock(I.device_mutex);
+    const auto it = find_copy(d, true);
+    if (it == d.end())
+      throw Error(fmt::format("stage {}: Adam of block {}: its optimizer state is not on the device", I.stage,
+                              I.first_block + block));
+    c = &*it;  // a list element stays put; only its OFFLOAD, after this step, removes it
+  }
+  const std::size_t first = I.block_range[static_cast<std::size_t>(block)].first;
+  const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, t);
+  for (std::size_t i = 0; i < c->w.size(); ++i) adam_element(a, c1, c2, I.grads[first + i], c->w[i], c->m1[i], c->m2[i]);
+}
+
+void GptStage::adam_resident(const AdamConfig& a, int t) {
+  Impl& I = *impl_;
+  if (I.block_range.empty()) return adam(a, t);
+  adam(a, t, 0, static_cast<std::int64_t>(I.block_range.front().first));
+  adam(a, t, static_cast<std::int64_t>(I.block_range.back().second), static_cast<std::int64_t>(I.params.size()));
+}
+
+void GptStage::set_block_hooks(std::function<void(int)> begin, std::function<void(int)> end) {
+  impl_->block_begin = std::move(begin);
+  impl_->block_end = std::move(end);
 }
 
 void GptStage::adam_frozen_variance(const AdamConfig& a, int t, int frozen_at) {

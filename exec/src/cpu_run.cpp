@@ -178,6 +178,7 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   }
   result.state.params = result.weights;
   result.state.steps_done = first + steps;
+  for (const auto& c : computes) result.param_state_peak_bytes.push_back(c->param_state_peak_bytes());
   for (int k = 1; k < d; ++k)
     for (int r = 0; r < p; ++r) {
       auto& c0 = *computes[static_cast<std::size_t>(r)];

@@ -2,7 +2,9 @@
 // data (tensors present), explicit deps and gradient completeness; records events.
 #include "tdpipe/exec/interpreter.hpp"
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -55,7 +57,7 @@ class RankRun {
     for (int i = 0; i < static_cast<int>(ops_.size()); ++i) {
       const Op& op = ops_[static_cast<std::size_t>(i)];
       const int s = static_cast<int>(op.stream);
-      if (s < 0 || s >= 3) throw Error(fmt::format("rank {}: op {} has stream {}", rank, i, s));
+      if (s < 0 || s >= ir::kStreamCount) throw Error(fmt::format("rank {}: op {} has stream {}", rank, i, s));
       auto& list = items_[static_cast<std::size_t>(s)];
       const bool joins = ir::is_p2p(op.kind) && op.batch >= 0 && !list.empty() &&
                          list.back().last == i && ir::is_p2p(ops_[static_cast<std::size_t>(i - 1)].kind) &&
@@ -79,7 +81,15 @@ class RankRun {
         gather_index_[i] = gather_count_[static_cast<std::size_t>(op.chunk)]++;
       }
       if (op.kind == OpKind::OPT) opt_ = i;
+      // Parameter offload: the LOADs gating this op's blocks, in the order it uses them.
+      for (const ir::OpRef& d : op.deps)
+        if (d.rank == rank && d.index >= 0 && d.index < static_cast<int>(ops_.size()) &&
+            ir::is_weight_gate(op.kind, ops_[static_cast<std::size_t>(d.index)].kind)) {
+          gates_[i].push_back(d.index);
+          consumer_[d.index] = i;
+        }
     }
+    segments_.assign(ops_.size(), 0);
     if ((all_reduces > 0) + (scatters > 0) + (compressed > 0) > 1)
       throw Error(fmt::format("rank {}: the plan mixes ALLREDUCE, REDUCE_SCATTER and COMPRESSED_ALLREDUCE "
                               "buckets; a rank's optimizer is one of Adam (ALLREDUCE), sharded Adam "
@@ -121,8 +131,8 @@ class RankRun {
 
   RankStepResult run() {
     backend_.compute->begin_step(step_);
-    std::array<std::thread, 3> threads;
-    for (int s = 1; s < 3; ++s)
+    std::array<std::thread, ir::kStreamCount> threads;
+    for (int s = 1; s < ir::kStreamCount; ++s)
       if (!items_[static_cast<std::size_t>(s)].empty()) threads[static_cast<std::size_t>(s)] = std::thread([this, s] { worker(s); });
     worker(0);
     for (auto& t : threads)
@@ -173,14 +183,16 @@ class RankRun {
     return TensorKey{op.payload, stage(producer, op.chunk), op.mb, op.slice};
   }
 
-  /// Have op's explicit deps (from the `from`-th on) ended?
+  /// Have op's explicit deps (from the `from`-th on) ended? A compute op's LOADs are
+  /// not waited for here: they gate its blocks (WeightGate).
   bool deps_done(const Op& op, std::size_t from = 0) const {
     for (std::size_t k = from; k < op.deps.size(); ++k) {
       const ir::OpRef& d = op.deps[k];
       // Cross-rank dependencies are carried by SEND/RECV once a plan is lowered.
       if (d.rank != rank_) continue;
-      if (d.index < 0 || d.index >= static_cast<int>(done_.size()) || !done_[static_cast<std::size_t>(d.index)])
-        return false;
+      if (d.index < 0 || d.index >= static_cast<int>(done_.size())) return false;
+      if (ir::is_weight_gate(op.kind, ops_[static_cast<std::size_t>(d.index)].kind)) continue;
+      if (!done_[static_cast<std::size_t>(d.index)]) return false;
     }
     return true;
   }
@@ -237,8 +249,10 @@ class RankRun {
           run_reduce(item.first, stream);
         else if (op.kind == OpKind::ALL_GATHER)
           run_gather(item.first, stream);
+        else if (op.kind == OpKind::LOAD || op.kind == OpKind::OFFLOAD)
+          run_copy(item.first, stream);
         else
-          run_noop(item, stream);  // LOAD / OFFLOAD / CKPT: everything stays in host memory
+          run_noop(item, stream);  // CKPT: activations stay in host memory
       }
     } catch (const Aborted&) {
     } catch (const std::exception& e) {
@@ -264,6 +278,33 @@ class RankRun {
       };
       cop.progress = &progress;
     }
+    // Parameter offload: the backend waits for each block's LOAD as it reaches it.
+    WeightGate gate;
+    const auto gated = gates_.find(i);
+    int acquired = 0;
+    if (gated != gates_.end()) {
+      const std::vector<int>& loads = gated->second;
+      gate.acquire = [this, &op, &loads, &acquired, stream](int k, int chunk, int layer) {
+        if (k < 0 || k >= static_cast<int>(loads.size()))
+          throw Error(fmt::format("rank {}: {} asked for its block {} but the plan lists {} LOADs for it", rank_,
+                                  op_label(op), k, loads.size()));
+        const Op& load = ops_[static_cast<std::size_t>(loads[static_cast<std::size_t>(k)])];
+        if (load.chunk != chunk || load.tag != layer)
+          throw Error(fmt::format("rank {}: {} uses chunk {} layer {} as its block {}, but the plan's LOAD {} of it "
+                                  "brings chunk {} layer {}", rank_, op_label(op), chunk, layer, k, k, load.chunk,
+                                  load.tag));
+        std::unique_lock lock(control_.mutex());
+        wait_for(lock, stream, fmt::format("{} waiting for {}", op_label(op), op_label(load)),
+                 [&] { return done_[static_cast<std::size_t>(loads[static_cast<std::size_t>(k)])] != 0; });
+        acquired = k + 1;
+      };
+      gate.release = [this, i](int k) {
+        std::lock_guard lock(control_.mutex());
+        segments_[static_cast<std::size_t>(i)] = k + 1;
+        cv_.notify_all();  // a copy waits for this block's slot
+      };
+      cop.gate = &gate;
+    }
     const auto in_key = op.kind == OpKind::OPT ? std::nullopt : input_key(op);
     Buffer input;
     {
@@ -286,6 +327,9 @@ class RankRun {
     control_.progress();
     Buffer out = backend_.compute->run(cop, std::move(input));
     const std::int64_t end = backend_.clock->now_ns(stream);
+    if (gated != gates_.end() && acquired != static_cast<int>(gated->second.size()))
+      throw Error(fmt::format("rank {}: {} used {} of the {} blocks its LOADs bring", rank_, op_label(op), acquired,
+                              gated->second.size()));
     const std::int64_t layers_ns = backend_.compute->last_layers_ns();
     if (op.kind != OpKind::OPT) {
       if (const auto key = output_key(op); key && !out.empty()) {
@@ -435,6 +479,38 @@ class RankRun {
     finish({i, i + 1}, start, end);
   }
 
+  // Has the gated op a copy's first dependency names (Op::ready_after) released the block
+  // of its segment ⌈ready_after·n⌉ (or ended)?
+  bool released(const Op& copy) const {
+    const int dep = copy.deps[0].index;
+    if (done_[static_cast<std::size_t>(dep)]) return true;
+    const auto it = gates_.find(dep);
+    if (it == gates_.end()) return false;
+    const int n = static_cast<int>(it->second.size());
+    const int k = std::clamp(static_cast<int>(std::ceil(static_cast<double>(copy.ready_after) * n - 1e-6)) - 1, 0, n - 1);
+    return segments_[static_cast<std::size_t>(dep)] > k;
+  }
+
+  // LOAD / OFFLOAD of parameter offload, on the copy stream.
+  void run_copy(int i, ir::Stream stream) {
+    const Op& op = ops_[static_cast<std::size_t>(i)];
+    const bool part = op.ready_after < 1.0f && !op.deps.empty() && op.deps[0].rank == rank_ &&
+                      op.deps[0].index >= 0 && op.deps[0].index < static_cast<int>(ops_.size());
+    {
+      std::unique_lock lock(control_.mutex());
+      wait_for(lock, stream, fmt::format("{} waiting for the block it replaces", op_label(op)),
+               [&] { return deps_done(op, part ? 1 : 0) && (!part || released(op)); });
+    }
+    const auto consumer = consumer_.find(i);
+    const bool state = op.kind == OpKind::OFFLOAD ||
+                       (consumer != consumer_.end() && ops_[static_cast<std::size_t>(consumer->second)].kind == OpKind::OPT);
+    const std::int64_t start = backend_.clock->now_ns(stream);
+    control_.progress();
+    backend_.compute->copy(CopyOp{op.kind, op.chunk, op.tag, state});
+    const std::int64_t end = backend_.clock->now_ns(stream);
+    finish({i, i + 1}, start, end);
+  }
+
   void run_noop(const Item& item, ir::Stream stream) {
     {
       std::unique_lock lock(control_.mutex());
@@ -450,7 +526,7 @@ class RankRun {
   int rank_, trace_rank_, step_;
   Backend backend_;
   RunControl& control_;
-  std::array<std::vector<Item>, 3> items_;
+  std::array<std::vector<Item>, ir::kStreamCount> items_;
   std::condition_variable cv_;                  // this rank's stream threads wait here
   std::vector<char> done_;                      // guarded by control_.mutex()
   std::map<TensorKey, Buffer> tensors_;         // guarded by control_.mutex()
@@ -468,6 +544,9 @@ class RankRun {
   std::vector<std::int64_t> tail_done_;         // per chunk: GradProgress of that op (−1: none yet)
   std::vector<std::int64_t> tail_total_;        // guarded by control_.mutex()
   std::vector<traces::TraceEvent> events_;
+  std::map<int, std::vector<int>> gates_;  // compute op → its LOADs, in use order
+  std::map<int, int> consumer_;            // LOAD → the op it gates
+  std::vector<int> segments_;              // per op: blocks released so far (guarded)
 };
 
 }  // namespace

@@ -19,14 +19,6 @@ void check_runnable(const ir::Plan& plan) {
   if (p < 1) throw Error("plan has no ranks");
   if (static_cast<int>(plan.stage_of.size()) != p)
     throw Error(fmt::format("plan.stage_of has {} rows, expected one per rank ({})", plan.stage_of.size(), p));
-  // Parameter offload is planned and simulated; the executors do not stream weights yet.
-  for (int r = 0; r < p; ++r)
-    for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(r)])
-      if (op.kind == ir::OpKind::LOAD || op.kind == ir::OpKind::OFFLOAD)
-        throw Error(fmt::format("rank {} has {} ops (parameter offload, parallel.param_offload: layers): tdpipe plan "
-                                "and tdpipe sim model it, the executors do not run it yet; execute the plan with "
-                                "param_offload: none",
-                                r, ir::to_string(op.kind)));
 }
 
 std::vector<int> sharded_buckets(const ir::Plan& plan) {

@@ -907,28 +907,36 @@ MemoryEstimate static_bytes_per_param(const ir::Scenario& sc) {
   return m;
 }
 
+MemoryEstimate static_memory(const ir::Scenario& sc, double params, int layers) {
+  const MemoryEstimate per = static_bytes_per_param(sc);
+  MemoryEstimate m;
+  m.grads_bytes = params * per.grads_bytes;
+  // Parameter offload: the layers' weights and optimizer state are on the device only as
+  // the window of blocks being streamed (counted for both at once: an upper bound, the
+  // weights' window is empty while OPT streams the state).
+  const double layer_params = layers * params_per_layer(sc);
+  const double resident =
+      sc.parallel.offload() ? params - layer_params + std::min(layer_params, kOffloadWindow * params_per_layer(sc))
+                            : params;
+  m.weights_bytes = resident * per.weights_bytes;
+  m.optimizer_bytes = resident * per.optimizer_bytes;
+  return m;
+}
+
 std::vector<MemoryEstimate> memory_per_rank(const ir::Plan& plan, const ir::Scenario& sc) {
   std::vector<MemoryEstimate> out(plan.num_ranks());
   const int vstages = plan.virtual_stages();
   const std::vector<int> layers = sc.synthetic ? std::vector<int>() : chunk_layers(plan, sc);
-  const MemoryEstimate per = static_bytes_per_param(sc);
   for (int r = 0; r < plan.num_ranks(); ++r) {
     MemoryEstimate& m = out[r];
     if (!sc.synthetic) {
-      double params = 0, layer_params = 0;
+      double params = 0;
+      int rank_layers = 0;
       for (int vs : plan.stage_of.at(r)) {
         params += params_of_chunk(sc, vs, vstages, layers.at(vs));
-        layer_params += layers.at(vs) * params_per_layer(sc);
+        rank_layers += layers.at(vs);
       }
-      m.grads_bytes = params * per.grads_bytes;
-      // Parameter offload: the layers' weights and optimizer state are on the device only
-      // as the window of blocks being streamed (counted for both at once: an upper bound,
-      // the weights' window is empty while OPT streams the state).
-      const double resident = sc.parallel.offload()
-                                  ? params - layer_params + std::min(layer_params, kOffloadWindow * params_per_layer(sc))
-                                  : params;
-      m.weights_bytes = resident * per.weights_bytes;
-      m.optimizer_bytes = resident * per.optimizer_bytes;
+      m = static_memory(sc, params, rank_layers);
     }
     double live = 0, peak = 0;
     for (const auto& op : plan.ranks[r]) {

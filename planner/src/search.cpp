@@ -171,6 +171,13 @@ struct Shape {
   bool least_cut = false;
 };
 
+/// Decoder layers rank r holds.
+int rank_layers(const Shape& s, int r) {
+  int n = 0;
+  for (int vs : s.stage_of[static_cast<std::size_t>(r)]) n += s.layers[static_cast<std::size_t>(vs)];
+  return n;
+}
+
 Shape shape_of(const ir::Scenario& sc, const std::string& schedule, int slices, BoundCache& cache,
                bool cut = true) {
   Shape s;
@@ -507,8 +514,9 @@ std::vector<Candidate> enumerate_layouts(const ir::Scenario& base, const SearchO
                       const double total = VS == 1 ? params_of_chunk(sc, 0, 1, L)
                                                    : params_of_chunk(sc, 0, 2, L) + params_of_chunk(sc, 1, 2, 0);
                       const double smallest_hbm = gpu_of_rank(sc, 0).hbm_bytes;
-                      if (homogeneous && total / p * static_bytes_per_param(sc).total_bytes() > smallest_hbm) {
-                        c.static_bytes = total / p * static_bytes_per_param(sc).total_bytes();
+                      const double average = static_memory(sc, total / p, L / p).total_bytes();
+                      if (homogeneous && average > smallest_hbm) {
+                        c.static_bytes = average;
                         c.hbm_bytes = smallest_hbm;
                         c.verdict = Verdict::NoFit;
                         c.reason = fmt::format("does not fit: weights, gradients and optimizer state alone need "
@@ -523,7 +531,7 @@ std::vector<Candidate> enumerate_layouts(const ir::Scenario& base, const SearchO
                       if (part && L % VS == 0 && s.layers == std::vector<int>(VS, L / VS)) continue;
                       double worst = 0;
                       for (int r = 0; r < s.p; ++r) {
-                        const double need = s.params[r] * static_bytes_per_param(sc).total_bytes();
+                        const double need = static_memory(sc, s.params[r], rank_layers(s, r)).total_bytes();
                         c.static_bytes = std::max(c.static_bytes, need);
                         if (need / s.gpu[r].hbm_bytes > worst) {
                           worst = need / s.gpu[r].hbm_bytes;
@@ -568,7 +576,7 @@ std::optional<std::string> activation_prune(const ir::Scenario& sc, const Layout
     for (int vs : s.stage_of[r])
       for (int j = 0; j < s.S; ++j)
         unit = std::min(unit, activation_bytes(sc, vs, VS, s.layers[vs], s.tokens[j], s.prefix[j]));
-    const double need = s.params[r] * static_bytes_per_param(sc).total_bytes() + count[r] * unit;
+    const double need = static_memory(sc, s.params[r], rank_layers(s, r)).total_bytes() + count[r] * unit;
     if (need > s.gpu[r].hbm_bytes)
       return fmt::format("does not fit: needs at least {:.1f} GiB of {:.1f} GiB on rank {} ({} micro-batch "
                          "unit(s) of activations in flight)",

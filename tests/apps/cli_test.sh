@@ -73,6 +73,20 @@ PY
     out=$("$tdpipe" compare "$work/pred.json" "$work/meas.json") || fail "compare exited $?"
     expect "$out" 'ops matched [0-9]+, only predicted 0, only measured 0' "every op pairs up"
     ;;
+  exec-offload)
+    # Parameter offload executed: 8 layers on 2 stages (4 blocks per rank), two blocks on
+    # the device at a time; the run equals the single-device one, the measured peak is the
+    # embedding/head plus two blocks (weights + Adam moments, 8 bytes each), and the
+    # prediction names the same ops, LOADs and OFFLOADs included.
+    sed -e 's/^  layers: 4/  layers: 8/' -e 's/^parallel:/parallel:\n  param_offload: layers/' \
+        scenarios/tiny-gpt-cpu.yaml > "$work/offload.yaml"
+    out=$("$tdpipe" exec "$work/offload.yaml" --steps 3 --check --trace-out "$work/meas.json") || fail "exec exited $?"
+    expect "$out" 'vs single-device reference: loss 0.00e\+00, weights 0.00e\+00, grads 0.00e\+00' "equal to one device"
+    expect "$out" 'peak per rank \(KiB, param_offload: layers\): 2574.0 2483.2' "two blocks on the device"
+    "$tdpipe" sim "$work/offload.yaml" --engine analytic --trace-out "$work/pred.json" >/dev/null || fail "sim exited $?"
+    out=$("$tdpipe" compare "$work/pred.json" "$work/meas.json") || fail "compare exited $?"
+    expect "$out" 'ops matched [0-9]+, only predicted 0, only measured 0' "every op pairs up, copies too"
+    ;;
   exec-compare-simgrid)
     # SimGrid's trace names ops like the executor's, so chunks and slices pair up too.
     for run in "interleaved" "tdpipe --slices 2"; do

@@ -399,15 +399,73 @@ TEST_CASE("a bucket starts on the dp stream once its part is final - while the c
 
 }  // namespace tdpipe::exec
 
-TEST_CASE("a plan with parameter offload is refused before any thread starts, saying what to do",
+TEST_CASE("parameter offload trains bit-identically with a measured device peak of two layer blocks",
           "[exec][offload]") {
-  tdpipe::ir::Scenario sc = tdpipe::exec::test::small_scenario(2, 1, 2, 1);
+  // 8 layers on 2 stages: 4 blocks per rank of 2,176 parameters (hidden 16, ffn 32), the
+  // embedding (768) on rank 0, the head (576) on rank 1; weights + two Adam moments,
+  // 8 bytes each. Offload keeps two blocks on the device: the window the plan streams.
+  using namespace tdpipe;
+  constexpr std::int64_t kBlock = 2176, kBytes = 3 * 8;
+  const std::int64_t ends[2] = {768, 576};
+  for (const auto& [schedule, d] : std::vector<std::pair<std::string, int>>{{"1f1b", 1}, {"zb-h1", 1}, {"interleaved", 1}, {"1f1b", 2}}) {
+    SECTION(schedule + " d=" + std::to_string(d)) {
+      ir::Scenario sc = exec::test::small_scenario(2, d, 4, 1);
+      exec::cpu::CpuRunOptions opt;
+      opt.train = exec::test::train_options(3);
+      const exec::cpu::RunResult ref = exec::cpu::run_cpu(planner::build_plan(sc, schedule).lowered, opt);
+      sc.parallel.param_offload = "layers";
+      const ir::Plan plan = planner::build_plan(sc, schedule).lowered;
+      const exec::cpu::RunResult got = exec::cpu::run_cpu(plan, opt);
+      REQUIRE(got.loss_per_step == ref.loss_per_step);  // the same arithmetic, bit for bit
+      CHECK(got.weights == ref.weights);
+      CHECK(got.grads == ref.grads);
+      REQUIRE(got.param_state_peak_bytes.size() == static_cast<std::size_t>(2 * d));
+      for (int w = 0; w < 2 * d; ++w) {
+        INFO("world rank " << w);
+        CHECK(ref.param_state_peak_bytes[static_cast<std::size_t>(w)] == (ends[w % 2] + 4 * kBlock) * kBytes);
+        CHECK(got.param_state_peak_bytes[static_cast<std::size_t>(w)] == (ends[w % 2] + 2 * kBlock) * kBytes);
+      }
+      // Every copy ran, on the copy stream, and shows in the measured trace.
+      std::size_t copies = 0, events = 0;
+      for (const auto& op : plan.ranks[0]) copies += op.stream == ir::Stream::Copy;
+      for (const auto& e : got.trace.events) events += e.rank == 0 && e.stream == static_cast<int>(ir::Stream::Copy);
+      CHECK(copies > 0);
+      CHECK(events == copies);
+    }
+  }
+}
+
+TEST_CASE("parameter offload: a plan whose op lacks a LOAD, or lists another block, is refused by name",
+          "[exec][offload]") {
+  using namespace tdpipe;
+  ir::Scenario sc = exec::test::small_scenario(2, 1, 2, 1);
   sc.parallel.param_offload = "layers";
-  const tdpipe::ir::Plan plan = tdpipe::planner::build_plan(sc, "1f1b").lowered;
-  tdpipe::exec::cpu::CpuRunOptions opt;
-  opt.train = tdpipe::exec::test::train_options(1);
-  CHECK_THROWS_WITH(tdpipe::exec::cpu::run_cpu(plan, opt),
-                    Catch::Contains("parameter offload, parallel.param_offload: layers") &&
-                        Catch::Contains("the executors do not run it yet") &&
-                        Catch::Contains("param_offload: none"));
+  exec::cpu::CpuRunOptions opt;
+  opt.train = exec::test::train_options(1);
+  opt.watchdog_seconds = 5;
+  const ir::Plan good = planner::build_plan(sc, "1f1b").lowered;
+  // The first F of rank 0 without its last LOAD: it would use a block no LOAD brought.
+  ir::Plan fewer = good;
+  for (ir::Op& op : fewer.ranks[0])
+    if (op.kind == ir::OpKind::F) {
+      for (auto it = op.deps.end(); it != op.deps.begin();) {
+        --it;
+        if (fewer.ranks[0][static_cast<std::size_t>(it->index)].kind == ir::OpKind::LOAD) {
+          op.deps.erase(it);
+          break;
+        }
+      }
+      break;
+    }
+  CHECK_THROWS_WITH(exec::cpu::run_cpu(fewer, opt),
+                    Catch::Contains("F0") && Catch::Contains("asked for its block 3 but the plan lists 3 LOADs"));
+  // Its second LOAD brings layer 2 instead of layer 1.
+  ir::Plan swapped = good;
+  for (ir::Op& op : swapped.ranks[0])
+    if (op.kind == ir::OpKind::LOAD && op.tag == 1) {
+      op.tag = 2;
+      break;
+    }
+  CHECK_THROWS_WITH(exec::cpu::run_cpu(swapped, opt),
+                    Catch::Contains("uses chunk 0 layer 1 as its block 1, but the plan's LOAD 1 of it brings chunk 0 layer 2"));
 }

@@ -183,3 +183,25 @@ TEST_CASE("search: clear errors for what it cannot search") {
   CHECK_THROWS_WITH(planner::search_layouts(syn, small_options()), Catch::Contains("synthetic scenario"));
   CHECK_THROWS_WITH(planner::objective_from_string("speed"), Catch::Contains("expected time, tokens_per_s or cost"));
 }
+
+TEST_CASE("search: with parameter offload the memory prune counts the streamed window, never more than without",
+          "[search][offload]") {
+  // 1.5 GiB GPUs: weights, gradients and optimizer state alone rule many layouts out;
+  // offloading the layers' weights and Adam state brings some of them back.
+  ir::Scenario sc = small_space();
+  sc.cluster.groups[0].gpu.hbm_bytes = 1.5 * double(1u << 30);
+  const planner::SearchOptions o = small_options();
+  const auto plain = planner::enumerate_layouts(sc, o);
+  sc.parallel.param_offload = "layers";
+  const auto offload = planner::enumerate_layouts(sc, o);
+  REQUIRE(plain.size() == offload.size());  // the same layouts, in the same order
+  int back = 0;
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    INFO(plain[i].layout.label());
+    if (plain[i].verdict == planner::Verdict::Failed) continue;
+    CHECK(offload[i].static_bytes <= plain[i].static_bytes);
+    if (offload[i].verdict == planner::Verdict::NoFit) CHECK(plain[i].verdict == planner::Verdict::NoFit);
+    back += plain[i].verdict == planner::Verdict::NoFit && offload[i].verdict != planner::Verdict::NoFit;
+  }
+  CHECK(back > 0);
+}

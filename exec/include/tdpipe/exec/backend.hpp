@@ -52,6 +52,27 @@ std::vector<std::pair<std::int64_t, std::int64_t>> owned_ranges(std::int64_t n, 
 /// backward finishes the chunk's last parameters first (head, last block, …, embedding).
 using GradProgress = std::function<void(std::int64_t tail_done, std::int64_t total)>;
 
+/// Parameter offload (ir::is_weight_gate): how a compute op whose plan lists LOADs waits
+/// for its layer blocks. The backend calls acquire(k, chunk, layer) before using the k-th
+/// block (in the order it uses them; `layer` its layer within local chunk `chunk`,
+/// 0-based) — it returns once that block's LOAD is done, and throws if the plan's k-th
+/// LOAD brings another block — and release(k) when it is done with it (the copy that
+/// reuses its slot may start). Called on run()'s thread.
+struct WeightGate {
+  std::function<void(int segment, int chunk, int layer)> acquire;
+  std::function<void(int segment)> release;
+};
+
+/// A LOAD or OFFLOAD of parameter offload, as the backend sees it: layer `layer` of local
+/// chunk `chunk`; `state`: the block's optimizer state too (OPT's copies), else its
+/// weights only (a LOAD for an F, B or BW).
+struct CopyOp {
+  ir::OpKind kind = ir::OpKind::LOAD;
+  int chunk = 0;
+  int layer = 0;
+  bool state = false;
+};
+
 /// A compute op as the backend sees it: kind F, B, W, BW or OPT of
 /// (mb, chunk, slice) of this rank's model chunk `chunk` = virtual stage `stage`.
 struct ComputeOp {
@@ -72,6 +93,9 @@ struct ComputeOp {
   /// after step `variance_frozen_at` (the warm-up's last, 1-based), leaving both as they
   /// are; 0: an Adam step.
   int variance_frozen_at = 0;
+  /// Parameter offload: the op's layer blocks arrive through this gate (F, B, BW: the
+  /// weights; OPT: the optimizer state, stepped block by block); null: all resident.
+  const WeightGate* gate = nullptr;
 };
 
 /// The buffers of one bucket's 1-bit all-reduce, each in the backend's memory and
@@ -148,6 +172,16 @@ class Compute {
   /// The part's momentum ← the decoded blocks of `gathered` (every member the same), 0
   /// where the frozen second moment is 0 (the momentum mask, tdpipe/exec/onebit.hpp).
   virtual void onebit_expand(int chunk, int index, int count, int members, const OnebitMessages& m);
+
+  /// Parameter offload, on the copy stream (concurrently with run() on other blocks):
+  /// LOAD brings a decoder layer's weights (with `state`: and its optimizer state) from
+  /// host memory into device memory; OFFLOAD writes a stepped block's state and weights
+  /// back and frees it. A backend without it throws tdpipe::Error.
+  virtual void copy(const CopyOp& op);
+  /// The most bytes of weights and optimizer state the device held at once so far (what
+  /// parameter offload moves to the host; gradients and activations aside); −1: not
+  /// measured.
+  virtual std::int64_t param_state_peak_bytes() const { return -1; }
 
   /// After the step's last op: the loss this rank computed (sum of per-token
   /// cross-entropy / tokens in the global batch over its micro-batches; 0 unless

@@ -205,6 +205,12 @@ double host_copy_seconds(const ir::Scenario& scenario, const ir::GpuSpec& gpu, d
 /// its fp32 error-feedback buffers, 4 (worker) + 4/d (server's segment) bytes.
 MemoryEstimate static_bytes_per_param(const ir::Scenario& scenario);
 
+/// Weights, gradients and optimizer state (activation_bytes 0) of a rank holding
+/// `params` parameters, `layers` of whose decoder layers: params × static_bytes_per_param,
+/// or with parallel.param_offload: layers the layers' weights and optimizer state for
+/// kOffloadWindow layers only (gradients whole). memory_per_rank's count, and the search's.
+MemoryEstimate static_memory(const ir::Scenario& scenario, double params, int layers);
+
 /// Peak memory per pipeline rank for a plan with costs (weights, grads, Adam
 /// states, peak activations from the plan's in-flight count).
 /// Bytes per parameter: weights 2, gradients 2, Adam fp32 master + 2 moments 12 (16 in

@@ -52,6 +52,8 @@ class CpuCompute final : public Compute {
   void begin_step(int step) override;
   Buffer run(const ComputeOp& op, Buffer input) override;
   std::int64_t last_layers_ns() const override { return last_layers_ns_; }
+  void copy(const CopyOp& op) override;
+  std::int64_t param_state_peak_bytes() const override { return memory_.peak(); }
   /// run() without the rank-speed stretch.
   Buffer run_op(const ComputeOp& op, Buffer input);
   Buffer allocate(const TensorKey& key) override;
@@ -78,6 +80,7 @@ class CpuCompute final : public Compute {
   double speed_ = 1;  ///< options.rank_speed of this rank
   std::int64_t last_layers_ns_ = -1;
   std::vector<GptStage> stages_;
+  DeviceMemory memory_;  ///< the stages' weights and Adam state on the "device"
   /// 1-bit Adam's error feedback per chunk: the worker's, flat like its parameters, and
   /// the server's over this member's segments only (owned_segments_offset).
   std::vector<std::vector<double>> worker_error_, server_error_;

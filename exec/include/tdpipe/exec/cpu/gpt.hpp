@@ -11,6 +11,7 @@
 // read when their own backward runs (slices go backward in reverse order).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -64,6 +65,23 @@ std::int64_t stage_parameter_count(const GptConfig& config, int stage, int stage
 
 /// Parameters by name ("embed.tok", "block3.wq", "head.out", …), flattened row-major.
 using ParamMap = std::map<std::string, std::vector<double>>;
+
+/// Bytes of weights and Adam state a rank's device holds, and the most it held at once
+/// (parameter offload's measure). Thread-safe.
+class DeviceMemory {
+ public:
+  void add(std::int64_t bytes) {
+    const std::int64_t now = bytes_.fetch_add(bytes) + bytes;
+    std::int64_t seen = peak_.load();
+    while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
+    }
+  }
+  std::int64_t bytes() const { return bytes_.load(); }
+  std::int64_t peak() const { return peak_.load(); }
+
+ private:
+  std::atomic<std::int64_t> bytes_{0}, peak_{0};
+};
 
 /// One virtual stage of the model: parameters, gradients, Adam moments (each one
 /// flat vector, so gradient buckets are contiguous views) and per-(mb, slice) state.
@@ -124,6 +142,28 @@ class GptStage {
   /// weight-gradient backward) since the previous call; the rest of an op's time is the
   /// embedding, the head and the loss (the load balancer tells the two apart).
   std::int64_t take_block_ns();
+  /// Parameter offload. Counts this stage's weights and Adam moments in `memory` (8 bytes
+  /// each), and with `offload` keeps its decoder blocks' in host memory (params(),
+  /// moments() stay the host's master copy): a block is used only while load_block has
+  /// put its device copy there, and using it otherwise throws naming the block.
+  void attach_memory(DeviceMemory* memory, bool offload);
+  /// Decoder blocks of this stage (the local block index of the calls below).
+  int blocks() const;
+  /// Copies block `block`'s weights (with `state`: and its Adam moments) to the device.
+  void load_block(int block, bool state);
+  /// Drops block `block`'s device copy of its weights (they did not change).
+  void release_block(int block);
+  /// Writes block `block`'s stepped weights and moments back to host memory, frees them.
+  void offload_block(int block);
+  /// Adam step t over block `block`'s device copy (after load_block(block, true)), the
+  /// same arithmetic as adam().
+  void adam_block(const AdamConfig& adam, int t, int block);
+  /// Adam step t over the parameters outside the decoder blocks (embedding, head).
+  void adam_resident(const AdamConfig& adam, int t);
+  /// Called before and after forward, input-gradient and fused backward use a block's
+  /// weights, with its local index; empty functions: none.
+  void set_block_hooks(std::function<void(int block)> begin, std::function<void(int block)> end);
+
   /// Bytes of one (b·T) × hidden activation of a slice of T tokens.
   std::int64_t activation_elements(int tokens) const;
 

@@ -64,6 +64,11 @@ struct RunResult {
   /// Per step: bytes delivered between replicas (every data-parallel collective of every
   /// rank; what the in-process wire really carried).
   std::vector<std::int64_t> dp_wire_bytes;
+  /// Per world rank (replica · p + rank): the most bytes of weights and Adam state its
+  /// device held at once during the run — all of them, or under parameter offload the
+  /// embedding/head and the blocks being streamed (Compute::param_state_peak_bytes);
+  /// empty where the backend does not measure it.
+  std::vector<std::int64_t> param_state_peak_bytes;
   double replica_divergence = 0;  ///< max |w − w(replica 0)| over replicas
   traces::Trace trace;  ///< origin "cpu": the trace step, times from its start
   std::vector<traces::Trace> step_traces;  ///< every step's, if keep_step_traces
