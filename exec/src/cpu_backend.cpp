@@ -107,17 +107,50 @@ void stretch_to_speed(std::chrono::steady_clock::duration work, double speed) {
     std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(work * (1 / speed - 1)));
 }
 
+namespace {
+// Parameter offload: while an F, B or BW runs, each block waits at the gate for its LOAD
+// and its device copy is dropped when the block is done (the weights did not change).
+class GatedBlocks {
+ public:
+  GatedBlocks(const ComputeOp& op, GptStage& st) : st_(st) {
+    if (!op.gate) return;
+    st.set_block_hooks(
+        [gate = op.gate, chunk = op.chunk, this](int b) {
+          const auto t0 = std::chrono::steady_clock::now();
+          gate->acquire(next_++, chunk, b);
+          waited_ += std::chrono::steady_clock::now() - t0;
+        },
+                       [gate = op.gate, &st, this](int b) {
+                         st.release_block(b);
+                         gate->release(next_ - 1);
+                       });
+  }
+  ~GatedBlocks() { st_.set_block_hooks({}, {}); }
+  /// Time spent waiting for LOADs: not the op's work (nor the layers').
+  std::chrono::steady_clock::duration waited() const { return waited_; }
+  GatedBlocks(const GatedBlocks&) = delete;
+  GatedBlocks& operator=(const GatedBlocks&) = delete;
+
+ private:
+  GptStage& st_;
+  int next_ = 0;
+  std::chrono::steady_clock::duration waited_{0};
+};
+}  // namespace
+
 Buffer CpuCompute::run(const ComputeOp& op, Buffer input) {
   last_layers_ns_ = -1;
   if (op.kind == ir::OpKind::OPT || op.chunk < 0 || op.chunk >= chunks())
     return run_op(op, std::move(input));  // (which names a chunk out of range)
   GptStage& st = chunk_stage(op.chunk);
   st.take_block_ns();
+  const GatedBlocks gated(op, st);
   const auto t0 = std::chrono::steady_clock::now();
   Buffer out = run_op(op, std::move(input));
-  const auto work = std::chrono::steady_clock::now() - t0;
-  // A slower device stretches every part of the op alike.
-  last_layers_ns_ = std::llround(static_cast<double>(st.take_block_ns()) / speed_);
+  const auto work = std::chrono::steady_clock::now() - t0 - gated.waited();
+  // A slower device stretches every part of the op alike (waits for LOADs aside).
+  const auto waited_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(gated.waited()).count();
+  last_layers_ns_ = std::llround(static_cast<double>(std::max<std::int64_t>(0, st.take_block_ns() - waited_ns)) / speed_);
   stretch_to_speed(work, speed_);
   return out;
 }
@@ -162,28 +195,6 @@ void CpuCompute::copy(const CopyOp& op) {
                             ir::to_string(op.kind), op.chunk, op.layer));
 }
 
-namespace {
-// Parameter offload: while an F, B or BW runs, each block waits at the gate for its LOAD
-// and its device copy is dropped when the block is done (the weights did not change).
-class GatedBlocks {
- public:
-  GatedBlocks(const ComputeOp& op, GptStage& st) : st_(st) {
-    if (!op.gate) return;
-    st.set_block_hooks([gate = op.gate, chunk = op.chunk, this](int b) { gate->acquire(next_++, chunk, b); },
-                       [gate = op.gate, &st, this](int b) {
-                         st.release_block(b);
-                         gate->release(next_ - 1);
-                       });
-  }
-  ~GatedBlocks() { st_.set_block_hooks({}, {}); }
-  GatedBlocks(const GatedBlocks&) = delete;
-  GatedBlocks& operator=(const GatedBlocks&) = delete;
-
- private:
-  GptStage& st_;
-  int next_ = 0;
-};
-}  // namespace
 
 Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
   if (op.kind == ir::OpKind::OPT && op.gate) {
@@ -224,7 +235,6 @@ Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
   if (op.mb < 0 || op.mb >= microbatches_)
     throw Error(fmt::format("micro-batch {} out of range (m = {})", op.mb, microbatches_));
   GptStage& st = chunk_stage(op.chunk);
-  const GatedBlocks gated(op, st);
   const int t0 = offsets_[static_cast<std::size_t>(op.slice)];
   const int t1 = offsets_[static_cast<std::size_t>(op.slice) + 1];
   const Eigen::Index rows = static_cast<Eigen::Index>(config_.micro_batch) * (t1 - t0);

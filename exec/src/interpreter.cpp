@@ -486,9 +486,7 @@ class RankRun {
     if (done_[static_cast<std::size_t>(dep)]) return true;
     const auto it = gates_.find(dep);
     if (it == gates_.end()) return false;
-    const int n = static_cast<int>(it->second.size());
-    const int k = std::clamp(static_cast<int>(std::ceil(static_cast<double>(copy.ready_after) * n - 1e-6)) - 1, 0, n - 1);
-    return segments_[static_cast<std::size_t>(dep)] > k;
+    return segments_[static_cast<std::size_t>(dep)] > ir::gate_segment(copy.ready_after, static_cast<int>(it->second.size()));
   }
 
   // LOAD / OFFLOAD of parameter offload, on the copy stream.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 namespace tdpipe::ir {
 namespace {
@@ -38,6 +39,12 @@ std::int64_t compressed_bucket_bytes(std::int64_t elements, int members) {
   const std::int64_t d = std::max(1, members);
   const std::int64_t longest = (std::max<std::int64_t>(elements, 0) + d - 1) / d;
   return d * (4 + (longest + 7) / 8);
+}
+
+int gate_segment(float ready_after, int n) {
+  if (n < 1) return 0;
+  const double k = std::ceil(static_cast<double>(ready_after) * n - 1e-3) - 1;
+  return static_cast<int>(std::clamp(k, 0.0, static_cast<double>(n - 1)));
 }
 
 std::string_view to_string(OpKind kind) { return kKindNames[static_cast<std::size_t>(kind)]; }

@@ -262,8 +262,7 @@ class Engine {
       if (part < 1.0f && d == first && gate_count(dep) > 0) {
         // A gated op's point: the end of the segment ready_after names (a LOAD's window
         // waits for it while the op still runs), known as soon as that segment ended.
-        const int n = gate_count(dep);
-        const int k = std::clamp(static_cast<int>(std::ceil(static_cast<double>(part) * n - 1e-6)) - 1, 0, n - 1);
+        const int k = gate_segment(part, gate_count(dep));
         if (seg_next_[static_cast<std::size_t>(dep)] <= k) {
           blocker = dep;
           return false;

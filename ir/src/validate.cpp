@@ -9,6 +9,7 @@
 #include "tdpipe/ir/validate.hpp"
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -140,6 +141,8 @@ class Checker {
     }
   }
 
+  std::map<std::pair<int, int>, int> gates_of_;  ///< (rank, LOAD's index) → ops it gates
+
   /// The kind of the op `d` names; CKPT (neither compute nor LOAD) when there is none.
   OpKind dep_kind(const OpRef& d) const {
     if (d.rank < 0 || d.rank >= plan_.num_ranks() || d.index < 0 ||
@@ -214,7 +217,21 @@ class Checker {
           else if (d.rank != r && is_weight_gate(o.kind, dep_kind(d)))
             problem(fmt::format("{}: waits for a LOAD on rank {}; a LOAD brings weights to its own rank's device",
                                 where(g), d.rank));
+          else if (is_weight_gate(o.kind, dep_kind(d)))
+            ++gates_of_[{r, d.index}];
         }
+      }
+    }
+    // A LOAD brings a block for one op: one that no op uses would stay on the device.
+    for (int r = 0; r < p; ++r) {
+      const auto& ops = plan_.ranks[static_cast<std::size_t>(r)];
+      for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+        if (ops[static_cast<std::size_t>(i)].kind != OpKind::LOAD) continue;
+        const auto it = gates_of_.find({r, i});
+        const int uses = it == gates_of_.end() ? 0 : it->second;
+        if (uses != 1)
+          problem(fmt::format("{}: a LOAD gates {} ops; expected the one F, B, BW or OPT of its rank that lists it",
+                              where(ix_.offset[static_cast<std::size_t>(r)] + i), uses));
       }
     }
   }

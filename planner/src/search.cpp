@@ -514,8 +514,11 @@ std::vector<Candidate> enumerate_layouts(const ir::Scenario& base, const SearchO
                       const double total = VS == 1 ? params_of_chunk(sc, 0, 1, L)
                                                    : params_of_chunk(sc, 0, 2, L) + params_of_chunk(sc, 1, 2, 0);
                       const double smallest_hbm = gpu_of_rank(sc, 0).hbm_bytes;
+                      // (Under parameter offload a rank's memory is not linear in its
+                      // layers — two are on the device however many it holds — so the
+                      // average bounds nothing; the per-rank check below decides.)
                       const double average = static_memory(sc, total / p, L / p).total_bytes();
-                      if (homogeneous && average > smallest_hbm) {
+                      if (homogeneous && !sc.parallel.offload() && average > smallest_hbm) {
                         c.static_bytes = average;
                         c.hbm_bytes = smallest_hbm;
                         c.verdict = Verdict::NoFit;

@@ -474,8 +474,7 @@ void Model::wait_deps(int gi, int op, int stream) {
   if (partial && first_gates > 0) {
     // A block's release: the end of the gated op's segment ready_after names.
     const int first = o.deps.front().index;
-    const int k = std::clamp(static_cast<int>(std::ceil(static_cast<double>(o.ready_after) * first_gates - 1e-6)) - 1,
-                             0, first_gates - 1);
+    const int k = ir::gate_segment(o.ready_after, first_gates);
     if (g.ops[first].segments <= k && !g.ops[first].done) {
       std::unique_lock<sg4::Mutex> lock(*g.mutex);
       while (g.ops[first].segments <= k && !g.ops[first].done) g.cv->wait(lock);

@@ -159,6 +159,17 @@ TEST_CASE("validate refuses copies off the copy stream, a LOAD gating another ra
     expect(low, "applies to a copy's first dependency, a compute op on its own rank");
   }
   {
+    Plan low = offloaded_plan();
+    // BW0 no longer lists its first LOAD: that block would come and never go.
+    auto& deps = low.ranks[0][1].deps;
+    for (auto it = deps.begin(); it != deps.end(); ++it)
+      if (low.ranks[0][static_cast<std::size_t>(it->index)].kind == OpKind::LOAD) {
+        deps.erase(it);
+        break;
+      }
+    expect(low, "a LOAD gates 0 ops; expected the one F, B, BW or OPT of its rank that lists it");
+  }
+  {
     Plan two = plan_from_text("rank0: F0 BW0\nrank1: F0 BW0\n");
     LoweringOptions opt;
     opt.offload_blocks = [](int, int) { return std::vector<std::int64_t>{10}; };
@@ -172,4 +183,19 @@ TEST_CASE("validate refuses copies off the copy stream, a LOAD gating another ra
       }
     expect(low, "waits for a LOAD on rank 0; a LOAD brings weights to its own rank's device");
   }
+}
+
+TEST_CASE("gate_segment names the segment whose end lowering wrote, for any realistic segment count",
+          "[ir][offload]") {
+  // Lowering writes the end of segment s of n as the float (s + 1)/n; every engine reads
+  // it back with gate_segment. A 1e-6 slack got n = 35, s = 17 wrong (the review's case).
+  for (int n = 1; n <= 4096; ++n)
+    for (int s = 0; s < n; ++s) {
+      const float end = s + 1 == n ? 1.0f : static_cast<float>(s + 1) / static_cast<float>(n);
+      if (gate_segment(end, n) != s) FAIL("n = " << n << ", s = " << s << ": got " << gate_segment(end, n));
+    }
+  // A fraction inside a segment names that segment (a bucket's ready_after).
+  CHECK(gate_segment(0.3f, 4) == 1);
+  CHECK(gate_segment(0.0f, 4) == 0);
+  CHECK(gate_segment(1.0f, 4) == 3);
 }

@@ -109,10 +109,17 @@ std::optional<OpKind> op_kind_from_string(std::string_view name);
 /// the op's chunk. A compute op's LOAD deps, in their order, gate the n equal segments
 /// of its run (n = how many it lists): segment i starts once the i-th LOAD is done.
 /// A LOAD's own `ready_after` dependency on a compute op names the end of one of its
-/// segments, ⌈ready_after·n⌉ (the block it may overwrite is released there).
+/// segments, gate_segment(ready_after, n) (the block it may overwrite is released there).
+/// W reads no weights: a LOAD among its deps is a plain dependency.
 inline bool is_weight_gate(OpKind consumer, OpKind dependency) {
-  return dependency == OpKind::LOAD && is_compute(consumer);
+  return dependency == OpKind::LOAD && (consumer == OpKind::F || consumer == OpKind::B ||
+                                        consumer == OpKind::BW || consumer == OpKind::OPT);
 }
+/// The segment (0 … n − 1) of a gated op of n segments whose end a dependency with
+/// `ready_after` waits for: the one in which that fraction of the op is reached,
+/// ⌈ready_after·n⌉ − 1. Lowering writes a segment end (s + 1)/n as a float; the slack
+/// of 1e-3 absorbs its rounding for any n below 16,000 segments.
+int gate_segment(float ready_after, int n);
 /// "compute", "p2p", "dp", "copy".
 std::string_view to_string(Stream stream);
 std::optional<Stream> stream_from_string(std::string_view name);
