@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -480,7 +479,7 @@ class RankRun {
   }
 
   // Has the gated op a copy's first dependency names (Op::ready_after) released the block
-  // of its segment ⌈ready_after·n⌉ (or ended)?
+  // of its segment ir::gate_segment(ready_after, n) (or ended)?
   bool released(const Op& copy) const {
     const int dep = copy.deps[0].index;
     if (done_[static_cast<std::size_t>(dep)]) return true;

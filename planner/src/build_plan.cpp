@@ -200,14 +200,37 @@ std::vector<int> auto_slice_tokens(const ir::Scenario& sc, int max_units) {
   return solve_slices_terapipe(sc.model.seq, p, m, max_units, compute, transfer);
 }
 
+namespace {
+// Decoder layers of the fullest virtual stage (parameter offload streams each one).
+std::int64_t most_layers(const ir::Scenario& sc, std::string_view schedule) {
+  const auto& given = sc.parallel.layers_per_stage;
+  if (!given.empty()) return *std::max_element(given.begin(), given.end());
+  const std::int64_t vs = std::int64_t{std::max(1, sc.stages())} * chunks_for(schedule, sc);
+  // (an auto partition puts at most twice the average on a stage, as its cost allows)
+  const std::int64_t even = (sc.model.layers + vs - 1) / vs;
+  return sc.parallel.layers_per_stage_auto ? std::min<std::int64_t>(sc.model.layers, 2 * even) : even;
+}
+
+// Ops per (micro-batch, chunk, slice): F, B, W, SEND/RECV of activation and gradient,
+// and under parameter offload a LOAD per layer for F and for B (or BW).
+std::int64_t ops_per_unit(const ir::Scenario& sc, std::string_view schedule) {
+  std::int64_t n = 3 + 4;
+  if (!sc.synthetic && sc.parallel.offload()) n += 2 * most_layers(sc, schedule);
+  return n;
+}
+}  // namespace
+
 std::int64_t estimate_ops(const ir::Scenario& scenario, std::string_view schedule, int slices) {
-  const std::int64_t per_unit = 3 + 4;  // F, B, W; SEND/RECV of activation and gradient
+  const std::int64_t per_unit = ops_per_unit(scenario, schedule);
   // slices auto: at most one slice per unit of the solver's grid.
   const std::int64_t S = wants_auto_slices(schedule, scenario, slices)
                              ? std::min<std::int64_t>(std::max(1, scenario.model.seq), kAutoSliceUnits)
                              : slices_for(schedule, scenario, slices);
   const std::int64_t units = std::int64_t{scenario.microbatches()} * chunks_for(schedule, scenario) * S;
   std::int64_t per_rank_extra = 64;  // OPT, a few data-parallel buckets and their batches
+  // Parameter offload: OPT's LOAD and OFFLOAD of each layer's state.
+  if (!scenario.synthetic && scenario.parallel.offload())
+    per_rank_extra += 2 * chunks_for(schedule, scenario) * most_layers(scenario, schedule);
   if (!scenario.synthetic && scenario.parallel.data > 1) {
     // A bucket per bucket_mb of gradients (two ops each with a sharded optimizer), at
     // most the whole model's on one rank: a tiny bucket_mb must be refused, not allocated.
@@ -245,9 +268,9 @@ BuiltPlan build_plan(const ir::Scenario& scenario, std::string_view schedule, in
     const double gib = 2.0 * static_cast<double>(ops) * sizeof(ir::Op) / double(1u << 30);
     throw Error(fmt::format(
         "{}: the {} plan would have up to {} ops (p = {} stages x m = {} micro-batches x v = {} chunks "
-        "x S = {} slices x 7), about {:.1f} GiB while planned; the limit is {} ops (--max-ops N raises it)",
-        scenario.name, schedule, ops, params.stages, params.microbatches, params.chunks, params.slices, gib,
-        max_ops));
+        "x S = {} slices x {}), about {:.1f} GiB while planned; the limit is {} ops (--max-ops N raises it)",
+        scenario.name, schedule, ops, params.stages, params.microbatches, params.chunks, params.slices,
+        ops_per_unit(scenario, schedule), gib, max_ops));
   }
   if (!scenario.synthetic && scenario.parallel.layers_per_stage.empty() && !scenario.parallel.layers_per_stage_auto &&
       scenario.model.layers % (params.stages * params.chunks) != 0)

@@ -34,8 +34,14 @@ std::int64_t op_count(const ir::Plan& plan) {
 
 TEST_CASE("estimate_ops bounds the lowered plan of every schedule", "[planner][limits]") {
   for (const char* file : {"synthetic-uniform-p4-m8.yaml", "tiny-gpt-cpu.yaml", "gpt3-175b-a100-8x8.yaml",
-                           "mixed-a100-h100.yaml"}) {
-    const ir::Scenario sc = ir::load_scenario((kScenarioDir / file).string());
+                           "mixed-a100-h100.yaml", "offload:llama2-70b-a100-4x8.yaml", "offload:tiny-gpt-cpu.yaml"}) {
+    // "offload:": the same scenario with parameter offload (a LOAD per layer and F or B).
+    std::string name = file;
+    const bool offload = name.rfind("offload:", 0) == 0;
+    if (offload) name = name.substr(8);
+    ir::Scenario sc = ir::load_scenario((kScenarioDir / name).string());
+    if (offload) sc.parallel.param_offload = "layers";
+    if (offload && sc.model.layers > 8) sc.parallel.global_batch = 16;  // a short plan
     for (const auto& schedule : planner::schedule_names())
       for (int slices : {0, 3}) {
         if (slices && schedule != "tdpipe") continue;

@@ -40,8 +40,9 @@ inline constexpr int kAutoSliceUnits = 128;
 std::vector<int> auto_slice_tokens(const ir::Scenario& scenario, int max_units = kAutoSliceUnits);
 
 /// Upper bound on the ops of the lowered plan: per rank and per (micro-batch, chunk,
-/// slice) F, B and W plus at most four SEND/RECV, and a few per rank for the
-/// optimizer and data-parallel buckets. Computed in 64 bits from the scenario alone;
+/// slice) F, B and W plus at most four SEND/RECV (and under parameter offload a LOAD per
+/// layer of the fullest stage for F and for B), and a few per rank for the optimizer and
+/// data-parallel buckets (and OPT's copies). Computed in 64 bits from the scenario alone;
 /// slices auto counts the most slices the solver can choose (one per grid unit).
 std::int64_t estimate_ops(const ir::Scenario& scenario, std::string_view schedule, int slices = 0);
 
