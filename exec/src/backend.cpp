@@ -52,6 +52,8 @@ std::pair<std::int64_t, std::int64_t> onebit_bucket_range(std::int64_t n, int ch
 
 std::pair<std::int64_t, std::int64_t> owned_segments_offset(std::int64_t n, int index, int count, int member,
                                                             int members) {
+  if (index < 0 || index >= count)
+    throw Error(fmt::format("owned segment of bucket {} of {}: out of range", index, count));
   const int seg = owned_segment(member, members);
   std::int64_t offset = 0, total = 0;
   for (int k = 0; k < count; ++k) {
@@ -60,8 +62,6 @@ std::pair<std::int64_t, std::int64_t> owned_segments_offset(std::int64_t n, int 
     if (k == index) offset = total;
     total += s1 - s0;
   }
-  if (index < 0 || index >= count)
-    throw Error(fmt::format("owned segment of bucket {} of {}: out of range", index, count));
   return {offset, total};
 }
 

@@ -120,10 +120,10 @@ class GatedBlocks {
           gate->acquire(next_++, chunk, b);
           waited_ += std::chrono::steady_clock::now() - t0;
         },
-                       [gate = op.gate, &st, this](int b) {
-                         st.release_block(b);
-                         gate->release(next_ - 1);
-                       });
+        [gate = op.gate, &st, this](int b) {
+          st.release_block(b);
+          gate->release(next_ - 1);
+        });
   }
   ~GatedBlocks() { st_.set_block_hooks({}, {}); }
   /// Time spent waiting for LOADs: not the op's work (nor the layers').
@@ -194,7 +194,6 @@ void CpuCompute::copy(const CopyOp& op) {
     throw Error(fmt::format("{} of chunk {} layer {}: expected a LOAD, or an OFFLOAD of optimizer state",
                             ir::to_string(op.kind), op.chunk, op.layer));
 }
-
 
 Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
   if (op.kind == ir::OpKind::OPT && op.gate) {

@@ -57,6 +57,11 @@ struct DeviceCopy {
 };
 using DeviceBlock = std::list<DeviceCopy>;  // a list: a copy stays put while others come and go
 
+// The block's copy holding (or not holding) optimizer state, or end().
+DeviceBlock::iterator find_copy(DeviceBlock& d, bool state) {
+  return std::find_if(d.begin(), d.end(), [state](const DeviceCopy& c) { return c.state() == state; });
+}
+
 // LayerNorm over rows: y = xhat ⊙ g + b. Keeps xhat and 1/σ for backward.
 void ln_forward(const Mat& x, const MapVec& g, const MapVec& b, double eps, Mat& xhat,
                 Eigen::VectorXd& rstd, Mat& y) {
@@ -192,6 +197,20 @@ struct GptStage::Impl {
                               offload ? fmt::format("the stage has blocks 0..{}", nblocks() - 1)
                                       : std::string("the stage keeps its weights on the device (no offload)")));
     return device[static_cast<std::size_t>(b)];
+  }
+  // Takes block b's copy with (state) or without optimizer state off the device: the copy,
+  // its bytes no longer counted; `what` and `missing` word the error when there is none.
+  DeviceCopy take_copy(int b, bool state, const char* what, const char* missing) {
+    DeviceBlock& d = device_block(b, what);
+    std::lock_guard lock(device_mutex);
+    const auto it = find_copy(d, state);
+    if (it == d.end())
+      throw Error(fmt::format("stage {}: {} of block {}: {} is not on the device", stage, what, first_block + b,
+                              missing));
+    DeviceCopy c = std::move(*it);
+    d.erase(it);
+    memory->add(-c.bytes());
+    return c;
   }
   MapVec Gv(const std::string& name) {
     const ParamSpec& s = specs[index.at(name)];
@@ -656,40 +675,17 @@ void GptStage::load_block(int block, bool state) {
   }
 }
 
-namespace {
-// The block's copy holding (or not holding) optimizer state, or end().
-DeviceBlock::iterator find_copy(DeviceBlock& d, bool state) {
-  return std::find_if(d.begin(), d.end(), [state](const DeviceCopy& c) { return c.state() == state; });
-}
-}  // namespace
-
-void GptStage::release_block(int block) {
-  Impl& I = *impl_;
-  DeviceBlock& d = I.device_block(block, "release");
-  std::lock_guard lock(I.device_mutex);
-  const auto it = find_copy(d, false);
-  if (it == d.end())
-    throw Error(fmt::format("stage {}: release of block {}: no copy of its weights is on the device", I.stage,
-                            I.first_block + block));
-  I.memory->add(-it->bytes());
-  d.erase(it);
-}
+void GptStage::release_block(int block) { impl_->take_copy(block, false, "release", "a copy of its weights"); }
 
 void GptStage::offload_block(int block) {
   Impl& I = *impl_;
-  DeviceBlock& d = I.device_block(block, "OFFLOAD");
-  std::lock_guard lock(I.device_mutex);
-  const auto it = find_copy(d, true);
-  if (it == d.end())
-    throw Error(fmt::format("stage {}: OFFLOAD of block {}: its optimizer state is not on the device", I.stage,
-                            I.first_block + block));
+  const DeviceCopy c = I.take_copy(block, true, "OFFLOAD", "its optimizer state");
+  // Written back on the copy thread, which alone reads the block's host range (its LOADs).
   const std::size_t first = I.block_range[static_cast<std::size_t>(block)].first;
   const auto at = [&](std::vector<double>& v) { return v.begin() + static_cast<std::ptrdiff_t>(first); };
-  std::copy(it->w.begin(), it->w.end(), at(I.params));
-  std::copy(it->m1.begin(), it->m1.end(), at(I.m1));
-  std::copy(it->m2.begin(), it->m2.end(), at(I.m2));
-  I.memory->add(-it->bytes());
-  d.erase(it);
+  std::copy(c.w.begin(), c.w.end(), at(I.params));
+  std::copy(c.m1.begin(), c.m1.end(), at(I.m1));
+  std::copy(c.m2.begin(), c.m2.end(), at(I.m2));
 }
 
 void GptStage::adam_block(const AdamConfig& a, int t, int block) {
