@@ -1,6 +1,7 @@
 // cmd_exec.cpp — `tdpipe exec SCENARIO --backend cpu`: train the scenario's model
 // through a schedule for real, print losses and timing, write the measured trace.
 #include <algorithm>
+#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -42,9 +43,24 @@ struct ExecArgs {
   std::string transport = "loopback";  // cuda backend
   int device = -1;                     // cuda backend, loopback
   std::int64_t max_ops = 0;
+  std::string inject_overflow;         // "STEP:RANK:SLICE", cpu backend, fp16
 };
 
+// --inject-overflow STEP:RANK:SLICE → the CPU backend's injection (range checks: the run).
+exec::cpu::TrainOptions::OverflowInjection parse_injection(const std::string& text) {
+  exec::cpu::TrainOptions::OverflowInjection in;
+  if (text.empty()) return in;
+  char tail = 0;
+  if (std::sscanf(text.c_str(), "%d:%d:%d%c", &in.step, &in.rank, &in.slice, &tail) != 3 || in.step < 0 ||
+      in.rank < 0 || in.slice < 0)
+    throw Error(fmt::format("--inject-overflow: expected STEP:RANK:SLICE (three integers ≥ 0: the step, the world "
+                            "rank replica·p + rank, the temporal slice), got \"{}\"", text));
+  return in;
+}
+
 void run_exec(const ExecArgs& a) {
+  if (a.backend != "cpu" && !a.inject_overflow.empty())
+    throw Error("--inject-overflow: the CPU backend's (fp16 loss scaling is not built on the CUDA backend)");
 #ifdef TDPIPE_HAVE_CUDA
   if (a.backend == "cuda") {
     CudaExecRequest c;
@@ -79,6 +95,10 @@ void run_exec(const ExecArgs& a) {
   opt.watchdog_seconds = a.watchdog;
   opt.pin_threads = a.pin;
   opt.train.rank_speed = parse_rank_speed(a.rank_speed, plan.num_ranks());
+  opt.train.inject_overflow = parse_injection(a.inject_overflow);
+  if (opt.train.inject_overflow.step >= 0 && opt.train.inject_overflow.rank >= plan.num_ranks() * std::max(1, plan.data))
+    throw Error(fmt::format("--inject-overflow: rank {} of a run of {} ranks × {} replicas", opt.train.inject_overflow.rank,
+                            plan.num_ranks(), std::max(1, plan.data)));
   exec::cpu::RunResult r;
   if (a.balance_every <= 0 || a.steps == 0) {
     r = exec::cpu::run_cpu(plan, opt);
@@ -156,6 +176,9 @@ void add_exec_command(CLI::App& app) {
   cmd->add_option("--rank-speed", args->rank_speed,
                   "RANK:SPEED,… with SPEED in [0.01, 1] — stretch each F/B/W of those pipeline ranks to 1/SPEED of "
                   "its time, a slower device (see `tdpipe balance`)");
+  cmd->add_option("--inject-overflow", args->inject_overflow,
+                  "STEP:RANK:SLICE — cpu backend, model.dtype fp16: world rank RANK stores an inf into a gradient of "
+                  "temporal slice SLICE at step STEP, to watch the per-slice loss scaler skip that step everywhere");
   cmd->add_flag("--check", args->check, "Also run the single-device reference and report the difference");
   add_max_ops_option(cmd, args->max_ops);
   cmd->callback([args] { run_exec(*args); });

@@ -91,6 +91,15 @@ nlohmann::json run_report(const ir::Scenario& scenario, const ir::Plan& plan, in
   if (!run.param_state_peak_bytes.empty()) j["param_state_peak_bytes"] = run.param_state_peak_bytes;
   j["param_offload"] = scenario.parallel.param_offload;
   j["first_step"] = run.state.steps_done - static_cast<int>(run.loss_per_step.size());  // > 0 when resumed
+  j["dtype"] = scenario.model.dtype;
+  if (!run.loss_scale.empty()) {
+    nlohmann::json steps_json = nlohmann::json::array();
+    for (const auto& st : run.loss_scale)
+      steps_json.push_back({{"scales", st.scales}, {"overflow", st.overflow}, {"skipped", st.skipped}});
+    j["loss_scale"] = steps_json;
+    j["skipped_steps"] = std::count_if(run.loss_scale.begin(), run.loss_scale.end(), [](const auto& st) { return st.skipped; });
+    j["loss_scale_next"] = run.state.loss_scale.scales;
+  }
   if (!trace_out.empty()) j["trace"] = trace_out;
   return j;
 }
@@ -109,10 +118,23 @@ void add_reference_errors(nlohmann::json& report, const exec::cpu::RunResult& ru
 void print_run_report(const nlohmann::json& j, const exec::cpu::RunResult& r, double weights_l2,
                       double iteration_seconds, int ms_digits, const std::string& reference_label,
                       const std::string& trace_out) {
-  for (std::size_t i = 0; i < r.loss_per_step.size(); ++i)
-    if (i < 5 || i + 5 >= r.loss_per_step.size() || i % 50 == 0)
-      fmt::print("  step {:>4}  loss {:.6f}  {:.{}f} ms\n", i, r.loss_per_step[i], r.iteration_seconds[i] * 1e3,
-                 ms_digits);
+  for (std::size_t i = 0; i < r.loss_per_step.size(); ++i) {
+    const bool skipped = i < r.loss_scale.size() && r.loss_scale[i].skipped;
+    if (!(i < 5 || i + 5 >= r.loss_per_step.size() || i % 50 == 0 || skipped)) continue;
+    std::string scale;
+    if (i < r.loss_scale.size()) {
+      scale = "  loss scale " + exec::scales_text(r.loss_scale[i].scales);
+      std::string slices;
+      for (std::size_t k = 0; k < r.loss_scale[i].overflow.size(); ++k)
+        if (r.loss_scale[i].overflow[k]) slices += fmt::format("{}{}", slices.empty() ? "" : ",", k);
+      if (skipped) scale += fmt::format("  SKIPPED: overflow in slice {}", slices);
+    }
+    fmt::print("  step {:>4}  loss {:.6f}  {:.{}f} ms{}\n", i, r.loss_per_step[i], r.iteration_seconds[i] * 1e3,
+               ms_digits, scale);
+  }
+  if (!r.loss_scale.empty())
+    fmt::print("fp16 loss scaling per slice: {} of {} steps skipped, scales now {}\n",
+               j["skipped_steps"].get<int>(), r.loss_scale.size(), exec::scales_text(r.state.loss_scale.scales));
   fmt::print("final loss {:.6f}, weights L2 {:.9g}, iteration time {:.3f} ms (median after step 0)\n",
              j["final_loss"].get<double>(), weights_l2, iteration_seconds * 1e3);
   if (j.contains("reference"))

@@ -589,6 +589,10 @@ void check_request(const ir::Plan& plan, const CudaRunOptions& options, Transpor
   if (plan.scenario.parallel.offload())
     throw Error("the CUDA backend does not stream parameters yet (parallel.param_offload: layers): run the plan on "
                 "the CPU backend (--backend cpu), or with param_offload: none");
+  if (plan.scenario.model.dtype == "fp16")
+    throw Error("the CUDA backend does not train in fp16 with loss scaling yet (model.dtype: fp16; it computes in "
+                "bf16): run the plan on the CPU backend (--backend cpu), which emulates fp16 stores and scales the "
+                "loss per slice, or set model.dtype: bf16");
   if (options.train.steps < 1) throw Error("--steps: expected at least 1");
   if (options.start && transport != TransportKind::Loopback)
     throw Error("a start state (re-balancing, --balance-every) needs the loopback transport: an NCCL process "

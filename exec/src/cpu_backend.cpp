@@ -75,7 +75,9 @@ CpuCompute::CpuCompute(const GptConfig& config, const ir::Plan& plan, int rank, 
     : config_(config),
       corpus_(&corpus),
       options_(options),
+      rank_(rank),
       replica_(replica),
+      world_rank_(replica * plan.num_ranks() + rank),
       microbatches_(plan.microbatches),
       virtual_stages_(plan.virtual_stages()),
       offsets_(slice_offsets(plan, config.seq)) {
@@ -87,6 +89,15 @@ CpuCompute::CpuCompute(const GptConfig& config, const ir::Plan& plan, int rank, 
   const auto& chunks = plan.stage_of.at(static_cast<std::size_t>(rank));
   for (int stage : chunks) stages_.emplace_back(config_, stage, virtual_stages_);
   for (GptStage& s : stages_) s.attach_memory(&memory_, plan.scenario.parallel.offload());
+  if (plan.scenario.model.dtype == "fp16") {
+    // 1-bit Adam folds the gradients into the momentum on the dp stream, before OPT knows
+    // whether the step overflowed: a skipped step would have moved it already.
+    if (plan.scenario.parallel.onebit())
+      throw Error("model.dtype: fp16 (loss scaling) with parallel.optimizer: onebit-adam is not built: the "
+                  "compressed all-reduce updates the momentum before the overflow check could skip the step; "
+                  "use optimizer: adam, or model.dtype: bf16");
+    scaler_.emplace(LossScaleConfig::from_scenario(plan.scenario.parallel), static_cast<int>(offsets_.size()) - 1);
+  }
   worker_error_.resize(stages_.size());
   server_error_.resize(stages_.size());
   speed_ = rank_speed_of(options, rank);
@@ -168,7 +179,33 @@ void CpuCompute::begin_step(int step) {
   step_ = step;
   loss_ = 0;
   batches_.clear();
-  for (auto& s : stages_) s.begin_step();
+  for (auto& s : stages_) {
+    if (scaler_) s.set_fp16(scaler_->scales());
+    s.begin_step();
+  }
+  const auto& inject = options_.inject_overflow;
+  if (inject.step == step && inject.rank == world_rank_ && !stages_.empty()) {
+    if (!scaler_)
+      throw Error("an injected overflow needs fp16 training (model.dtype: fp16): without loss scaling an inf "
+                  "gradient has no one to catch it");
+    if (inject.slice < 0 || inject.slice >= scaler_->slices())
+      throw Error(fmt::format("injected overflow in slice {}: the plan has {} slices", inject.slice,
+                              scaler_->slices()));
+    stages_.front().inject_overflow(inject.slice);
+  }
+}
+
+std::vector<std::uint8_t> CpuCompute::overflow_flags() const {
+  if (!scaler_) return {};
+  std::vector<std::uint8_t> flags(static_cast<std::size_t>(scaler_->slices()), 0);
+  for (const GptStage& s : stages_)
+    for (std::size_t j = 0; j < flags.size() && j < s.overflowed().size(); ++j) flags[j] |= s.overflowed()[j];
+  return flags;
+}
+
+void CpuCompute::set_loss_scale_state(const LossScaleState& state) {
+  if (!scaler_) throw Error("a loss scaler state to continue from, but the run is not fp16 (model.dtype)");
+  scaler_->set_state(state);
 }
 
 double CpuCompute::end_step() { return loss_; }
@@ -196,6 +233,15 @@ void CpuCompute::copy(const CopyOp& op) {
 }
 
 Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
+  // Adam's step count: the steps it took (skipped fp16 steps do not count).
+  const int t = step_ + 1 - (scaler_ ? scaler_->state().skipped : 0);
+  bool skip = false;
+  if (op.kind == ir::OpKind::OPT && scaler_) {
+    if (!op.overflow)
+      throw Error(fmt::format("OPT of step {} on rank {}: fp16 training needs the overflow flags every rank agreed on",
+                              step_, rank_));
+    skip = scaler_->update(*op.overflow);
+  }
   if (op.kind == ir::OpKind::OPT && op.gate) {
     // Parameter offload: the blocks' state arrives chunk by chunk, layer by layer; each
     // is stepped on the device and written back by its OFFLOAD. The rest is resident.
@@ -204,26 +250,27 @@ Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
       GptStage& s = chunk_stage(c);
       for (int b = 0; b < s.blocks(); ++b) {
         op.gate->acquire(segment, c, b);
-        s.adam_block(options_.adam, step_ + 1, b);
+        if (!skip) s.adam_block(options_.adam, t, b);
         op.gate->release(segment++);
       }
-      s.adam_resident(options_.adam, step_ + 1);
+      if (!skip) s.adam_resident(options_.adam, t);
     }
     return {};
   }
   if (op.kind == ir::OpKind::OPT) {
+    if (skip) return {};
     for (int c = 0; c < chunks(); ++c) {
       GptStage& s = chunk_stage(c);
       if (op.variance_frozen_at > 0) {
-        s.adam_frozen_variance(options_.adam, step_ + 1, op.variance_frozen_at);
+        s.adam_frozen_variance(options_.adam, t, op.variance_frozen_at);
         continue;
       }
       if (!op.shard) {
-        s.adam(options_.adam, step_ + 1);
+        s.adam(options_.adam, t);
         continue;
       }
       for (const auto& [b, e] : owned_ranges(static_cast<std::int64_t>(s.params().size()), op.shard->buckets(c), *op.shard))
-        s.adam(options_.adam, step_ + 1, b, e);
+        s.adam(options_.adam, t, b, e);
     }
     return {};
   }
@@ -361,6 +408,7 @@ struct CpuFabric::Pending {
 };
 
 void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
+  if (comm < kP2P || comm > kWorld) throw Error(fmt::format("fabric: no communicator {}", comm));
   std::vector<Pending> mine(ops.size());
   std::vector<std::tuple<int, int, int>> touched;
   std::unique_lock lock(control_->mutex());
@@ -402,7 +450,7 @@ void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
               "between two ranks must carry the tensor of the k-th RECV",
               s->self, so.label, so.buffer.bytes(), r->self, ro.label, ro.buffer.bytes()));
         std::memcpy(ro.buffer.data.get(), so.buffer.data.get(), static_cast<std::size_t>(so.buffer.bytes()));
-        moved_[comm == kDP ? 1 : 0] += so.buffer.bytes();
+        moved_[comm] += so.buffer.bytes();
         s->done = r->done = true;
         wake_[{comm, s->self}].notify_all();
         wake_[{comm, r->self}].notify_all();
@@ -420,8 +468,9 @@ void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
 }
 
 std::int64_t CpuFabric::bytes_moved(int comm) {
+  if (comm < kP2P || comm > kWorld) throw Error(fmt::format("fabric: no communicator {}", comm));
   std::lock_guard lock(control_->mutex());
-  return moved_[comm == kDP ? 1 : 0];
+  return moved_[comm];
 }
 
 void CpuTransport::post(std::span<P2POp> batch) {
@@ -473,6 +522,35 @@ void CpuTransport::all_to_all(const Buffer& send, const Buffer& recv, int tag) {
   for (const P2POp& r : ops)
     if (r.kind == ir::OpKind::RECV)
       std::memcpy(to + r.key.mb * block, r.buffer.data.get(), static_cast<std::size_t>(block));  // key.mb: the sender
+}
+
+void CpuTransport::agree_overflow(std::span<std::uint8_t> flags, int tag) {
+  const int world = stages_ * data_, self = replica_ * stages_ + rank_;
+  if (world <= 1) return;
+  const auto n = static_cast<std::int64_t>(flags.size());
+  std::vector<P2POp> ops;
+  for (int w = 0; w < world; ++w) {
+    if (w == self) continue;
+    P2POp s;
+    s.kind = ir::OpKind::SEND;
+    s.peer = w;
+    s.key = TensorKey{ir::OpKind::OPT, tag, self, w};
+    s.buffer = host_bytes(n);
+    std::memcpy(s.buffer.data.get(), flags.data(), static_cast<std::size_t>(n));
+    s.label = fmt::format("overflow flags of step {} to rank {}", tag, w);
+    ops.push_back(std::move(s));
+    P2POp r;
+    r.kind = ir::OpKind::RECV;
+    r.peer = w;
+    r.key = TensorKey{ir::OpKind::OPT, tag, w, self};
+    r.buffer = host_bytes(n);
+    r.label = fmt::format("overflow flags of step {} from rank {}", tag, w);
+    ops.push_back(std::move(r));
+  }
+  fabric_->post(CpuFabric::kWorld, self, ops);
+  for (const P2POp& r : ops)
+    if (r.kind == ir::OpKind::RECV)
+      for (std::int64_t j = 0; j < n; ++j) flags[static_cast<std::size_t>(j)] |= r.buffer.as<std::uint8_t>()[j];
 }
 
 void CpuTransport::ring(const Buffer& buffer, int tag, bool reduce) {

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "tdpipe/exec/cpu/gpt.hpp"
+#include "tdpipe/exec/loss_scale.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/plan.hpp"
 
@@ -121,6 +122,9 @@ struct SliceState {
   std::vector<std::vector<int>> tokens;  // stage 0: ids of this slice, per sequence
   Mat dx0;                               // stage 0: gradient at the embedding output
   bool backward_done = false;
+  // fp16: this (mb, slice) read an inf/NaN another slice or stage stored (and was flagged
+  // for): its own stores then overflow by contagion, which is not charged to its scale.
+  bool tainted = false;
 };
 
 // Per-(mb, block) keys/values of the whole sequence (filled slice by slice) and the
@@ -149,6 +153,47 @@ struct GptStage::Impl {
   std::vector<std::pair<std::size_t, std::size_t>> block_range;  // [local block] its params [first, last)
   std::function<void(int)> block_begin, block_end;
   int adding_block = -1;  // build(): the block add() files tensors under
+  // fp16 (set_fp16): per-slice loss scales (empty: fp64), this step's overflow per slice,
+  // and the slice whose next backward is injected with an inf (−1: none).
+  std::vector<double> fp16_scales;
+  std::vector<std::uint8_t> overflow;
+  int inject = -1;
+  bool tainted = false;  // the running op's SliceState::tainted
+
+  bool fp16() const { return !fp16_scales.empty(); }
+  double grad_scale(int slice) const {
+    if (!fp16()) return 1.0;
+    if (slice < 0 || slice >= static_cast<int>(fp16_scales.size()))
+      throw Error(fmt::format("stage {}: slice {} has no loss scale (set_fp16 gave {})", stage, slice,
+                              fp16_scales.size()));
+    return fp16_scales[static_cast<std::size_t>(slice)];
+  }
+  // A store of slice `slice`'s activation or gradient: through fp16 when training in it.
+  // An overflow is charged to the slice whose store first produced it (not to one that
+  // only carries another's inf onwards: `tainted`).
+  void store(Mat& m, int slice) {
+    if (!fp16()) return;
+    grad_scale(slice);  // (checks the slice)
+    if (store_fp16(m.data(), m.size()) && !tainted) overflow[static_cast<std::size_t>(slice)] = 1;
+  }
+  // fp16: the running op read `m` from another slice or stage; an inf or NaN in it was
+  // flagged where it was stored.
+  template <class M>
+  void taint_if_bad(const Eigen::MatrixBase<M>& m) {
+    if (fp16() && !m.allFinite()) tainted = true;
+  }
+  // Adds a slice's part of a weight gradient (scaled by its loss scale, for fp16 first
+  // stored in it) to the master gradient, unscaled; fp64: the plain sum, as before.
+  template <class Target, class Part>
+  void accumulate(Target&& g, const Part& part, int slice) {
+    if (!fp16()) {
+      g.noalias() += part;
+      return;
+    }
+    Mat c = part;
+    store(c, slice);
+    g += c / grad_scale(slice);
+  }
 
   /// Runs `f` (a loop over this stage's blocks) and adds its time to block_ns.
   template <class F>
@@ -287,7 +332,7 @@ struct GptStage::Impl {
     return it->second;
   }
 
-  Mat block_forward(int mb, int l, int t0, int t1, const Mat& x, BlockState& st) {
+  Mat block_forward(int mb, int l, int slice, int t0, int t1, const Mat& x, BlockState& st) {
     const int b = cfg.micro_batch, T = t1 - t0, H = cfg.hidden;
     const int nh = cfg.heads, dh = H / nh;
     const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
@@ -297,7 +342,13 @@ struct GptStage::Impl {
     st.q = h * P(bname(l, "wq"));
     Mat k = h * P(bname(l, "wk"));
     Mat v = h * P(bname(l, "wv"));
+    store(k, slice);
+    store(v, slice);
     KvState& cache = kv_of(mb, l);
+    for (int i = 0; i < b && t0 > 0; ++i) {  // earlier slices' keys and values
+      taint_if_bad(cache.k.middleRows(i * cfg.seq, t0));
+      taint_if_bad(cache.v.middleRows(i * cfg.seq, t0));
+    }
     for (int i = 0; i < b; ++i) {
       cache.k.middleRows(i * cfg.seq + t0, T) = k.middleRows(i * T, T);
       cache.v.middleRows(i * cfg.seq + t0, T) = v.middleRows(i * T, T);
@@ -334,7 +385,7 @@ struct GptStage::Impl {
     return x2 + Mat((st.g * P(bname(l, "w2"))).rowwise() + Pv(bname(l, "b2")));
   }
 
-  Mat block_backward(int mb, int l, int t0, int t1, const Mat& dout, BlockState& st) {
+  Mat block_backward(int mb, int l, int slice, int t0, int t1, const Mat& dout, BlockState& st) {
     const int b = cfg.micro_batch, T = t1 - t0, H = cfg.hidden;
     const int nh = cfg.heads, dh = H / nh;
     const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
@@ -359,8 +410,17 @@ struct GptStage::Impl {
         ds *= scale;
         st.dq.block(i * T, hd * dh, T, dh) = ds * kh;
         // Keys/values of rows < t0 belong to earlier slices: their B reads the sums later.
-        cache.dk.block(i * cfg.seq, hd * dh, t1, dh) += ds.transpose() * qh;
-        cache.dv.block(i * cfg.seq, hd * dh, t1, dh) += p.transpose() * dO;
+        // fp16: each part is stored at this slice's scale and summed unscaled.
+        if (!fp16()) {
+          cache.dk.block(i * cfg.seq, hd * dh, t1, dh) += ds.transpose() * qh;
+          cache.dv.block(i * cfg.seq, hd * dh, t1, dh) += p.transpose() * dO;
+          continue;
+        }
+        Mat dk_part = ds.transpose() * qh, dv_part = p.transpose() * dO;
+        store(dk_part, slice);
+        store(dv_part, slice);
+        cache.dk.block(i * cfg.seq, hd * dh, t1, dh) += dk_part / grad_scale(slice);
+        cache.dv.block(i * cfg.seq, hd * dh, t1, dh) += dv_part / grad_scale(slice);
       }
     }
     st.dk.resize(b * T, H);
@@ -369,25 +429,33 @@ struct GptStage::Impl {
       st.dk.middleRows(i * T, T) = cache.dk.middleRows(i * cfg.seq + t0, T);
       st.dv.middleRows(i * T, T) = cache.dv.middleRows(i * cfg.seq + t0, T);
     }
+    if (fp16()) {
+      taint_if_bad(st.dk);  // later slices' parts (this slice's own were stored finite or flagged)
+      taint_if_bad(st.dv);
+      st.dk *= grad_scale(slice);
+      st.dv *= grad_scale(slice);
+      store(st.dk, slice);
+      store(st.dv, slice);
+    }
     st.dh = st.dq * P(bname(l, "wq")).transpose() + st.dk * P(bname(l, "wk")).transpose() +
             st.dv * P(bname(l, "wv")).transpose();
     return dx2 + ln_backward(st.dh, st.xhat1, st.rstd1, Pv(bname(l, "ln1.g")));
   }
 
-  void block_weight(int l, BlockState& st) {
-    G(bname(l, "w2")).noalias() += st.g.transpose() * st.dz;
-    Gv(bname(l, "b2")) += st.dz.colwise().sum();
-    G(bname(l, "w1")).noalias() += st.h2.transpose() * st.du;
-    Gv(bname(l, "b1")) += st.du.colwise().sum();
-    Gv(bname(l, "ln2.g")) += (st.dh2.array() * st.xhat2.array()).matrix().colwise().sum();
-    Gv(bname(l, "ln2.b")) += st.dh2.colwise().sum();
-    G(bname(l, "wo")).noalias() += st.a.transpose() * st.dy_attn;
-    Gv(bname(l, "bo")) += st.dy_attn.colwise().sum();
-    G(bname(l, "wq")).noalias() += st.h.transpose() * st.dq;
-    G(bname(l, "wk")).noalias() += st.h.transpose() * st.dk;
-    G(bname(l, "wv")).noalias() += st.h.transpose() * st.dv;
-    Gv(bname(l, "ln1.g")) += (st.dh.array() * st.xhat1.array()).matrix().colwise().sum();
-    Gv(bname(l, "ln1.b")) += st.dh.colwise().sum();
+  void block_weight(int l, int slice, BlockState& st) {
+    accumulate(G(bname(l, "w2")), st.g.transpose() * st.dz, slice);
+    accumulate(Gv(bname(l, "b2")), st.dz.colwise().sum(), slice);
+    accumulate(G(bname(l, "w1")), st.h2.transpose() * st.du, slice);
+    accumulate(Gv(bname(l, "b1")), st.du.colwise().sum(), slice);
+    accumulate(Gv(bname(l, "ln2.g")), (st.dh2.array() * st.xhat2.array()).matrix().colwise().sum(), slice);
+    accumulate(Gv(bname(l, "ln2.b")), st.dh2.colwise().sum(), slice);
+    accumulate(G(bname(l, "wo")), st.a.transpose() * st.dy_attn, slice);
+    accumulate(Gv(bname(l, "bo")), st.dy_attn.colwise().sum(), slice);
+    accumulate(G(bname(l, "wq")), st.h.transpose() * st.dq, slice);
+    accumulate(G(bname(l, "wk")), st.h.transpose() * st.dk, slice);
+    accumulate(G(bname(l, "wv")), st.h.transpose() * st.dv, slice);
+    accumulate(Gv(bname(l, "ln1.g")), (st.dh.array() * st.xhat1.array()).matrix().colwise().sum(), slice);
+    accumulate(Gv(bname(l, "ln1.b")), st.dh.colwise().sum(), slice);
   }
 };
 
@@ -467,7 +535,21 @@ void GptStage::begin_step() {
   std::fill(impl_->grads.begin(), impl_->grads.end(), 0.0);
   impl_->slices.clear();
   impl_->kv.clear();
+  impl_->overflow.assign(impl_->fp16_scales.size(), 0);
+  impl_->inject = -1;
 }
+
+void GptStage::set_fp16(std::vector<double> scales) {
+  for (double s : scales)
+    if (!(s > 0) || !std::isfinite(s))
+      throw Error(fmt::format("stage {}: an fp16 loss scale of {}; expected a positive number", impl_->stage, s));
+  impl_->fp16_scales = std::move(scales);
+  impl_->overflow.assign(impl_->fp16_scales.size(), 0);
+}
+
+const std::vector<std::uint8_t>& GptStage::overflowed() const { return impl_->overflow; }
+
+void GptStage::inject_overflow(int slice) { impl_->inject = slice; }
 
 Mat GptStage::forward(int mb, int slice, int t0, int t1, const Mat& x,
                       const std::vector<std::vector<int>>* tokens,
@@ -500,20 +582,25 @@ Mat GptStage::forward(int mb, int slice, int t0, int t1, const Mat& x,
         st.tokens[static_cast<std::size_t>(i)].push_back(id);
         act.row(i * T + r) = tok.row(id) + pos.row(t0 + r);
       }
+    I.store(act, slice);
   } else {
     if (x.rows() != b * T || x.cols() != H)
       throw Error(fmt::format("stage {}: F{}:s{}: input is {}×{}, expected {}×{}", I.stage, mb,
                               slice, x.rows(), x.cols(), b * T, H));
     act = x;
   }
+  I.tainted = false;
+  I.taint_if_bad(act);
   st.blocks.resize(static_cast<std::size_t>(I.nblocks()));
   I.timed_blocks([&] {
     for (int l = I.first_block; l < I.last_block; ++l) {
       if (I.block_begin) I.block_begin(l - I.first_block);
-      act = I.block_forward(mb, l, t0, t1, act, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+      act = I.block_forward(mb, l, slice, t0, t1, act, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+      I.store(act, slice);
       if (I.block_end) I.block_end(l - I.first_block);
     }
   });
+  st.tainted = I.tainted;
   if (!I.last()) return act;
 
   HeadState& hs = st.head;
@@ -533,9 +620,11 @@ Mat GptStage::forward(int mb, int slice, int t0, int t1, const Mat& x,
       const double z = e.sum();
       hs.probs.row(row) = e / z;
       sum_ce += std::log(z) - (logits(row, y) - mx);
-      hs.dlogits.row(row) = hs.probs.row(row) * loss_scale;
-      hs.dlogits(row, y) -= loss_scale;
+      hs.dlogits.row(row) = hs.probs.row(row) * (loss_scale * I.grad_scale(slice));
+      hs.dlogits(row, y) -= loss_scale * I.grad_scale(slice);
     }
+  I.store(hs.dlogits, slice);
+  st.tainted = I.tainted;
   if (loss) *loss += loss_scale * sum_ce;
   return Mat();
 }
@@ -565,26 +654,34 @@ Mat GptStage::run_backward(int mb, int slice, const Mat& dy, bool input, bool we
   if (!input && !st.backward_done) throw Error(fmt::format("stage {}: W{}:s{} before its B", I.stage, mb, slice));
   st.backward_done = true;
   const int T = st.t1 - st.t0;
+  I.tainted = st.tainted;
   Mat grad;
   if (input) {
     if (I.last()) {
       HeadState& hs = st.head;
       hs.dhf = hs.dlogits * I.P("head.out").transpose();
       grad = ln_backward(hs.dhf, hs.xhatf, hs.rstdf, I.Pv("head.ln.g"));
+      I.store(grad, slice);
     } else {
       const int rows = I.cfg.micro_batch * T;
       if (dy.rows() != rows || dy.cols() != I.cfg.hidden)
         throw Error(fmt::format("stage {}: B{}:s{}: gradient is {}×{}, expected {}×{}", I.stage, mb, slice,
                                 dy.rows(), dy.cols(), rows, I.cfg.hidden));
       grad = dy;
+      I.taint_if_bad(grad);
+    }
+    if (I.inject == slice && grad.size() > 0) {
+      grad(0, 0) = std::numeric_limits<double>::infinity();
+      I.inject = -1;
+      if (I.fp16()) I.overflow[static_cast<std::size_t>(slice)] = 1;
     }
   }
   if (weight && I.last()) {
     HeadState& hs = st.head;
-    I.G("head.out").noalias() += hs.hf.transpose() * hs.dlogits;
-    I.Gv("head.bias") += hs.dlogits.colwise().sum();
-    I.Gv("head.ln.g") += (hs.dhf.array() * hs.xhatf.array()).matrix().colwise().sum();
-    I.Gv("head.ln.b") += hs.dhf.colwise().sum();
+    I.accumulate(I.G("head.out"), hs.hf.transpose() * hs.dlogits, slice);
+    I.accumulate(I.Gv("head.bias"), hs.dlogits.colwise().sum(), slice);
+    I.accumulate(I.Gv("head.ln.g"), (hs.dhf.array() * hs.xhatf.array()).matrix().colwise().sum(), slice);
+    I.accumulate(I.Gv("head.ln.b"), hs.dhf.colwise().sum(), slice);
     finished_from("head.ln.g");
   }
   // Block by block from the last: the fused backward (BW) takes each block's input and
@@ -595,9 +692,12 @@ Mat GptStage::run_backward(int mb, int slice, const Mat& dy, bool input, bool we
       auto& stash = st.blocks[static_cast<std::size_t>(l - I.first_block)];
       // Only the input gradient reads the block's weights (W reads activations).
       if (input && I.block_begin) I.block_begin(l - I.first_block);
-      if (input) grad = I.block_backward(mb, l, st.t0, st.t1, grad, stash);
+      if (input) {
+        grad = I.block_backward(mb, l, slice, st.t0, st.t1, grad, stash);
+        I.store(grad, slice);
+      }
       if (weight) {
-        I.block_weight(l, stash);
+        I.block_weight(l, slice, stash);
         finished_from(I.bname(l, "ln1.g"));
       }
       if (input && I.block_end) I.block_end(l - I.first_block);
@@ -607,11 +707,14 @@ Mat GptStage::run_backward(int mb, int slice, const Mat& dy, bool input, bool we
     // Slice 0 is the last backward of this micro-batch: its KV state is spent.
     for (int l = I.first_block; l < I.last_block; ++l) I.kv.erase({mb, l});
   }
+  st.tainted = I.tainted;
   if (input && I.first()) st.dx0 = std::move(grad);
   if (weight) {
     if (I.first()) {
       MapMat gtok = I.G("embed.tok");
       MapMat gpos = I.G("embed.pos");
+      // The gradient at the embedding output is a stored (scaled) gradient already.
+      if (I.fp16()) st.dx0 /= I.grad_scale(slice);
       for (std::size_t i = 0; i < st.tokens.size(); ++i)
         for (int r = 0; r < T; ++r) {
           const Eigen::Index row = static_cast<Eigen::Index>(i) * T + r;

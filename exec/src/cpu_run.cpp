@@ -85,6 +85,19 @@ void check_cpu_memory(const GptConfig& config, const ir::Plan& plan) {
       have / kGiB));
 }
 
+// The fp16 loss scaler of one step, as trace metadata.
+void add_loss_scale_metadata(traces::Trace& trace, const LossScaleStep& step, const LossScaleState& after) {
+  auto& md = trace.metadata;
+  md["precision"] = "fp16 (emulated: fp64 arithmetic, activations and gradients stored through binary16)";
+  md["loss_scale"] = scales_text(step.scales);
+  std::string flags;
+  for (auto f : step.overflow) flags += fmt::format("{}{}", flags.empty() ? "" : ",", int(f));
+  md["loss_scale_overflow"] = flags;
+  md["loss_scale_skipped"] = step.skipped ? "true" : "false";
+  md["loss_scale_next"] = scales_text(after.scales);
+  md["skipped_steps"] = std::to_string(after.skipped);
+}
+
 }  // namespace
 
 double weights_l2(const ParamMap& params) {
@@ -114,11 +127,14 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
       transports.push_back(std::make_unique<CpuTransport>(fabric, k, r, p, d));
     }
   const int first = load_start_state(options.start, computes);
+  if (options.start && !options.start->loss_scale.scales.empty())
+    for (auto& c : computes) c->set_loss_scale_state(options.start->loss_scale);
 
   RunResult result;
   const int steps = options.train.steps;
   const int trace_step = resolve_trace_step(options.trace_step, steps);
   result.trace = run_trace_header("cpu", plan, p * d);
+  LossScaleState traced_scale;  // fp16: the scaler after the trace step
   {
     Watchdog watchdog(control, options.watchdog_seconds);
     for (int step = 0; step < steps; ++step) {
@@ -142,6 +158,16 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
       result.dp_wire_bytes.push_back(fabric.bytes_moved(CpuFabric::kDP) - wire_before);
       record_step(result, outs, step_end - step_start, step == trace_step, options.keep_step_traces, "cpu",
                   plan, p * d);
+      if (const LossScaler* scaler = computes.front()->loss_scaler()) {
+        for (const auto& c : computes)
+          if (!(c->loss_scaler()->last_step() == scaler->last_step()) || !(c->loss_scaler()->state() == scaler->state()))
+            throw Error(fmt::format("step {}: the ranks' loss scalers disagree (internal error: every rank must "
+                                    "step its scaler once, on the same agreed overflow flags)", first + step));
+        result.loss_scale.push_back(scaler->last_step());
+        if (step == trace_step) traced_scale = scaler->state();
+        if (options.keep_step_traces)
+          add_loss_scale_metadata(result.step_traces.back(), scaler->last_step(), scaler->state());
+      }
     }
   }
 
@@ -178,6 +204,10 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   }
   result.state.params = result.weights;
   result.state.steps_done = first + steps;
+  if (const LossScaler* scaler = computes.front()->loss_scaler()) {
+    result.state.loss_scale = scaler->state();
+    add_loss_scale_metadata(result.trace, result.loss_scale.at(static_cast<std::size_t>(trace_step)), traced_scale);
+  }
   for (const auto& c : computes) result.param_state_peak_bytes.push_back(c->param_state_peak_bytes());
   for (int k = 1; k < d; ++k)
     for (int r = 0; r < p; ++r) {
@@ -214,9 +244,12 @@ RunResult run_reference(const ir::Scenario& scenario, int data, int microbatches
                             config.vocab, corpus.vocab()));
   GptStage model(config, 0, 1);
   const double scale = 1.0 / (static_cast<double>(data) * microbatches * config.micro_batch * config.seq);
+  std::optional<LossScaler> scaler;  // fp16: one slice (full sequences)
+  if (scenario.model.dtype == "fp16") scaler.emplace(LossScaleConfig::from_scenario(scenario.parallel), 1);
   RunResult result;
   for (int step = 0; step < options.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    if (scaler) model.set_fp16(scaler->scales());
     model.begin_step();
     double loss = 0;
     for (int k = 0; k < data; ++k)
@@ -229,7 +262,10 @@ RunResult run_reference(const ir::Scenario& scenario, int data, int microbatches
         model.backward_weight(id, 0);
       }
     result.grads = model.named_grads();
-    model.adam(options.adam, step + 1);
+    const int t = step + 1 - (scaler ? scaler->state().skipped : 0);
+    const bool skip = scaler && scaler->update(model.overflowed());
+    if (scaler) result.loss_scale.push_back(scaler->last_step());
+    if (!skip) model.adam(options.adam, t);
     result.loss_per_step.push_back(loss);
     result.iteration_seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

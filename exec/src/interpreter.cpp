@@ -324,6 +324,16 @@ class RankRun {
     }
     const std::int64_t start = backend_.clock->now_ns(stream);
     control_.progress();
+    // fp16 training: OPT steps only if no rank's stores overflowed in any slice.
+    std::vector<std::uint8_t> overflow;
+    if (op.kind == OpKind::OPT) overflow = backend_.compute->overflow_flags();
+    if (!overflow.empty()) {
+      control_.set_waiting(trace_rank_, stream,
+                           fmt::format("{} waiting for every rank's overflow flags (fp16 loss scaling)", op_label(op)));
+      backend_.transport->agree_overflow(overflow, step_);
+      control_.set_waiting(trace_rank_, stream, "");
+      cop.overflow = &overflow;
+    }
     Buffer out = backend_.compute->run(cop, std::move(input));
     const std::int64_t end = backend_.clock->now_ns(stream);
     if (gated != gates_.end() && acquired != static_cast<int>(gated->second.size()))

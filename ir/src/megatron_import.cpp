@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -35,7 +36,8 @@ const std::set<std::string> kValued = {
     "num-virtual-stages-per-pipeline-rank", "decoder-first-pipeline-num-layers",
     "decoder-last-pipeline-num-layers", "recompute-granularity", "recompute-method", "recompute-num-layers",
     "vocab-size", "make-vocab-size-divisible-by", "tokenizer-type", "ddp-bucket-size", "attention-backend",
-    "transformer-impl", "fp8-format", "kv-channels", "optimizer"};
+    "transformer-impl", "fp8-format", "kv-channels", "optimizer", "loss-scale", "initial-loss-scale",
+    "min-loss-scale", "loss-scale-window"};
 const std::set<std::string> kFlags = {
     "swiglu", "group-query-attention", "sequence-parallel", "overlap-grad-reduce", "use-distributed-optimizer",
     "bf16", "fp16", "use-flash-attn", "recompute-activations", "checkpoint-activations",
@@ -50,8 +52,8 @@ const std::set<std::string> kIgnoredValued = {
     "adam-beta2", "adam-eps", "init-method-std", "seed", "hidden-dropout", "attention-dropout",
     "distributed-backend", "tensorboard-dir", "tensorboard-log-interval", "tensorboard-queue-size",
     "wandb-project", "wandb-exp-name", "wandb-save-dir", "exit-interval", "exit-duration-in-mins",
-    "data-cache-path", "num-workers", "rotary-base", "rotary-percent", "norm-epsilon", "loss-scale",
-    "initial-loss-scale", "min-loss-scale", "loss-scale-window", "hysteresis", "position-embedding-type",
+    "data-cache-path", "num-workers", "rotary-base", "rotary-percent", "norm-epsilon", "hysteresis",
+    "position-embedding-type",
     "normalization", "max-position-embeddings", "timing-log-level", "ckpt-format", "dataloader-type",
     "distributed-timeout-minutes"};
 const std::set<std::string> kIgnoredFlags = {
@@ -120,6 +122,15 @@ std::optional<long long> integer_if(const Args& a, const std::string& name, long
 long long required(const Args& a, const std::string& name) {
   if (!a.value.count(name)) throw Error(fmt::format("megatron: --{} is required (Megatron requires it too)", name));
   return integer(a, name);
+}
+// A positive real (a loss scale).
+double real(const Args& a, const std::string& name) {
+  const std::string& v = a.value.at(name);
+  char* end = nullptr;
+  const double out = std::strtod(v.c_str(), &end);
+  if (v.empty() || end != v.c_str() + v.size() || !(out > 0) || !std::isfinite(out))
+    throw Error(fmt::format("megatron: --{}: expected a positive number, got '{}'", name, v));
+  return out;
 }
 std::string text(const Args& a, const std::string& name, const std::string& def) {
   const auto it = a.value.find(name);
@@ -318,6 +329,18 @@ MegatronImport import_megatron(const std::vector<std::string>& tokens, const Meg
   y << YAML::Key << "overlap_grad_reduce" << YAML::Value << (a.flag.count("overlap-grad-reduce") > 0);
   y << YAML::Key << "bucket_mb" << YAML::Value << bucket_params * grad_bytes / (1024.0 * 1024.0);
   y << YAML::Key << "distributed_optimizer" << YAML::Value << (a.flag.count("use-distributed-optimizer") > 0);
+  if (dtype == "fp16") {
+    // Megatron's loss scaler: --loss-scale static, else dynamic from --initial-loss-scale
+    // (2^32), halved on overflow down to --min-loss-scale (1), doubled after
+    // --loss-scale-window (1000) good steps. (--hysteresis, overflows tolerated before a
+    // halving, has no counterpart: tdpipe halves at the first.)
+    if (a.value.count("loss-scale")) y << YAML::Key << "loss_scale" << YAML::Value << real(a, "loss-scale");
+    y << YAML::Key << "initial_loss_scale" << YAML::Value
+      << (a.value.count("initial-loss-scale") ? real(a, "initial-loss-scale") : 4294967296.0);
+    y << YAML::Key << "min_loss_scale" << YAML::Value
+      << (a.value.count("min-loss-scale") ? real(a, "min-loss-scale") : 1.0);
+    y << YAML::Key << "loss_scale_window" << YAML::Value << integer_if(a, "loss-scale-window").value_or(1000);
+  }
   y << YAML::EndMap;
   y << YAML::Key << "schedule" << YAML::Value << (chunks > 1 ? "interleaved" : "1f1b");
   y << YAML::EndMap;

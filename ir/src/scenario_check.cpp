@@ -134,6 +134,19 @@ void check_parallel(Rules& r, const Scenario& s) {
            fmt::format("param_offload: layers streams each layer's whole Adam state through OPT; it is not "
                        "built for {} — choose one",
                        p.distributed_optimizer ? "distributed_optimizer: true (ZeRO-1)" : "optimizer: onebit-adam"));
+  r.non_negative("parallel.loss_scale", p.loss_scale, "0: dynamic; > 0: a static fp16 loss scale");
+  r.positive("parallel.initial_loss_scale", p.initial_loss_scale, "the dynamic fp16 loss scale to start from");
+  r.count("parallel.loss_scale_window", p.loss_scale_window, "steps without overflow before a loss scale doubles");
+  r.positive("parallel.min_loss_scale", p.min_loss_scale, "the smallest dynamic fp16 loss scale");
+  // A scale is a factor of fp16 gradients: past 2^64 every gradient overflows.
+  for (const auto& [field, v] : {std::pair<const char*, double>{"parallel.loss_scale", p.loss_scale},
+                                 {"parallel.initial_loss_scale", p.initial_loss_scale},
+                                 {"parallel.min_loss_scale", p.min_loss_scale}})
+    if (r.ok() && v > 0x1p64)
+      r.fail(field, fmt::format("expected a loss scale ≤ 2^64, got {}", v));
+  if (r.ok() && p.min_loss_scale > p.initial_loss_scale)
+    r.fail("parallel.min_loss_scale", fmt::format("expected ≤ initial_loss_scale ({}), got {}", p.initial_loss_scale,
+                                                  p.min_loss_scale));
   if (!r.ok()) return;
 
   const ModelConfig& model = s.model;

@@ -400,7 +400,8 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
   MapReader r(rep, node, "parallel", where,
               {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
                "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce",
-               "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps", "param_offload"});
+               "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps", "param_offload",
+               "loss_scale", "initial_loss_scale", "loss_scale_window", "min_loss_scale"});
   ParallelConfig p;
   p.tensor = r.get_int("tensor", 1, 1, "tensor-parallel size");
   p.pipeline = r.get_int("pipeline", 1, 1, "pipeline stages");
@@ -421,6 +422,13 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
   p.optimizer = r.get_choice("optimizer", "adam", "optimizer", scenario_optimizer_names());
   p.onebit_warmup_steps = r.get_int("onebit_warmup_steps", 100, 1, "uncompressed Adam steps before 1-bit Adam");
   p.param_offload = r.get_choice("param_offload", "none", "param_offload", scenario_param_offload_names());
+  if (r.has("loss_scale") && is_plain_scalar(r.node("loss_scale")) && r.node("loss_scale").Scalar() == "dynamic")
+    p.loss_scale = 0;
+  else
+    p.loss_scale = r.get_number("loss_scale", 0.0, false, "'dynamic', or a static fp16 loss scale > 0");
+  p.initial_loss_scale = r.get_number("initial_loss_scale", 65536.0, true, "the dynamic fp16 loss scale to start from");
+  p.loss_scale_window = r.get_int("loss_scale_window", 1000, 1, "steps without overflow before a loss scale doubles");
+  p.min_loss_scale = r.get_number("min_loss_scale", 1.0, true, "the smallest dynamic fp16 loss scale");
   if (r.has("layers_per_stage")) {
     const YAML::Node& n = r.node("layers_per_stage");
     const std::string expected = "auto or a list of layer counts, one per virtual stage (pipeline*chunks)";
@@ -654,7 +662,11 @@ json to_json(const Scenario& s) {
         {"distributed_optimizer", s.parallel.distributed_optimizer},
         {"optimizer", s.parallel.optimizer},
         {"onebit_warmup_steps", s.parallel.onebit_warmup_steps},
-        {"param_offload", s.parallel.param_offload}}},
+        {"param_offload", s.parallel.param_offload},
+        {"loss_scale", s.parallel.loss_scale},
+        {"initial_loss_scale", s.parallel.initial_loss_scale},
+        {"loss_scale_window", s.parallel.loss_scale_window},
+        {"min_loss_scale", s.parallel.min_loss_scale}}},
       {"synthetic", nullptr},
   };
   if (s.synthetic) {
@@ -710,7 +722,8 @@ Scenario scenario_from_json(const json& j) {
   JsonReader p(r.at("parallel"), r.path("parallel"),
                {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
                 "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce",
-                "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps", "param_offload"});
+                "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps", "param_offload",
+               "loss_scale", "initial_loss_scale", "loss_scale_window", "min_loss_scale"});
   s.parallel.tensor = p.get_int("tensor");
   s.parallel.pipeline = p.get_int("pipeline");
   s.parallel.data = p.get_int("data");
@@ -734,6 +747,10 @@ Scenario scenario_from_json(const json& j) {
   if (p.has("optimizer")) s.parallel.optimizer = p.get_string("optimizer");
   if (p.has("onebit_warmup_steps")) s.parallel.onebit_warmup_steps = p.get_int("onebit_warmup_steps");
   if (p.has("param_offload")) s.parallel.param_offload = p.get_string("param_offload");
+  if (p.has("loss_scale")) s.parallel.loss_scale = p.get_double("loss_scale");
+  if (p.has("initial_loss_scale")) s.parallel.initial_loss_scale = p.get_double("initial_loss_scale");
+  if (p.has("loss_scale_window")) s.parallel.loss_scale_window = p.get_int("loss_scale_window");
+  if (p.has("min_loss_scale")) s.parallel.min_loss_scale = p.get_double("min_loss_scale");
   if (p.has("layers_per_stage")) {  // older files: even
     const json& l = p.at("layers_per_stage");
     if (l == "auto") {

@@ -87,6 +87,23 @@ PY
     out=$("$tdpipe" compare "$work/pred.json" "$work/meas.json") || fail "compare exited $?"
     expect "$out" 'ops matched [0-9]+, only predicted 0, only measured 0' "every op pairs up, copies too"
     ;;
+  exec-fp16)
+    # fp16 training on the CPU backend, TD-Pipe's two slices: an overflow injected into
+    # slice 1 on world rank 0 at step 2 skips that step (every rank), halves slice 1's
+    # scale only, and the trace's metadata carries the scaler's state.
+    sed -e 's/^  dtype: fp32/  dtype: fp16/' -e 's/^parallel:/parallel:\n  initial_loss_scale: 1024/' \
+        scenarios/tiny-gpt-cpu.yaml > "$work/fp16.yaml"
+    out=$("$tdpipe" exec "$work/fp16.yaml" --schedule tdpipe --steps 4 --inject-overflow 2:0:1 \
+        --trace-out "$work/fp16.json") || fail "exec exited $?"
+    expect "$out" 'step +2 +loss [0-9.]+ +[0-9.]+ ms +loss scale 1024,1024 +SKIPPED: overflow in slice 1' "step 2 skipped"
+    expect "$out" 'step +3 +loss [0-9.]+ +[0-9.]+ ms +loss scale 1024,512$' "slice 1's scale halved"
+    expect "$out" 'fp16 loss scaling per slice: 1 of 4 steps skipped, scales now 1024,512' "summary"
+    grep -Eq '"loss_scale": ?"1024,512"' "$work/fp16.json" || fail "trace metadata lacks the scaler"
+    out=$("$tdpipe" exec "$work/fp16.yaml" --steps 1 --inject-overflow 0:7:0 2>&1) && fail "rank 7 accepted"
+    expect "$out" 'inject-overflow: rank 7 of a run of 2 ranks' "bad rank named"
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 1 --inject-overflow 0:0:0 2>&1) && fail "fp32 accepted"
+    expect "$out" 'needs fp16 training' "fp32 refused"
+    ;;
   exec-compare-simgrid)
     # SimGrid's trace names ops like the executor's, so chunks and slices pair up too.
     for run in "interleaved" "tdpipe --slices 2"; do

@@ -22,6 +22,7 @@
 
 using namespace tdpipe::ir;
 using Catch::Matchers::Contains;
+using Catch::Matchers::EndsWith;
 using Catch::Matchers::StartsWith;
 using nlohmann::json;
 
@@ -89,6 +90,11 @@ TEST_CASE("JSON scenarios get the rules YAML scenarios get", "[scenario][bad-inp
       {{"parallel", "optimizer"}, "lamb", "scenario.parallel.optimizer: expected one of adam, onebit-adam"},
       {{"parallel", "onebit_warmup_steps"}, 0, "scenario.parallel.onebit_warmup_steps: expected a positive integer"},
       {{"parallel", "param_offload"}, "all", "scenario.parallel.param_offload: expected one of none, layers"},
+      {{"parallel", "loss_scale"}, -2.0, "scenario.parallel.loss_scale: expected a finite number ≥ 0"},
+      {{"parallel", "initial_loss_scale"}, 0.0, "scenario.parallel.initial_loss_scale: expected a positive"},
+      {{"parallel", "initial_loss_scale"}, 1e30, "scenario.parallel.initial_loss_scale: expected a loss scale ≤ 2^64"},
+      {{"parallel", "loss_scale_window"}, 0, "scenario.parallel.loss_scale_window: expected a positive integer"},
+      {{"parallel", "min_loss_scale"}, 1e6, "scenario.parallel.min_loss_scale: expected ≤ initial_loss_scale"},
       {{"cluster", "host_bytes_per_second"}, -1.0, "scenario.cluster.host_bytes_per_second: expected a finite number ≥ 0"},
   };
   for (const auto& c : cases) {
@@ -298,4 +304,37 @@ TEST_CASE("write_file_atomic: all or nothing, errors say why", "[io][bad-input]"
   CHECK_THAT(error, StartsWith("cannot write profile '" + file.string() + "': write: File too large"));
   CHECK(slurp(file) == "second\n");
   CHECK(dir.entries() == std::vector<std::string>{"out.txt"});
+}
+
+TEST_CASE("fp16 loss-scaling keys: defaults, dynamic or static, and errors at their line", "[scenario][bad-input]") {
+  const std::string base =
+      "model: {layers: 8, hidden: 64, heads: 4, seq: 32, vocab: 64, dtype: fp16}\n"
+      "cluster: {gpu: cpu, nodes: 1, gpus_per_node: 2}\n"
+      "parallel:\n"
+      "  pipeline: 2\n"
+      "  global_batch: 8\n";
+  const Scenario d = parse_scenario(base, "s.yaml");
+  CHECK(d.parallel.loss_scale == 0);  // dynamic
+  CHECK(d.parallel.initial_loss_scale == 65536);
+  CHECK(d.parallel.loss_scale_window == 1000);
+  CHECK(d.parallel.min_loss_scale == 1);
+  const Scenario g = parse_scenario(base + "  loss_scale: dynamic\n  initial_loss_scale: 4096\n"
+                                           "  loss_scale_window: 50\n  min_loss_scale: 0.5\n", "s.yaml");
+  CHECK(g.parallel.loss_scale == 0);
+  CHECK(g.parallel.initial_loss_scale == 4096);
+  CHECK(g.parallel.loss_scale_window == 50);
+  CHECK(g.parallel.min_loss_scale == 0.5);
+  CHECK(scenario_from_json(to_json(g)) == g);
+  CHECK(parse_scenario(base + "  loss_scale: 128\n", "s.yaml").parallel.loss_scale == 128);
+  REQUIRE_THROWS_WITH(parse_scenario(base + "  loss_scale: automatic\n", "s.yaml"),
+                      "s.yaml:6: parallel.loss_scale: expected a non-negative number ('dynamic', or a static fp16 "
+                      "loss scale > 0), got 'automatic'");
+  REQUIRE_THROWS_WITH(parse_scenario(base + "  loss_scale: -4\n", "s.yaml"),
+                      EndsWith("s.yaml:6: parallel.loss_scale: expected a non-negative number ('dynamic', or a "
+                               "static fp16 loss scale > 0), got -4"));
+  REQUIRE_THROWS_WITH(parse_scenario(base + "  loss_scale_window: 0\n", "s.yaml"),
+                      "s.yaml:6: parallel.loss_scale_window: expected a positive integer (steps without overflow before a "
+                      "loss scale doubles), got 0");
+  REQUIRE_THROWS_WITH(parse_scenario(base + "  initial_loss_scale: 8\n  min_loss_scale: 16\n", "s.yaml"),
+                      StartsWith("s.yaml:7: parallel.min_loss_scale: expected ≤ initial_loss_scale (8), got 16"));
 }

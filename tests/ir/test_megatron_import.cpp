@@ -124,6 +124,28 @@ TEST_CASE("megatron import: uneven first and last stages, block recompute of who
   CHECK(got.scenario.parallel.data == 2);
   CHECK(got.scenario.model.dtype == "fp16");
   CHECK(got.scenario.cluster.gpus() == 8);
+  // fp16: Megatron's dynamic loss scaler, with its defaults.
+  CHECK(got.scenario.parallel.loss_scale == 0);
+  CHECK(got.scenario.parallel.initial_loss_scale == 4294967296.0);
+  CHECK(got.scenario.parallel.min_loss_scale == 1);
+  CHECK(got.scenario.parallel.loss_scale_window == 1000);
+}
+
+TEST_CASE("megatron import: the fp16 loss-scaler arguments", "[megatron][import]") {
+  const std::string base =
+      "--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
+      "--global-batch-size 8 --vocab-size 50000 --fp16 ";
+  const MegatronImport d = import_megatron(
+      split(base + "--initial-loss-scale 65536 --min-loss-scale 0.25 --loss-scale-window 200 --hysteresis 2"), gpus(8));
+  CHECK(d.scenario.parallel.loss_scale == 0);
+  CHECK(d.scenario.parallel.initial_loss_scale == 65536);
+  CHECK(d.scenario.parallel.min_loss_scale == 0.25);
+  CHECK(d.scenario.parallel.loss_scale_window == 200);
+  CHECK(import_megatron(split(base + "--loss-scale 1024"), gpus(8)).scenario.parallel.loss_scale == 1024);
+  REQUIRE_THROWS_WITH(import_megatron(split(base + "--loss-scale -1"), gpus(8)),
+                      Contains("--loss-scale: expected a positive number, got '-1'"));
+  REQUIRE_THROWS_WITH(import_megatron(split(base + "--loss-scale-window 0"), gpus(8)),
+                      Contains("--loss-scale-window: expected an integer ≥ 1, got '0'"));
 }
 
 TEST_CASE("megatron import: clear errors name the argument", "[megatron][import][bad-input]") {

@@ -80,6 +80,18 @@ TEST_CASE("a plan with parameter offload is refused before touching the GPU, say
                         Contains("param_offload: none"));
 }
 
+TEST_CASE("fp16 training (loss scaling) is refused before touching the GPU, saying where it runs",
+          "[gpu][errors]") {
+  ir::Scenario sc = cuda::test::tiny_scenario(2, 1, 2);
+  sc.model.dtype = "fp16";
+  const auto built = planner::build_plan(sc, "1f1b", 1);
+  cuda::CudaRunOptions o;
+  o.train = cuda::test::train_options(1);
+  CHECK_THROWS_WITH(cuda::run_cuda(built.lowered, o),
+                    Contains("does not train in fp16 with loss scaling yet") && Contains("--backend cpu") &&
+                        Contains("model.dtype: bf16"));
+}
+
 TEST_CASE("a model too large for the GPU is refused with sizes in GiB", "[gpu][errors]") {
   ir::Scenario sc = cuda::test::tiny_scenario(2, 1, 2);
   sc.model.hidden = 16384;

@@ -96,6 +96,10 @@ struct ComputeOp {
   /// Parameter offload: the op's layer blocks arrive through this gate (F, B, BW: the
   /// weights; OPT: the optimizer state, stepped block by block); null: all resident.
   const WeightGate* gate = nullptr;
+  /// OPT of fp16 training (Compute::overflow_flags not empty): per temporal slice, whether
+  /// any rank's stores overflowed this step, as every rank agreed (Transport::agree_overflow).
+  /// Any set: the step is skipped (no parameter changes) and the loss scales move.
+  const std::vector<std::uint8_t>* overflow = nullptr;
 };
 
 /// The buffers of one bucket's 1-bit all-reduce, each in the backend's memory and
@@ -183,6 +187,11 @@ class Compute {
   /// measured.
   virtual std::int64_t param_state_peak_bytes() const { return -1; }
 
+  /// fp16 training with loss scaling: per temporal slice, whether this rank's stores of this
+  /// step overflowed so far (inf / NaN); called on the compute thread before OPT. Empty:
+  /// the backend does not scale the loss (OPT then gets no flags).
+  virtual std::vector<std::uint8_t> overflow_flags() const { return {}; }
+
   /// After the step's last op: the loss this rank computed (sum of per-token
   /// cross-entropy / tokens in the global batch over its micro-batches; 0 unless
   /// it holds the last virtual stage).
@@ -233,6 +242,13 @@ class Transport {
   /// index): NCCL's grouped ncclSend/ncclRecv all-to-all. Same calling rules as
   /// all_reduce; a transport without it throws tdpipe::Error.
   virtual void all_to_all(const Buffer& send, const Buffer& recv, int tag);
+
+  /// ORs `flags` (one byte per temporal slice, 0 or 1) over every rank of every replica in
+  /// place — fp16 training's overflow check before OPT (Megatron all-reduces found_inf over
+  /// its model-parallel group; with per-slice flags every replica must see every slice's).
+  /// Every rank calls it once per step with `tag` the step; a transport without it throws
+  /// tdpipe::Error.
+  virtual void agree_overflow(std::span<std::uint8_t> flags, int tag);
 
   /// This rank's place in its data-parallel group: {member, members}.
   virtual std::pair<int, int> dp_member() const = 0;

@@ -124,6 +124,17 @@ struct ParallelConfig {
   /// OFFLOAD). Gradients, the embedding and the head stay on the device.
   std::string param_offload = "none";
   bool offload() const { return param_offload == "layers"; }
+  /// Loss scaling of fp16 training (model.dtype: fp16; Micikevicius et al. 2018, PyTorch's
+  /// GradScaler, Megatron's --loss-scale family), per temporal slice (TD-Pipe's TDScaler):
+  /// each slice's backward runs with its own scale, a step in which any slice overflowed
+  /// is skipped on every rank and that slice's scale is halved (not below
+  /// min_loss_scale); a slice's scale doubles after loss_scale_window steps in a row
+  /// without its overflow. loss_scale > 0: that static scale instead (overflowing steps are
+  /// still skipped); 0: dynamic, from initial_loss_scale.
+  double loss_scale = 0;
+  double initial_loss_scale = 65536;
+  int loss_scale_window = 1000;
+  double min_loss_scale = 1;
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 
   /// Micro-batches per pipeline per iteration: global_batch / (micro_batch · data).

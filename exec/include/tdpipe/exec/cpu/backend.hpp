@@ -7,12 +7,14 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "tdpipe/exec/backend.hpp"
 #include "tdpipe/exec/cpu/corpus.hpp"
 #include "tdpipe/exec/cpu/gpt.hpp"
+#include "tdpipe/exec/loss_scale.hpp"
 #include "tdpipe/exec/run_control.hpp"
 #include "tdpipe/ir/plan.hpp"
 
@@ -29,6 +31,13 @@ struct TrainOptions {
   /// a heterogeneous cluster real by stretching each F/B/W of rank r to 1/speed[r] of
   /// its time (it sleeps for the rest); the maths is unchanged.
   std::vector<double> rank_speed;
+  /// fp16 training (model.dtype: fp16): at step `step` (counted from the first step ever,
+  /// TrainState::steps_done included) world rank `rank` (replica · p + pipeline rank)
+  /// stores +inf into the first input-gradient backward of temporal slice `slice` on its
+  /// first chunk — an overflow, to watch the loss scaler skip the step. step < 0: none.
+  struct OverflowInjection {
+    int step = -1, rank = 0, slice = 0;
+  } inject_overflow;
 };
 
 /// options.rank_speed of pipeline rank `rank` (1 when not given). Throws tdpipe::Error
@@ -54,6 +63,12 @@ class CpuCompute final : public Compute {
   std::int64_t last_layers_ns() const override { return last_layers_ns_; }
   void copy(const CopyOp& op) override;
   std::int64_t param_state_peak_bytes() const override { return memory_.peak(); }
+  std::vector<std::uint8_t> overflow_flags() const override;
+  /// fp16 training's per-slice loss scaler (null without fp16).
+  const LossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
+  /// Continues the loss scaler from a run's state (TrainState::loss_scale); throws
+  /// tdpipe::Error without fp16 or for another number of slices.
+  void set_loss_scale_state(const LossScaleState& state);
   /// run() without the rank-speed stretch.
   Buffer run_op(const ComputeOp& op, Buffer input);
   Buffer allocate(const TensorKey& key) override;
@@ -74,11 +89,12 @@ class CpuCompute final : public Compute {
   GptConfig config_;
   const Corpus* corpus_;
   TrainOptions options_;
-  int replica_, microbatches_, virtual_stages_;
+  int rank_, replica_, world_rank_, microbatches_, virtual_stages_;
   std::vector<int> offsets_;
   double loss_scale_;
   double speed_ = 1;  ///< options.rank_speed of this rank
   std::int64_t last_layers_ns_ = -1;
+  std::optional<LossScaler> scaler_;  ///< model.dtype fp16
   std::vector<GptStage> stages_;
   DeviceMemory memory_;  ///< the stages' weights and Adam state on the "device"
   /// 1-bit Adam's error feedback per chunk: the worker's, flat like its parameters, and
@@ -95,6 +111,7 @@ class CpuFabric {
  public:
   static constexpr int kP2P = 0;  ///< pipeline point-to-point communicator
   static constexpr int kDP = 1;   ///< data-parallel communicator
+  static constexpr int kWorld = 2;  ///< every rank of every replica (fp16's overflow agreement)
   explicit CpuFabric(RunControl& control) : control_(&control) {}
   /// Posts `ops` of world rank `self` (peers given as world ranks) together and
   /// blocks until all completed. Throws tdpipe::Error on a mismatch, Aborted on abort.
@@ -105,7 +122,7 @@ class CpuFabric {
  private:
   struct Pending;
   RunControl* control_;
-  std::int64_t moved_[2] = {0, 0};  ///< guarded by control_->mutex()
+  std::int64_t moved_[3] = {0, 0, 0};  ///< per communicator; guarded by control_->mutex()
   std::map<std::tuple<int, int, int>, std::vector<Pending*>> sends_, recvs_;
   /// One condition per (communicator, world rank): a match wakes its two posters only.
   std::map<std::pair<int, int>, std::condition_variable> wake_;
@@ -127,6 +144,9 @@ class CpuTransport final : public Transport {
   void all_gather(const Buffer& buffer, int tag) override;
   /// One batch of d − 1 sends and d − 1 receives (block j to replica j), as NCCL groups them.
   void all_to_all(const Buffer& send, const Buffer& recv, int tag) override;
+  /// Every rank sends its flags to every other (one batch of world − 1 sends and receives
+  /// on the world communicator) and ORs what it receives.
+  void agree_overflow(std::span<std::uint8_t> flags, int tag) override;
   std::pair<int, int> dp_member() const override { return {replica_, data_}; }
 
  private:

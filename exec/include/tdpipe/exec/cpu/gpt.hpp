@@ -164,6 +164,24 @@ class GptStage {
   /// weights, with its local index; empty functions: none.
   void set_block_hooks(std::function<void(int block)> begin, std::function<void(int block)> end);
 
+  /// fp16 training (model.dtype: fp16; tdpipe/exec/loss_scale.hpp). With `scales` (one
+  /// loss scale per temporal slice; empty: fp64 throughout, the default) the stage stores
+  /// activations and gradients through half-precision rounding where a mixed-precision
+  /// model keeps them: the embedding's and each block's output, the keys and values, each
+  /// block's input gradient, and a slice's parts of the weight gradients before they are
+  /// unscaled into the master gradients; inside a block, and the weights and Adam state,
+  /// stay fp64 (fp32 accumulation, master weights). Slice j's backward runs with its
+  /// gradients multiplied by scales[j]: the loss gradient starts scaled, the key/value
+  /// gradients later slices pass back are kept unscaled and take the reader's scale.
+  /// Lasts until the next call; begin_step keeps it.
+  void set_fp16(std::vector<double> scales);
+  /// Per slice (of set_fp16's scales): whether a store this step was inf or NaN. Cleared
+  /// by begin_step; empty without fp16.
+  const std::vector<std::uint8_t>& overflowed() const;
+  /// Fault injection for tests and `tdpipe exec --inject-overflow`: this step's next
+  /// input-gradient backward of slice `slice` stores +inf into its gradient.
+  void inject_overflow(int slice);
+
   /// Bytes of one (b·T) × hidden activation of a slice of T tokens.
   std::int64_t activation_elements(int tokens) const;
 

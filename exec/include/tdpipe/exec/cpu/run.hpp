@@ -8,6 +8,7 @@
 
 #include "tdpipe/exec/cpu/backend.hpp"
 #include "tdpipe/exec/cpu/gpt.hpp"
+#include "tdpipe/exec/loss_scale.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/plan.hpp"
 #include "tdpipe/traces/trace.hpp"
@@ -22,6 +23,9 @@ namespace tdpipe::exec::cpu {
 struct TrainState {
   ParamMap params, m1, m2;
   int steps_done = 0;
+  /// fp16 training: the loss scaler's per-slice scales, counters and skipped steps (Adam's
+  /// step count is steps_done − skipped); empty scales: none (a fresh scaler).
+  LossScaleState loss_scale;
 };
 
 /// Loads `start` (when given) into every chunk of every compute of a run — the CPU or
@@ -70,6 +74,9 @@ struct RunResult {
   /// empty where the backend does not measure it.
   std::vector<std::int64_t> param_state_peak_bytes;
   double replica_divergence = 0;  ///< max |w − w(replica 0)| over replicas
+  /// fp16 training: per step, the per-slice loss scales it ran with, the overflow flags
+  /// every rank agreed on, and whether it was skipped; empty otherwise.
+  std::vector<LossScaleStep> loss_scale;
   traces::Trace trace;  ///< origin "cpu": the trace step, times from its start
   std::vector<traces::Trace> step_traces;  ///< every step's, if keep_step_traces
   TrainState state;  ///< replica 0 after the last step, to continue from
