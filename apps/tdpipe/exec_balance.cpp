@@ -66,6 +66,7 @@ exec::cpu::RunResult run_balanced(const ir::Scenario& sc, ir::Plan& plan, int st
   exec::cpu::RunResult out;
   std::vector<double> losses, iterations;
   std::vector<std::int64_t> wire;
+  std::vector<exec::LossScaleStep> scaler;
   for (int done = 0; done < steps;) {
     const int n = std::min(loop.every, steps - done);
     std::vector<double> speed;
@@ -80,6 +81,7 @@ exec::cpu::RunResult run_balanced(const ir::Scenario& sc, ir::Plan& plan, int st
     losses.insert(losses.end(), out.loss_per_step.begin(), out.loss_per_step.end());
     iterations.insert(iterations.end(), out.iteration_seconds.begin(), out.iteration_seconds.end());
     wire.insert(wire.end(), out.dp_wire_bytes.begin(), out.dp_wire_bytes.end());
+    scaler.insert(scaler.end(), out.loss_scale.begin(), out.loss_scale.end());
     const std::vector<double> ms = stage_ms(plan, out.step_traces);
     // Each segment starts a fresh run whose first step pays for allocations: its
     // iteration is the median of the steps after it (of the only step, for K = 1).
@@ -126,6 +128,7 @@ exec::cpu::RunResult run_balanced(const ir::Scenario& sc, ir::Plan& plan, int st
   out.loss_per_step = std::move(losses);
   out.iteration_seconds = std::move(iterations);
   out.dp_wire_bytes = std::move(wire);
+  out.loss_scale = std::move(scaler);
   out.step_traces.clear();
   return out;
 }

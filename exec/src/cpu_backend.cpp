@@ -92,11 +92,19 @@ CpuCompute::CpuCompute(const GptConfig& config, const ir::Plan& plan, int rank, 
   if (plan.scenario.model.dtype == "fp16") {
     // 1-bit Adam folds the gradients into the momentum on the dp stream, before OPT knows
     // whether the step overflowed: a skipped step would have moved it already.
-    if (plan.scenario.parallel.onebit())
+    if (plan.scenario.parallel.onebit() && plan.data > 1)
       throw Error("model.dtype: fp16 (loss scaling) with parallel.optimizer: onebit-adam is not built: the "
                   "compressed all-reduce updates the momentum before the overflow check could skip the step; "
                   "use optimizer: adam, or model.dtype: bf16");
     scaler_.emplace(LossScaleConfig::from_scenario(plan.scenario.parallel), static_cast<int>(offsets_.size()) - 1);
+  }
+  if (const auto& inject = options.inject_overflow; inject.step >= 0) {
+    if (!scaler_)
+      throw Error("an injected overflow needs fp16 training (model.dtype: fp16): without loss scaling an inf "
+                  "gradient has no one to catch it");
+    if (inject.slice < 0 || inject.slice >= scaler_->slices())
+      throw Error(fmt::format("injected overflow in slice {}: the plan has {} slices", inject.slice,
+                              scaler_->slices()));
   }
   worker_error_.resize(stages_.size());
   server_error_.resize(stages_.size());
@@ -184,15 +192,7 @@ void CpuCompute::begin_step(int step) {
     s.begin_step();
   }
   const auto& inject = options_.inject_overflow;
-  if (inject.step == step && inject.rank == world_rank_ && !stages_.empty()) {
-    if (!scaler_)
-      throw Error("an injected overflow needs fp16 training (model.dtype: fp16): without loss scaling an inf "
-                  "gradient has no one to catch it");
-    if (inject.slice < 0 || inject.slice >= scaler_->slices())
-      throw Error(fmt::format("injected overflow in slice {}: the plan has {} slices", inject.slice,
-                              scaler_->slices()));
-    stages_.front().inject_overflow(inject.slice);
-  }
+  if (inject.step == step && inject.rank == world_rank_ && !stages_.empty()) stages_.front().inject_overflow(inject.slice);
 }
 
 std::vector<std::uint8_t> CpuCompute::overflow_flags() const {

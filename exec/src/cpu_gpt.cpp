@@ -107,12 +107,14 @@ struct BlockState {
   std::vector<Mat> probs;  // per (sequence, head): T × t1
   // Filled by B for W.
   Mat dh, dq, dk, dv, dy_attn, dh2, du, dz;
+  bool tainted = false;  // fp16: the slice's taint once B passed this block (W charges by it)
 };
 
 struct HeadState {
   Mat xhatf, hf, probs;
   Eigen::VectorXd rstdf;
   Mat dlogits, dhf;
+  bool tainted = false;  // fp16: the slice's taint at the head's B
 };
 
 struct SliceState {
@@ -537,6 +539,7 @@ void GptStage::begin_step() {
   impl_->kv.clear();
   impl_->overflow.assign(impl_->fp16_scales.size(), 0);
   impl_->inject = -1;
+  impl_->tainted = false;
 }
 
 void GptStage::set_fp16(std::vector<double> scales) {
@@ -566,6 +569,7 @@ Mat GptStage::forward(int mb, int slice, int t0, int t1, const Mat& x,
   SliceState& st = it->second;
   st.t0 = t0;
   st.t1 = t1;
+  I.tainted = false;
   Mat act;
   if (I.first()) {
     if (!tokens || static_cast<int>(tokens->size()) != b)
@@ -589,7 +593,6 @@ Mat GptStage::forward(int mb, int slice, int t0, int t1, const Mat& x,
                               slice, x.rows(), x.cols(), b * T, H));
     act = x;
   }
-  I.tainted = false;
   I.taint_if_bad(act);
   st.blocks.resize(static_cast<std::size_t>(I.nblocks()));
   I.timed_blocks([&] {
@@ -675,9 +678,11 @@ Mat GptStage::run_backward(int mb, int slice, const Mat& dy, bool input, bool we
       I.inject = -1;
       if (I.fp16()) I.overflow[static_cast<std::size_t>(slice)] = 1;
     }
+    if (I.last()) st.head.tainted = I.tainted;
   }
   if (weight && I.last()) {
     HeadState& hs = st.head;
+    I.tainted = hs.tainted;  // a fused BW and a later W charge the same slice
     I.accumulate(I.G("head.out"), hs.hf.transpose() * hs.dlogits, slice);
     I.accumulate(I.Gv("head.bias"), hs.dlogits.colwise().sum(), slice);
     I.accumulate(I.Gv("head.ln.g"), (hs.dhf.array() * hs.xhatf.array()).matrix().colwise().sum(), slice);
@@ -695,8 +700,10 @@ Mat GptStage::run_backward(int mb, int slice, const Mat& dy, bool input, bool we
       if (input) {
         grad = I.block_backward(mb, l, slice, st.t0, st.t1, grad, stash);
         I.store(grad, slice);
+        stash.tainted = I.tainted;
       }
       if (weight) {
+        I.tainted = stash.tainted;
         I.block_weight(l, slice, stash);
         finished_from(I.bname(l, "ln1.g"));
       }
@@ -707,7 +714,7 @@ Mat GptStage::run_backward(int mb, int slice, const Mat& dy, bool input, bool we
     // Slice 0 is the last backward of this micro-batch: its KV state is spent.
     for (int l = I.first_block; l < I.last_block; ++l) I.kv.erase({mb, l});
   }
-  st.tainted = I.tainted;
+  if (input) st.tainted = I.tainted;
   if (input && I.first()) st.dx0 = std::move(grad);
   if (weight) {
     if (I.first()) {

@@ -129,6 +129,13 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   const int first = load_start_state(options.start, computes);
   if (options.start && !options.start->loss_scale.scales.empty())
     for (auto& c : computes) c->set_loss_scale_state(options.start->loss_scale);
+  const auto& inject = options.train.inject_overflow;
+  if (inject.step >= 0 && (inject.step < first || inject.step >= first + options.train.steps))
+    throw Error(fmt::format("injected overflow at step {}: this run takes steps {} to {}", inject.step, first,
+                            first + options.train.steps - 1));
+  if (inject.step >= 0 && (inject.rank < 0 || inject.rank >= p * d))
+    throw Error(fmt::format("injected overflow on rank {}: the run has world ranks 0 to {} (replica · {} + rank)",
+                            inject.rank, p * d - 1, p));
 
   RunResult result;
   const int steps = options.train.steps;
@@ -160,7 +167,8 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
                   plan, p * d);
       if (const LossScaler* scaler = computes.front()->loss_scaler()) {
         for (const auto& c : computes)
-          if (!(c->loss_scaler()->last_step() == scaler->last_step()) || !(c->loss_scaler()->state() == scaler->state()))
+          if (c->loss_scaler()->updates() != step + 1 || !(c->loss_scaler()->last_step() == scaler->last_step()) ||
+              !(c->loss_scaler()->state() == scaler->state()))
             throw Error(fmt::format("step {}: the ranks' loss scalers disagree (internal error: every rank must "
                                     "step its scaler once, on the same agreed overflow flags)", first + step));
         result.loss_scale.push_back(scaler->last_step());
@@ -206,7 +214,8 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   result.state.steps_done = first + steps;
   if (const LossScaler* scaler = computes.front()->loss_scaler()) {
     result.state.loss_scale = scaler->state();
-    add_loss_scale_metadata(result.trace, result.loss_scale.at(static_cast<std::size_t>(trace_step)), traced_scale);
+    if (trace_step >= 0)  // (a run of 0 steps traces none)
+      add_loss_scale_metadata(result.trace, result.loss_scale.at(static_cast<std::size_t>(trace_step)), traced_scale);
   }
   for (const auto& c : computes) result.param_state_peak_bytes.push_back(c->param_state_peak_bytes());
   for (int k = 1; k < d; ++k)
@@ -226,7 +235,7 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   md["backend"] = "cpu";
   md["threads"] = std::to_string(p * d);
   md["hardware_concurrency"] = std::to_string(std::thread::hardware_concurrency());
-  md["dp_wire_bytes"] = std::to_string(result.dp_wire_bytes.at(static_cast<std::size_t>(trace_step)));
+  if (trace_step >= 0) md["dp_wire_bytes"] = std::to_string(result.dp_wire_bytes.at(static_cast<std::size_t>(trace_step)));
   const auto& par = plan.scenario.parallel;
   md["optimizer"] = !par.onebit() ? par.optimizer
                     : first + trace_step < par.onebit_warmup_steps ? "onebit-adam (warm-up: Adam)"

@@ -322,9 +322,8 @@ class RankRun {
         tensors_.erase(it);
       }
     }
-    const std::int64_t start = backend_.clock->now_ns(stream);
-    control_.progress();
-    // fp16 training: OPT steps only if no rank's stores overflowed in any slice.
+    // fp16 training: OPT steps only if no rank's stores overflowed in any slice. The
+    // agreement waits for every rank to reach its OPT: a wait, before OPT's interval.
     std::vector<std::uint8_t> overflow;
     if (op.kind == OpKind::OPT) overflow = backend_.compute->overflow_flags();
     if (!overflow.empty()) {
@@ -334,6 +333,8 @@ class RankRun {
       control_.set_waiting(trace_rank_, stream, "");
       cop.overflow = &overflow;
     }
+    const std::int64_t start = backend_.clock->now_ns(stream);
+    control_.progress();
     Buffer out = backend_.compute->run(cop, std::move(input));
     const std::int64_t end = backend_.clock->now_ns(stream);
     if (gated != gates_.end() && acquired != static_cast<int>(gated->second.size()))

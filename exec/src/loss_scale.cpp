@@ -52,6 +52,7 @@ double LossScaler::scale(int slice) const {
 bool LossScaler::update(const std::vector<std::uint8_t>& overflow) {
   if (static_cast<int>(overflow.size()) != slices())
     throw Error(fmt::format("loss scaler: {} overflow flags for {} slices", overflow.size(), slices()));
+  ++updates_;
   last_ = {state_.scales, overflow, std::any_of(overflow.begin(), overflow.end(), [](auto f) { return f != 0; })};
   if (last_.skipped) ++state_.skipped;
   if (!config_.dynamic) return last_.skipped;

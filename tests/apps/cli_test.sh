@@ -103,6 +103,9 @@ PY
     expect "$out" 'inject-overflow: rank 7 of a run of 2 ranks' "bad rank named"
     out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 1 --inject-overflow 0:0:0 2>&1) && fail "fp32 accepted"
     expect "$out" 'needs fp16 training' "fp32 refused"
+    out=$("$tdpipe" exec "$work/fp16.yaml" --steps 1 --check --inject-overflow 0:0:0 2>&1) && fail "--check accepted"
+    expect "$out" '--check with --inject-overflow' "--check with an injection refused"
+    "$tdpipe" exec "$work/fp16.yaml" --steps 0 >/dev/null || fail "--steps 0 exited $?"
     ;;
   exec-compare-simgrid)
     # SimGrid's trace names ops like the executor's, so chunks and slices pair up too.

@@ -138,6 +138,38 @@ TEST_CASE("fp16 with dynamic loss scaling trains within fp16 tolerance of the fp
   }
 }
 
+TEST_CASE("slices with different loss scales still give fp64's gradients: key/value gradients change scale",
+          "[exec][fp16]") {
+  // Slice 1's backward pushes key/value gradients back to slice 0's rows at its own scale;
+  // slice 0 reads them at its own. With 256 against 4096 a mix-up of the two would be off
+  // by 16× in every gradient of slice 0's keys and values.
+  for (const auto& all : {std::vector<std::vector<double>>{{256, 4096}, {4096, 256}},
+                          std::vector<std::vector<double>>{{256, 4096, 1024, 16384}, {16384, 64, 4096, 256}}}) {
+    const int slices = static_cast<int>(all[0].size());
+    SECTION("S=" + std::to_string(slices)) {
+      const std::string schedule = "tdpipe";
+      const ir::Scenario sc = fp16_scenario(2, 1, slices);
+      ir::Scenario wide = sc;
+      wide.model.dtype = "fp32";
+      const cpu::RunResult full = run(wide, schedule, 1);
+      const cpu::RunResult start = run(sc, schedule, 0);  // the initial weights, the scaler at 1024
+      REQUIRE(start.state.loss_scale.scales.size() == static_cast<std::size_t>(slices));
+      for (const std::vector<double>& scales : all) {
+        cpu::TrainState from = start.state;
+        from.loss_scale.scales = scales;
+        const cpu::RunResult got = run(sc, schedule, 1, {}, from);
+        REQUIRE(got.loss_scale.size() == 1);
+        CHECK(got.loss_scale[0].scales == scales);
+        CHECK_FALSE(got.loss_scale[0].skipped);
+        std::string worst;
+        const double err = test::max_rel_error(got.grads, full.grads, &worst);
+        INFO("scales " << scales_text(scales) << ": worst " << worst << " " << err);
+        CHECK(err < kGradTolerance);
+      }
+    }
+  }
+}
+
 TEST_CASE("without a loss scale fp16 gradients underflow: what the scaler is for", "[exec][fp16]") {
   // Static scale 1: many of the tiny model's gradients fall below fp16's normal range
   // (2⁻¹⁴ ≈ 6.1e-5; the loss gradient alone is ~1/(64·32) per logit) and lose digits;
@@ -157,9 +189,10 @@ TEST_CASE("without a loss scale fp16 gradients underflow: what the scaler is for
 
 TEST_CASE("an injected overflow in one slice skips exactly that step on every rank and halves that slice's scale",
           "[exec][fp16]") {
-  // p = 2, d = 2, S = 2: world rank 2 (replica 1, pipeline rank 0 — its gradients reach
-  // no other rank before OPT) overflows in slice 1 at step 1. Only the world agreement
-  // can tell the other three ranks.
+  // p = 2, d = 2, S = 2: world rank 2 (replica 1, pipeline rank 0) overflows in slice 1
+  // at step 1. No activation or gradient it stores reaches another pipeline rank, and the
+  // data-parallel all-reduce carries its inf to replica 0's rank 0 as a gradient, not as
+  // a flag: only the world agreement tells the others, the last stage included.
   for (const std::string schedule : {"tdpipe", "1f1b"}) {
     SECTION(schedule) {
       const ir::Scenario sc = fp16_scenario(2, 2, 2);  // (1F1B runs whole sequences: S = 1)
@@ -241,6 +274,13 @@ TEST_CASE("fp16 loss scaling refuses what it cannot do, naming it", "[exec][fp16
   sc.parallel.optimizer = "onebit-adam";
   CHECK_THROWS_WITH(run(sc, "1f1b", 1), Contains("onebit-adam is not built"));
   CHECK_THROWS_WITH(run(fp16_scenario(2, 1, 2), "tdpipe", 1, {0, 0, 2}), Contains("injected overflow in slice 2"));
+  CHECK_THROWS_WITH(run(fp16_scenario(2, 1, 2), "tdpipe", 2, {5, 0, 0}),
+                    Contains("injected overflow at step 5: this run takes steps 0 to 1"));
+  CHECK_THROWS_WITH(run(fp16_scenario(2, 1, 2), "tdpipe", 2, {1, 2, 0}),
+                    Contains("injected overflow on rank 2: the run has world ranks 0 to 1"));
+  ir::Scenario single = fp16_scenario(2, 1, 1);  // 1-bit Adam at d = 1 is Adam: fine in fp16
+  single.parallel.optimizer = "onebit-adam";
+  CHECK(run(single, "1f1b", 1).loss_scale.size() == 1);
   ir::Scenario wide = fp16_scenario(2, 1, 1);
   wide.model.dtype = "bf16";
   CHECK_THROWS_WITH(run(wide, "1f1b", 1, {0, 0, 0}), Contains("needs fp16 training"));

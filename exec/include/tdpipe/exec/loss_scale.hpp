@@ -65,6 +65,8 @@ class LossScaler {
   /// the step, moves the scales, and returns true when the step is to be skipped.
   bool update(const std::vector<std::uint8_t>& overflow);
   const LossScaleStep& last_step() const { return last_; }
+  /// update() calls since construction (one per step on every rank).
+  int updates() const { return updates_; }
   const LossScaleState& state() const { return state_; }
   /// Continues from `state` (a run's TrainState); throws tdpipe::Error when it holds
   /// another number of slices or a scale that is not positive.
@@ -74,6 +76,7 @@ class LossScaler {
   LossScaleConfig config_;
   LossScaleState state_;
   LossScaleStep last_;
+  int updates_ = 0;
 };
 
 /// "65536,32768" — per-slice values as trace metadata and CLI output print them.
