@@ -33,6 +33,10 @@ RunOptions segment_options(RunOptions base, int steps, const std::optional<exec:
   base.train.rank_speed = rank_speed;
   base.start = start;
   base.keep_step_traces = true;
+  // An injected overflow goes to the segment whose steps hold its step.
+  const int first = start ? start->steps_done : 0;
+  if (base.train.inject_overflow.step < first || base.train.inject_overflow.step >= first + steps)
+    base.train.inject_overflow = {};
   return base;
 }
 

@@ -106,6 +106,12 @@ PY
     out=$("$tdpipe" exec "$work/fp16.yaml" --steps 1 --check --inject-overflow 0:0:0 2>&1) && fail "--check accepted"
     expect "$out" '--check with --inject-overflow' "--check with an injection refused"
     "$tdpipe" exec "$work/fp16.yaml" --steps 0 >/dev/null || fail "--steps 0 exited $?"
+    # Re-balancing every 2 steps: the skip lands in its segment, the history spans them all.
+    out=$("$tdpipe" exec "$work/fp16.yaml" --steps 4 --balance-every 2 --inject-overflow 2:0:0 2>/dev/null) \
+        || fail "exec --balance-every exited $?"
+    expect "$out" 'step +2 +loss [0-9.]+ +[0-9.]+ ms +loss scale 1024 +SKIPPED: overflow in slice 0' "skip in segment 2"
+    expect "$out" 'step +1 +loss [0-9.]+ +[0-9.]+ ms +loss scale 1024$' "segment 1's steps reported"
+    expect "$out" 'fp16 loss scaling per slice: 1 of 4 steps skipped, scales now 512' "history over segments"
     ;;
   exec-compare-simgrid)
     # SimGrid's trace names ops like the executor's, so chunks and slices pair up too.
