@@ -14,6 +14,8 @@
 //    its part final (GradProgress), on the dp thread while the op goes on;
 //  - OPT: every ALLREDUCE / REDUCE_SCATTER of the rank ended; with REDUCE_SCATTER
 //    buckets (ZeRO-1) it steps only the parameters this replica owns (OptimizerShard);
+//    in fp16 training (Compute::overflow_flags) every rank's per-slice overflow flags
+//    are first ORed over the world (Transport::agree_overflow), and OPT gets them;
 //  - ALL_GATHER of chunk c: OPT ended; it gathers the same bucket of the parameters
 //    (Compute::param_bucket).
 #pragma once
