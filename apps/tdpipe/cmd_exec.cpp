@@ -99,9 +99,8 @@ void run_exec(const ExecArgs& a) {
   opt.pin_threads = a.pin;
   opt.train.rank_speed = parse_rank_speed(a.rank_speed, plan.num_ranks());
   opt.train.inject_overflow = parse_injection(a.inject_overflow);
-  if (opt.train.inject_overflow.step >= 0 && opt.train.inject_overflow.rank >= plan.num_ranks() * std::max(1, plan.data))
-    throw Error(fmt::format("--inject-overflow: rank {} of a run of {} ranks × {} replicas", opt.train.inject_overflow.rank,
-                            plan.num_ranks(), std::max(1, plan.data)));
+  // Up front, for the whole run: --balance-every hands it to the one segment holding its step.
+  exec::cpu::check_injection(opt.train.inject_overflow, plan, 0, a.steps);
   exec::cpu::RunResult r;
   if (a.balance_every <= 0 || a.steps == 0) {
     r = exec::cpu::run_cpu(plan, opt);

@@ -98,14 +98,6 @@ CpuCompute::CpuCompute(const GptConfig& config, const ir::Plan& plan, int rank, 
                   "use optimizer: adam, or model.dtype: bf16");
     scaler_.emplace(LossScaleConfig::from_scenario(plan.scenario.parallel), static_cast<int>(offsets_.size()) - 1);
   }
-  if (const auto& inject = options.inject_overflow; inject.step >= 0) {
-    if (!scaler_)
-      throw Error("an injected overflow needs fp16 training (model.dtype: fp16): without loss scaling an inf "
-                  "gradient has no one to catch it");
-    if (inject.slice < 0 || inject.slice >= scaler_->slices())
-      throw Error(fmt::format("injected overflow in slice {}: the plan has {} slices", inject.slice,
-                              scaler_->slices()));
-  }
   worker_error_.resize(stages_.size());
   server_error_.resize(stages_.size());
   speed_ = rank_speed_of(options, rank);

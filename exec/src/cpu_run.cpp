@@ -100,6 +100,22 @@ void add_loss_scale_metadata(traces::Trace& trace, const LossScaleStep& step, co
 
 }  // namespace
 
+void check_injection(const TrainOptions::OverflowInjection& inject, const ir::Plan& plan, int first, int steps) {
+  if (inject.step < 0) return;
+  if (plan.scenario.model.dtype != "fp16")
+    throw Error("an injected overflow needs fp16 training (model.dtype: fp16): without loss scaling an inf "
+                "gradient has no one to catch it");
+  const int slices = std::max(1, plan.slices), p = plan.num_ranks(), d = std::max(1, plan.data);
+  if (inject.slice < 0 || inject.slice >= slices)
+    throw Error(fmt::format("injected overflow in slice {}: the plan has {} slices", inject.slice, slices));
+  if (inject.step < first || inject.step >= first + steps)
+    throw Error(fmt::format("injected overflow at step {}: this run takes steps {} to {}", inject.step, first,
+                            first + steps - 1));
+  if (inject.rank < 0 || inject.rank >= p * d)
+    throw Error(fmt::format("injected overflow on rank {}: the run has world ranks 0 to {} (replica · {} + rank)",
+                            inject.rank, p * d - 1, p));
+}
+
 double weights_l2(const ParamMap& params) {
   double s = 0;
   for (const auto& [name, v] : params)
@@ -129,13 +145,7 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   const int first = load_start_state(options.start, computes);
   if (options.start && !options.start->loss_scale.scales.empty())
     for (auto& c : computes) c->set_loss_scale_state(options.start->loss_scale);
-  const auto& inject = options.train.inject_overflow;
-  if (inject.step >= 0 && (inject.step < first || inject.step >= first + options.train.steps))
-    throw Error(fmt::format("injected overflow at step {}: this run takes steps {} to {}", inject.step, first,
-                            first + options.train.steps - 1));
-  if (inject.step >= 0 && (inject.rank < 0 || inject.rank >= p * d))
-    throw Error(fmt::format("injected overflow on rank {}: the run has world ranks 0 to {} (replica · {} + rank)",
-                            inject.rank, p * d - 1, p));
+  check_injection(options.train.inject_overflow, plan, first, options.train.steps);
 
   RunResult result;
   const int steps = options.train.steps;

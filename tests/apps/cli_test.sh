@@ -100,7 +100,10 @@ PY
     expect "$out" 'fp16 loss scaling per slice: 1 of 4 steps skipped, scales now 1024,512' "summary"
     grep -Eq '"loss_scale": ?"1024,512"' "$work/fp16.json" || fail "trace metadata lacks the scaler"
     out=$("$tdpipe" exec "$work/fp16.yaml" --steps 1 --inject-overflow 0:7:0 2>&1) && fail "rank 7 accepted"
-    expect "$out" 'inject-overflow: rank 7 of a run of 2 ranks' "bad rank named"
+    expect "$out" 'injected overflow on rank 7: the run has world ranks 0 to 1' "bad rank named"
+    out=$("$tdpipe" exec "$work/fp16.yaml" --steps 4 --balance-every 2 --inject-overflow 9:0:0 2>&1) \
+        && fail "step 9 of 4 accepted"
+    expect "$out" 'injected overflow at step 9: this run takes steps 0 to 3' "a step past the run named"
     out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 1 --inject-overflow 0:0:0 2>&1) && fail "fp32 accepted"
     expect "$out" 'needs fp16 training' "fp32 refused"
     out=$("$tdpipe" exec "$work/fp16.yaml" --steps 1 --check --inject-overflow 0:0:0 2>&1) && fail "--check accepted"

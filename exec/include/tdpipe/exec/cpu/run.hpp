@@ -82,6 +82,12 @@ struct RunResult {
   TrainState state;  ///< replica 0 after the last step, to continue from
 };
 
+/// Throws tdpipe::Error naming what is wrong when `inject` (step ≥ 0) cannot happen in a
+/// run of `plan` taking steps [first, first + steps): training not in fp16, a slice, step
+/// or world rank outside the run. run_cpu checks its own; a caller that cuts a run into
+/// segments (each getting the injection only if it holds the step) checks the whole.
+void check_injection(const TrainOptions::OverflowInjection& inject, const ir::Plan& plan, int first, int steps);
+
 /// Trains `plan` (lowered) for options.train.steps steps. Throws tdpipe::Error with
 /// the failing rank's message, or the watchdog's report of blocked ranks.
 RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options);
