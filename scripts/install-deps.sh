@@ -9,7 +9,7 @@ packages=(
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libfmt-dev catch2
   libeigen3-dev libsimgrid-dev libopenmpi-dev openmpi-bin libboost-context-dev
   qt6-base-dev qt6-charts-dev libqt6opengl6-dev qt6-svg-dev libxkbcommon-dev
-  libgl-dev libvulkan-dev xvfb
+  libgl-dev libvulkan-dev xvfb zlib1g-dev
 )
 for arg in "$@"; do
   case "$arg" in

@@ -16,6 +16,7 @@
 #include "exec_balance.hpp"
 #include "exec_common.hpp"
 #include "tdpipe/exec/cpu/run.hpp"
+#include "tdpipe/exec/faults.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
@@ -44,6 +45,9 @@ struct ExecArgs {
   int device = -1;                     // cuda backend, loopback
   std::int64_t max_ops = 0;
   std::string inject_overflow;         // "STEP:RANK:SLICE", cpu backend, fp16
+  std::vector<std::string> inject;     // fault specs (exec/faults.hpp), cpu backend
+  exec::FaultOptions faults;           // cpu backend
+  std::string resume;                  // checkpoint folder to resume from
 };
 
 // --inject-overflow STEP:RANK:SLICE → the CPU backend's injection (range checks: the run).
@@ -58,7 +62,34 @@ exec::cpu::TrainOptions::OverflowInjection parse_injection(const std::string& te
   return in;
 }
 
+// The fault-tolerance options, checked against each other and the rest of the command.
+exec::FaultOptions fault_options(const ExecArgs& a) {
+  exec::FaultOptions f = a.faults;
+  const bool any = !a.inject.empty() || !f.checkpoint_dir.empty() || !a.resume.empty();
+  if (any && a.backend != "cpu")
+    throw Error("--inject, --checkpoint-dir and --resume are built on the CPU backend only: the CUDA backend has no "
+                "fault injection, checkpoints or restart yet");
+  if (any && a.balance_every > 0)
+    throw Error("--balance-every with --inject, --checkpoint-dir or --resume: a re-balanced run changes its plan "
+                "between segments, and a checkpoint names one plan; drop one of them");
+  if (!a.resume.empty()) {
+    if (!f.checkpoint_dir.empty() && f.checkpoint_dir != a.resume)
+      throw Error(fmt::format("--resume {} with --checkpoint-dir {}: a resumed run goes on writing into the folder it "
+                              "resumes from; give one of them", a.resume, f.checkpoint_dir));
+    if (a.check)
+      throw Error("--check with --resume: the reference would train from step 0 and this run from its checkpoint");
+    f.checkpoint_dir = a.resume;
+    f.resume = true;
+  }
+  if (f.checkpoint_every > 0 && f.checkpoint_dir.empty())
+    throw Error("--checkpoint-every needs --checkpoint-dir DIR (or --resume DIR)");
+  for (const auto& text : a.inject) f.inject.push_back(exec::parse_fault_spec(text));
+  exec::check_fault_options(f);
+  return f;
+}
+
 void run_exec(const ExecArgs& a) {
+  const exec::FaultOptions faults = fault_options(a);
   if (a.backend != "cpu" && !a.inject_overflow.empty())
     throw Error("--inject-overflow is for the CPU backend: fp16 loss scaling is not built on the CUDA backend");
   if (a.check && !a.inject_overflow.empty())
@@ -99,8 +130,9 @@ void run_exec(const ExecArgs& a) {
   opt.pin_threads = a.pin;
   opt.train.rank_speed = parse_rank_speed(a.rank_speed, plan.num_ranks());
   opt.train.inject_overflow = parse_injection(a.inject_overflow);
+  opt.faults = faults;
   // Up front, for the whole run: --balance-every hands it to the one segment holding its step.
-  exec::cpu::check_injection(opt.train.inject_overflow, plan, 0, a.steps);
+  if (!faults.resume) exec::cpu::check_injection(opt.train.inject_overflow, plan, 0, a.steps);
   exec::cpu::RunResult r;
   if (a.balance_every <= 0 || a.steps == 0) {
     r = exec::cpu::run_cpu(plan, opt);
@@ -181,6 +213,31 @@ void add_exec_command(CLI::App& app) {
   cmd->add_option("--inject-overflow", args->inject_overflow,
                   "STEP:RANK:SLICE — cpu backend, model.dtype fp16: world rank RANK stores an inf into a gradient of "
                   "temporal slice SLICE at step STEP, to watch the per-slice loss scaler skip that step everywhere");
+  cmd->add_option("--inject", args->inject,
+                  "cpu backend: inject a fault (repeatable) — kill:rank=R,step=S[,op=OP], hang:rank=R,step=S[,op=OP], "
+                  "drop:rank=R,peer=Q,step=S[,message=N][,times=N], corrupt:… (as drop), slow:rank=R,factor=F[,step=S], "
+                  "ckpt-fail:step=S[,rank=R]; ranks are world ranks (replica·p + rank); see README \"Faults and "
+                  "recovery\"");
+  cmd->add_option("--checkpoint-dir", args->faults.checkpoint_dir,
+                  "cpu backend: write checkpoints here (per rank: weights, Adam state, loss scaler; a manifest last)");
+  cmd->add_option("--checkpoint-every", args->faults.checkpoint_every, "Steps between checkpoints (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--checkpoint-keep", args->faults.checkpoint_keep, "Complete checkpoints kept")
+      ->check(CLI::Range(1, 1000000));
+  cmd->add_option("--resume", args->resume,
+                  "Continue the run whose checkpoints are in DIR from its last complete one, to --steps steps in all "
+                  "(the same scenario and options as the run that wrote them)");
+  cmd->add_option("--max-restarts", args->faults.max_restarts,
+                  "Restarts from the last checkpoint after a lost rank or transfer before giving up")
+      ->check(CLI::Range(0, 100));
+  cmd->add_option("--heartbeat-period", args->faults.heartbeat_period, "Seconds between a rank's heartbeats")
+      ->check(CLI::Range(1e-3, 60.0));
+  cmd->add_option("--heartbeat-timeout", args->faults.heartbeat_timeout,
+                  "Seconds without a heartbeat before a rank is declared lost (≥ 2 periods)")
+      ->check(CLI::Range(2e-3, 3600.0));
+  cmd->add_option("--retry-timeout", args->faults.retry_timeout,
+                  "Seconds without an acknowledgement before a transfer is sent again (doubling per retry; 3 retries)")
+      ->check(CLI::Range(1e-4, 60.0));
   cmd->add_flag("--check", args->check, "Also run the single-device reference and report the difference");
   add_max_ops_option(cmd, args->max_ops);
   cmd->callback([args] { run_exec(*args); });

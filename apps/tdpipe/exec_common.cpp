@@ -100,9 +100,64 @@ nlohmann::json run_report(const ir::Scenario& scenario, const ir::Plan& plan, in
     j["skipped_steps"] = std::count_if(run.loss_scale.begin(), run.loss_scale.end(), [](const auto& st) { return st.skipped; });
     j["loss_scale_next"] = run.state.loss_scale.scales;
   }
+  if (!run.earlier_loss_per_step.empty()) j["earlier_loss_per_step"] = run.earlier_loss_per_step;
+  if (!run.faults.empty() || run.restarts > 0 || !run.unfired_faults.empty()) {
+    nlohmann::json faults = nlohmann::json::array();
+    for (const auto& f : run.faults)
+      faults.push_back({{"kind", f.kind}, {"step", f.step}, {"rank", f.rank}, {"detail", f.detail},
+                        {"restart_from", f.restart_from}, {"detect_seconds", f.detect_seconds},
+                        {"partial_seconds", f.partial_seconds}, {"restart_seconds", f.restart_seconds},
+                        {"redo_seconds", f.redo_seconds}, {"redone_steps", f.redone_steps},
+                        {"lost_seconds", f.lost_seconds()}});
+    j["faults"] = faults;
+    j["unfired_faults"] = run.unfired_faults;
+  }
+  j["restarts"] = run.restarts;
+  j["retries"] = run.retries;
+  j["retry_seconds"] = run.retry_seconds;
+  if (run.checkpoints_written > 0)
+    j["checkpoints"] = {{"written", run.checkpoints_written}, {"bytes", run.checkpoint_bytes},
+                        {"seconds", run.checkpoint_seconds}};
+  if (!run.rank_compute_seconds.empty()) j["rank_compute_seconds"] = run.rank_compute_seconds;
   if (!trace_out.empty()) j["trace"] = trace_out;
   return j;
 }
+
+namespace {
+// Faults, retries, restarts, checkpoints and the slowest rank, as lines.
+void print_faults(const exec::cpu::RunResult& r) {
+  for (const auto& f : r.faults) {
+    std::string cost;
+    if (f.restart_from >= 0)
+      cost = fmt::format("; {}restarted from {} in {:.3f} s, {} step{} redone ({:.3f} s): {:.2f} s lost",
+                         f.rank >= 0 ? fmt::format("detected after {:.2f} s, ", f.detect_seconds) : std::string(),
+                         f.restart_from == 0 ? std::string("the start")
+                                             : fmt::format("the checkpoint after step {}", f.restart_from - 1),
+                         f.restart_seconds, f.redone_steps, f.redone_steps == 1 ? "" : "s", f.redo_seconds,
+                         f.lost_seconds());
+    fmt::print("fault at step {}{}: {}: {}{}\n", f.step, f.rank >= 0 ? fmt::format(", rank {}", f.rank) : "", f.kind,
+               f.detail, cost);
+  }
+  for (const auto& u : r.unfired_faults) fmt::print("WARNING: injected fault {} never fired\n", u);
+  if (r.restarts > 0 || r.retries > 0)
+    fmt::print("recovery: {} restart{}, {} retried transfer{} ({:.3f} s waiting)\n", r.restarts,
+               r.restarts == 1 ? "" : "s", r.retries, r.retries == 1 ? "" : "s", r.retry_seconds);
+  if (r.checkpoints_written > 0)
+    fmt::print("checkpoints: {} written, {:.1f} KiB, {:.3f} s in all\n", r.checkpoints_written,
+               static_cast<double>(r.checkpoint_bytes) / 1024.0, r.checkpoint_seconds);
+  const auto& busy = r.rank_compute_seconds;
+  if (busy.size() > 1) {
+    std::vector<double> sorted = busy;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    const auto slowest = std::max_element(busy.begin(), busy.end()) - busy.begin();
+    const double ratio = median > 0 ? busy[static_cast<std::size_t>(slowest)] / median : 0;
+    if (ratio >= 2)
+      fmt::print("straggler: rank {} computed {:.2f} s, {:.1f}x the median rank's {:.2f} s\n", slowest,
+                 busy[static_cast<std::size_t>(slowest)], ratio, median);
+  }
+}
+}  // namespace
 
 void add_reference_errors(nlohmann::json& report, const exec::cpu::RunResult& run,
                           const exec::cpu::RunResult& ref, bool skip_missing) {
@@ -129,9 +184,14 @@ void print_run_report(const nlohmann::json& j, const exec::cpu::RunResult& r, do
         if (r.loss_scale[i].overflow[k]) slices += fmt::format("{}{}", slices.empty() ? "" : ",", k);
       if (skipped) scale += fmt::format("  SKIPPED: overflow in slice {}", slices);
     }
-    fmt::print("  step {:>4}  loss {:.6f}  {:.{}f} ms{}\n", i, r.loss_per_step[i], r.iteration_seconds[i] * 1e3,
-               ms_digits, scale);
+    fmt::print("  step {:>4}  loss {:.6f}  {:.{}f} ms{}\n", r.first_step + static_cast<int>(i), r.loss_per_step[i],
+               r.iteration_seconds[i] * 1e3, ms_digits, scale);
   }
+  if (!r.earlier_loss_per_step.empty())
+    fmt::print("(resumed at step {}: steps {}-{} ran before, final loss then {:.6f})\n", r.first_step,
+               r.first_step - static_cast<int>(r.earlier_loss_per_step.size()), r.first_step - 1,
+               r.earlier_loss_per_step.back());
+  print_faults(r);
   if (!r.loss_scale.empty())
     fmt::print("fp16 loss scaling per slice: {} of {} steps skipped, scales now {}\n",
                j["skipped_steps"].get<int>(), r.loss_scale.size(), exec::scales_text(r.state.loss_scale.scales));

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <zlib.h>
 
 #include "tdpipe/exec/onebit.hpp"
 #include "tdpipe/ir/error.hpp"
@@ -201,6 +202,50 @@ void CpuCompute::set_loss_scale_state(const LossScaleState& state) {
 }
 
 double CpuCompute::end_step() { return loss_; }
+
+RankCheckpoint CpuCompute::checkpoint() {
+  RankCheckpoint out;
+  out.world_rank = world_rank_;
+  for (int ch = 0; ch < chunks(); ++ch) {
+    GptStage& st = chunk_stage(ch);
+    const auto c = static_cast<std::size_t>(ch);
+    out.arrays.emplace_back(fmt::format("c{}.params", ch), st.params());
+    out.arrays.emplace_back(fmt::format("c{}.m1", ch), st.moments(1));
+    out.arrays.emplace_back(fmt::format("c{}.m2", ch), st.moments(2));
+    out.arrays.emplace_back(fmt::format("c{}.worker_error", ch), worker_error_[c]);
+    out.arrays.emplace_back(fmt::format("c{}.server_error", ch), server_error_[c]);
+  }
+  if (scaler_) out.loss_scale = scaler_->state();
+  return out;
+}
+
+void CpuCompute::restore(const RankCheckpoint& state) {
+  if (state.world_rank != world_rank_)
+    throw Error(fmt::format("restore: a checkpoint of world rank {} given to world rank {}", state.world_rank,
+                            world_rank_));
+  if (state.arrays.size() != static_cast<std::size_t>(5 * chunks()))
+    throw Error(fmt::format("restore: world rank {} has {} chunks, its checkpoint {} arrays (5 per chunk)",
+                            world_rank_, chunks(), state.arrays.size()));
+  std::size_t i = 0;
+  for (int ch = 0; ch < chunks(); ++ch) {
+    GptStage& st = chunk_stage(ch);
+    const auto c = static_cast<std::size_t>(ch);
+    // Weights and moments have the stage's size; the error feedback is sized when first used.
+    auto take = [&](std::vector<double>& into, const char* what, bool sized) {
+      const auto& [name, values] = state.arrays[i++];
+      if (name != fmt::format("c{}.{}", ch, what) || (sized && values.size() != into.size()))
+        throw Error(fmt::format("restore: world rank {}: the checkpoint's {} ({} values) is not chunk {}'s {} "
+                                "({} values)", world_rank_, name, values.size(), ch, what, into.size()));
+      into = values;
+    };
+    take(st.params(), "params", true);
+    take(st.moments(1), "m1", true);
+    take(st.moments(2), "m2", true);
+    take(worker_error_[c], "worker_error", false);
+    take(server_error_[c], "server_error", false);
+  }
+  if (scaler_ && !state.loss_scale.scales.empty()) scaler_->set_state(state.loss_scale);
+}
 
 namespace {
 // The interpreter's progress callback as the stage's per-part hook (none: no hook).
@@ -396,20 +441,81 @@ void CpuCompute::onebit_expand(int chunk, int index, int count, int members, con
 struct CpuFabric::Pending {
   P2POp* op = nullptr;
   int self = 0;
-  bool done = false;
+  bool done = false;  ///< a SEND: acknowledged; a RECV: received and its checksum checked
+  // A SEND:
+  std::uint32_t crc = 0;    ///< of the payload, by the sender
+  int message = 0;          ///< its number on its channel this step (1-based)
+  int attempts = 0;         ///< deliveries so far
+  Pending* to = nullptr;    ///< the RECV it was matched with
+  bool resend = false;      ///< the last delivery failed: deliver again at resend_at
+  std::chrono::steady_clock::time_point failed_at, resend_at;
+  std::string why;          ///< of the failure: "lost", "corrupt"
+  // A RECV:
+  Pending* from = nullptr;  ///< the SEND it was matched with
+  bool delivered = false;   ///< payload in the buffer, checksum not yet checked
 };
+
+namespace {
+std::uint32_t crc32_of(const Buffer& b) {
+  return static_cast<std::uint32_t>(
+      ::crc32_z(::crc32_z(0, nullptr, 0), static_cast<const Bytef*>(b.data.get()), static_cast<std::size_t>(b.bytes())));
+}
+}  // namespace
+
+std::chrono::steady_clock::duration CpuFabric::backoff(int attempt) const {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(retry_timeout_ * std::ldexp(1.0, std::max(0, attempt - 1))));
+}
+
+void CpuFabric::begin_step(int step) {
+  std::lock_guard lock(control_->mutex());
+  step_ = step;
+  sent_.clear();
+}
+
+std::vector<RetryRecord> CpuFabric::take_retries() {
+  std::lock_guard lock(control_->mutex());
+  return std::exchange(retries_, {});
+}
+
+// Under the lock: one delivery of `s` to its matched RECV, as the (injected) wire does it.
+void CpuFabric::deliver(int comm, Pending& s, std::chrono::steady_clock::time_point now) {
+  Pending& r = *s.to;
+  ++s.attempts;
+  const FaultSpec* f = faults_ ? faults_->at_delivery(s.self, r.self, step_, s.message, s.attempts) : nullptr;
+  if (f && f->kind == FaultSpec::Kind::Drop) {  // lost on the wire: the sender sees no acknowledgement
+    s.resend = true;
+    s.why = "lost";
+    s.failed_at = now;
+    s.resend_at = now + backoff(s.attempts);
+    wake_[{comm, s.self}].notify_all();
+    return;
+  }
+  const auto bytes = static_cast<std::size_t>(s.op->buffer.bytes());
+  std::memcpy(r.op->buffer.data.get(), s.op->buffer.data.get(), bytes);
+  if (f && f->kind == FaultSpec::Kind::Corrupt && bytes > 0)  // one bit flipped in flight
+    static_cast<std::uint8_t*>(r.op->buffer.data.get())[(static_cast<std::size_t>(s.message) * 7919) % bytes] ^= 0x10;
+  moved_[comm] += s.op->buffer.bytes();
+  r.delivered = true;
+  wake_[{comm, r.self}].notify_all();
+}
 
 void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
   if (comm < kP2P || comm > kWorld) throw Error(fmt::format("fabric: no communicator {}", comm));
   std::vector<Pending> mine(ops.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    mine[i].op = &ops[i];
+    mine[i].self = self;
+    if (ops[i].kind == ir::OpKind::SEND) mine[i].crc = crc32_of(ops[i].buffer);  // before the lock
+  }
   std::vector<std::tuple<int, int, int>> touched;
   std::unique_lock lock(control_->mutex());
   if (control_->failed()) throw Aborted{};
   for (std::size_t i = 0; i < ops.size(); ++i) {
     P2POp& op = ops[i];
-    mine[i] = Pending{&op, self, false};
     if (op.kind == ir::OpKind::SEND) {
       auto key = std::make_tuple(comm, self, op.peer);
+      mine[i].message = ++sent_[key];
       sends_[key].push_back(&mine[i]);
       touched.push_back(key);
     } else if (op.kind == ir::OpKind::RECV) {
@@ -420,13 +526,25 @@ void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
       throw Error(fmt::format("transport: {} is not SEND or RECV", ir::to_string(op.kind)));
     }
   }
+  // On leaving early (a mismatch, an escalated transfer, an abort): nothing may point at
+  // this frame's Pendings any more; a peer left matched with them waits for the abort.
   auto forget_mine = [&] {
+    auto is_mine = [&](const Pending* p) { return p >= mine.data() && p < mine.data() + mine.size(); };
     for (auto* table : {&sends_, &recvs_})
-      for (auto& [key, queue] : *table)
-        std::erase_if(queue, [&](Pending* p) { return p >= mine.data() && p < mine.data() + mine.size(); });
+      for (auto& [key, queue] : *table) std::erase_if(queue, is_mine);
+    for (Pending& p : mine) {
+      if (p.to) p.to->from = nullptr;
+      if (p.from) p.from->to = nullptr;
+    }
+  };
+  auto escalate = [&](const Pending& s) {
+    throw RankFault(fmt::format("transfer {} from rank {} to rank {} ({} bytes) failed {} times ({}): more than {} "
+                                "retries, given up", s.op->label, s.self, s.op->peer, s.op->buffer.bytes(),
+                                s.attempts, s.why, max_retries_));
   };
   try {
     // Match heads of each touched channel in posting order (NCCL: per peer, FIFO).
+    const auto now = std::chrono::steady_clock::now();
     for (const auto& key : touched) {
       auto& sq = sends_[key];
       auto& rq = recvs_[key];
@@ -441,18 +559,64 @@ void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
               "rank {} {} ({} bytes) was matched with rank {} {} ({} bytes): the k-th SEND "
               "between two ranks must carry the tensor of the k-th RECV",
               s->self, so.label, so.buffer.bytes(), r->self, ro.label, ro.buffer.bytes()));
-        std::memcpy(ro.buffer.data.get(), so.buffer.data.get(), static_cast<std::size_t>(so.buffer.bytes()));
-        moved_[comm] += so.buffer.bytes();
-        s->done = r->done = true;
-        wake_[{comm, s->self}].notify_all();
-        wake_[{comm, r->self}].notify_all();
+        s->to = r;
+        r->from = s;
         sq.erase(sq.begin());
         rq.erase(rq.begin());
+        deliver(comm, *s, now);
       }
     }
-    control_->wait(lock, wake_[{comm, self}], [&] {
-      return std::all_of(mine.begin(), mine.end(), [](const Pending& p) { return p.done; });
-    });
+    auto& cv = wake_[{comm, self}];
+    std::vector<Pending*> check;
+    while (true) {
+      if (control_->failed()) throw Aborted{};
+      const auto t = std::chrono::steady_clock::now();
+      auto next = t + std::chrono::milliseconds(RunControl::kAbortPollMs);
+      check.clear();
+      bool all_done = true;
+      for (Pending& p : mine) {
+        all_done = all_done && p.done;
+        if (p.op->kind == ir::OpKind::SEND && p.to && p.resend) {
+          if (p.attempts > max_retries_) escalate(p);
+          if (t >= p.resend_at) {
+            p.resend = false;
+            retries_.push_back({comm, self, p.to->self, step_, p.attempts, p.why, p.op->label, p.op->buffer.bytes(),
+                                p.failed_at, t});
+            deliver(comm, p, t);
+          } else {
+            next = std::min(next, p.resend_at);
+          }
+        } else if (p.op->kind == ir::OpKind::RECV && p.delivered && !p.done) {
+          check.push_back(&p);
+        }
+      }
+      if (all_done) break;
+      if (!check.empty()) {  // the receiver checks the checksums, outside the lock
+        std::vector<std::uint32_t> got(check.size());
+        lock.unlock();
+        for (std::size_t i = 0; i < check.size(); ++i) got[i] = crc32_of(check[i]->op->buffer);
+        lock.lock();
+        const auto seen = std::chrono::steady_clock::now();
+        for (std::size_t i = 0; i < check.size(); ++i) {
+          Pending& r = *check[i];
+          r.delivered = false;
+          if (!r.from) continue;  // the sender left (the run is stopping)
+          Pending& s = *r.from;
+          if (got[i] == s.crc) {
+            r.done = s.done = true;  // acknowledged
+          } else {
+            s.why = "corrupt";
+            s.resend = true;
+            s.failed_at = seen;
+            s.resend_at = seen + backoff(s.attempts);
+            if (s.attempts > max_retries_) escalate(s);
+          }
+          wake_[{comm, s.self}].notify_all();
+        }
+        continue;
+      }
+      cv.wait_until(lock, next);
+    }
   } catch (...) {
     forget_mine();
     throw;

@@ -13,7 +13,10 @@
 #include <cstdio>
 
 #include <fmt/format.h>
+#include <zlib.h>
 
+#include "tdpipe/exec/checkpoint.hpp"
+#include "tdpipe/exec/faults.hpp"
 #include "tdpipe/exec/interpreter.hpp"
 #include "tdpipe/exec/launch_common.hpp"
 #include "tdpipe/ir/error.hpp"
@@ -123,6 +126,71 @@ double weights_l2(const ParamMap& params) {
   return std::sqrt(s);
 }
 
+namespace {
+
+// One incarnation of a run's ranks: what a restart throws away and builds again.
+struct World {
+  World(const GptConfig& config, const ir::Plan& plan, const Corpus& corpus, const CpuRunOptions& options,
+        FaultInjector& faults)
+      : fabric(control, &faults, options.faults.retry_timeout, options.faults.max_retries) {
+    const int p = plan.num_ranks(), d = std::max(1, plan.data);
+    for (int k = 0; k < d; ++k)
+      for (int r = 0; r < p; ++r) {
+        computes.push_back(std::make_unique<CpuCompute>(config, plan, r, k, corpus, options.train));
+        transports.push_back(std::make_unique<CpuTransport>(fabric, k, r, p, d));
+      }
+  }
+  RunControl control;
+  CpuFabric fabric;
+  std::vector<std::unique_ptr<CpuCompute>> computes;
+  std::vector<std::unique_ptr<CpuTransport>> transports;
+};
+
+// What a checkpoint must share with the run that continues from it.
+std::map<std::string, std::string> run_fingerprint(const ir::Plan& plan, const GptConfig& c, const TrainOptions& t,
+                                                   const Corpus& corpus) {
+  std::string layout;
+  for (std::size_t r = 0; r < plan.stage_of.size(); ++r)
+    for (int stage : plan.stage_of[r]) {
+      const auto [a, b] = stage_layers(c, stage, plan.virtual_stages());
+      layout += fmt::format("{}r{}:s{}[{},{})", layout.empty() ? "" : " ", r, stage, a, b);
+    }
+  const auto& ids = corpus.ids();
+  const auto corpus_crc = ::crc32_z(::crc32_z(0, nullptr, 0), reinterpret_cast<const Bytef*>(ids.data()),
+                                    ids.size() * sizeof(int));
+  const auto& par = plan.scenario.parallel;
+  return {{"scenario", plan.scenario.name},
+          {"schedule", plan.schedule},
+          {"layout", fmt::format("p={} d={} m={} v={} S={}", plan.num_ranks(), std::max(1, plan.data),
+                                 plan.microbatches, plan.chunks, plan.slices)},
+          {"stages", layout},
+          {"model", fmt::format("layers={} hidden={} heads={} ffn={} seq={} vocab={} b={} dtype={}", c.layers, c.hidden,
+                                c.heads, c.ffn, c.seq, c.vocab, c.micro_batch, plan.scenario.model.dtype)},
+          {"optimizer", fmt::format("{} lr={} beta1={} beta2={} eps={} warmup={}", par.optimizer, t.adam.lr,
+                                    t.adam.beta1, t.adam.beta2, t.adam.eps, par.onebit_warmup_steps)},
+          {"seeds", fmt::format("data={} init={}", t.data_seed, t.init_seed)},
+          {"corpus", fmt::format("{} tokens, CRC-32 {:08x}", ids.size(), corpus_crc)}};
+}
+
+// Per world rank: seconds its compute stream was busy in this step.
+void add_compute_seconds(std::vector<double>& into, const std::vector<RankStepResult>& outs) {
+  into.resize(outs.size(), 0.0);
+  for (std::size_t w = 0; w < outs.size(); ++w)
+    for (const auto& e : outs[w].events)
+      if (e.stream == static_cast<int>(ir::Stream::Compute)) into[w] += static_cast<double>(e.dur_ns) * 1e-9;
+}
+
+// A step stopped by a recoverable fault: the launcher restarts from a checkpoint.
+struct StepLost {
+  FaultRecord record;
+};
+
+std::string kind_text(const RetryRecord& r) {
+  return fmt::format("retry {} to rank {} ({}, attempt {})", r.label, r.to, r.why, r.attempt + 1);
+}
+
+}  // namespace
+
 RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   check_runnable(plan);
   const int p = plan.num_ranks();
@@ -130,64 +198,222 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   const GptConfig config = model_config(plan, options.train);
   check_cpu_memory(config, plan);
   const Corpus corpus = training_corpus(options.train);
+  const FaultOptions& fo = options.faults;
+  check_fault_options(fo);
+  const std::string& dir = fo.checkpoint_dir;
+  const auto fingerprint = run_fingerprint(plan, config, options.train, corpus);
 
-  RunControl control;
-  CpuFabric fabric(control);
+  // Where the run starts: a checkpoint (resume), a given state, or a fresh model.
+  std::optional<CheckpointManifest> resumed;
+  if (fo.resume) {
+    if (options.start) throw Error("resume from a checkpoint and a start state: give one of them");
+    std::vector<std::string> skipped;
+    resumed = latest_checkpoint(dir, fingerprint, &skipped);
+    if (!resumed) {
+      std::string why;
+      for (const auto& s : skipped) why += "\n  " + s;
+      throw Error(fmt::format("resume: {} holds no complete checkpoint{}", dir, why.empty() ? "" : ":" + why));
+    }
+  } else if (!dir.empty() && has_checkpoints(dir)) {
+    throw Error(fmt::format("checkpoint folder {} holds another run's checkpoints (step-* folders): resume that run "
+                            "(--resume {}) or give an empty folder", dir, dir));
+  }
+  const int first = resumed ? resumed->steps_done : options.start ? options.start->steps_done : 0;
+  // A resumed run goes on to the step count of the run that wrote the checkpoint.
+  const int end = resumed ? options.train.steps : first + options.train.steps;
+  if (resumed && end < first)
+    throw Error(fmt::format("resume: the checkpoint in {} is at step {}, past the {} steps asked for", dir, first,
+                            end));
+  const int steps = end - first;
+  check_injection(options.train.inject_overflow, plan, first, steps);
+  for (const FaultSpec& f : fo.inject) {
+    check_fault_spec(f, plan, first, end);
+    if (f.kind == FaultSpec::Kind::CheckpointFail && (fo.checkpoint_every <= 0 || f.step % fo.checkpoint_every != 0))
+      throw Error(fmt::format("--inject \"{}\": no checkpoint is written after {} steps (checkpoints every {} steps)",
+                              f.text, f.step, fo.checkpoint_every));
+  }
+  FaultInjector injector(fo.inject);
+
   const auto origin = std::chrono::steady_clock::now();
   CpuClock clock(origin);
-  std::vector<std::unique_ptr<CpuCompute>> computes;
-  std::vector<std::unique_ptr<CpuTransport>> transports;
-  for (int k = 0; k < d; ++k)
-    for (int r = 0; r < p; ++r) {
-      computes.push_back(std::make_unique<CpuCompute>(config, plan, r, k, corpus, options.train));
-      transports.push_back(std::make_unique<CpuTransport>(fabric, k, r, p, d));
+  auto ns_of = [&](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t - origin).count();
+  };
+  // Builds the ranks and loads the state of step `at`: a checkpoint, else the start.
+  auto build = [&](const std::optional<CheckpointManifest>& from) {
+    auto w = std::make_unique<World>(config, plan, corpus, options, injector);
+    if (from) {
+      for (int r = 0; r < p * d; ++r)
+        w->computes[static_cast<std::size_t>(r)]->restore(read_rank_checkpoint(dir, *from, r));
+    } else {
+      load_start_state(options.start, w->computes);
+      if (options.start && !options.start->loss_scale.scales.empty())
+        for (auto& c : w->computes) c->set_loss_scale_state(options.start->loss_scale);
     }
-  const int first = load_start_state(options.start, computes);
-  if (options.start && !options.start->loss_scale.scales.empty())
-    for (auto& c : computes) c->set_loss_scale_state(options.start->loss_scale);
-  check_injection(options.train.inject_overflow, plan, first, options.train.steps);
+    return w;
+  };
+  std::unique_ptr<World> world = build(resumed);
 
   RunResult result;
-  const int steps = options.train.steps;
+  result.first_step = first;
+  if (resumed) {
+    result.earlier_loss_per_step = resumed->loss_per_step;
+    result.earlier_iteration_seconds = resumed->iteration_seconds;
+  }
+  // Steps [first_step_of_history, first) as the checkpoints record them, then this run's.
+  const int history_first = resumed ? first - static_cast<int>(resumed->loss_per_step.size()) : first;
+  auto manifest_of = [&](int steps_done) {
+    CheckpointManifest m;
+    m.steps_done = steps_done;
+    m.run = fingerprint;
+    m.loss_per_step = result.earlier_loss_per_step;
+    m.iteration_seconds = result.earlier_iteration_seconds;
+    m.loss_per_step.insert(m.loss_per_step.end(), result.loss_per_step.begin(), result.loss_per_step.end());
+    m.iteration_seconds.insert(m.iteration_seconds.end(), result.iteration_seconds.begin(),
+                               result.iteration_seconds.end());
+    m.first_step = history_first;
+    return m;
+  };
   const int trace_step = resolve_trace_step(options.trace_step, steps);
   result.trace = run_trace_header("cpu", plan, p * d);
   LossScaleState traced_scale;  // fp16: the scaler after the trace step
-  {
-    Watchdog watchdog(control, options.watchdog_seconds);
-    for (int step = 0; step < steps; ++step) {
-      std::vector<RankStepResult> outs(static_cast<std::size_t>(p * d));
-      const std::int64_t step_start = clock.now_ns(ir::Stream::Compute);
-      const std::int64_t wire_before = fabric.bytes_moved(CpuFabric::kDP);
-      std::vector<std::thread> threads;
-      for (int w = 0; w < p * d; ++w)
-        threads.emplace_back([&, w] {
-          Backend backend{computes[static_cast<std::size_t>(w)].get(),
-                          transports[static_cast<std::size_t>(w)].get(), &clock};
-          if (options.pin_threads) pin_to_core(w);
-          try {
-            outs[static_cast<std::size_t>(w)] = run_rank_step(plan, w % p, w, first + step, backend, control);
-          } catch (const Aborted&) {
+  int next = first;             // the step to run next
+  int redo_until = first;       // steps before it are being run again after a restart
+  int redoing = -1;             // the fault whose steps are being run again (result.faults)
+  while (true) {
+    injector.begin_attempt();
+    std::int64_t step_start = 0;
+    try {
+      Watchdog watchdog(world->control, options.watchdog_seconds);
+      Heartbeats heartbeats(world->control, p * d, fo.heartbeat_period, fo.heartbeat_timeout);
+      for (; next < end; ++next) {
+        const int step = next - first;  // of this run
+        std::vector<RankStepResult> outs(static_cast<std::size_t>(p * d));
+        world->fabric.begin_step(next);
+        step_start = clock.now_ns(ir::Stream::Compute);
+        const std::int64_t wire_before = world->fabric.bytes_moved(CpuFabric::kDP);
+        std::vector<std::thread> threads;
+        for (int w = 0; w < p * d; ++w)
+          threads.emplace_back([&, w] {
+            Backend backend{world->computes[static_cast<std::size_t>(w)].get(),
+                            world->transports[static_cast<std::size_t>(w)].get(), &clock, &injector, &heartbeats};
+            if (options.pin_threads) pin_to_core(w);
+            try {
+              outs[static_cast<std::size_t>(w)] = run_rank_step(plan, w % p, w, next, backend, world->control);
+            } catch (const Aborted&) {
+            }
+          });
+        for (auto& t : threads) t.join();
+        for (const RetryRecord& r : world->fabric.take_retries()) {
+          result.retries += 1;
+          result.retry_seconds += std::chrono::duration<double>(r.resent - r.failed).count();
+          FaultRecord rec{"retry", r.step, r.from,
+                          fmt::format("{} to rank {}: {} ({} bytes), sent again after {:.0f} ms (attempt {})", r.label,
+                                      r.to, r.why, r.bytes, 1e3 * std::chrono::duration<double>(r.resent - r.failed).count(),
+                                      r.attempt + 1)};
+          result.faults.push_back(std::move(rec));
+          if (!world->control.failed() && static_cast<std::size_t>(r.from) < outs.size()) {
+            traces::TraceEvent e;
+            e.rank = r.from;
+            e.stream = static_cast<int>(r.comm == CpuFabric::kP2P ? ir::Stream::P2P : ir::Stream::DP);
+            e.name = kind_text(r);
+            e.peer = r.to;
+            e.bytes = r.bytes;
+            e.start_ns = ns_of(r.failed);
+            e.dur_ns = ns_of(r.resent) - e.start_ns;
+            outs[static_cast<std::size_t>(r.from)].events.push_back(std::move(e));
           }
-        });
-      for (auto& t : threads) t.join();
-      if (control.failed()) throw Error(control.failure());
-      const std::int64_t step_end = clock.now_ns(ir::Stream::Compute);
-      result.dp_wire_bytes.push_back(fabric.bytes_moved(CpuFabric::kDP) - wire_before);
-      record_step(result, outs, step_end - step_start, step == trace_step, options.keep_step_traces, "cpu",
-                  plan, p * d);
-      if (const LossScaler* scaler = computes.front()->loss_scaler()) {
-        for (const auto& c : computes)
-          if (c->loss_scaler()->updates() != step + 1 || !(c->loss_scaler()->last_step() == scaler->last_step()) ||
-              !(c->loss_scaler()->state() == scaler->state()))
-            throw Error(fmt::format("step {}: the ranks' loss scalers disagree (internal error: every rank must "
-                                    "step its scaler once, on the same agreed overflow flags)", first + step));
-        result.loss_scale.push_back(scaler->last_step());
-        if (step == trace_step) traced_scale = scaler->state();
-        if (options.keep_step_traces)
-          add_loss_scale_metadata(result.step_traces.back(), scaler->last_step(), scaler->state());
+        }
+        if (world->control.failed()) {
+          if (!world->control.recoverable()) throw Error(world->control.failure());
+          FaultRecord rec;
+          rec.step = next;
+          rec.rank = heartbeats.silent_rank();
+          rec.kind = rec.rank >= 0 ? "rank lost" : "transfer failed";
+          rec.detail = world->control.failure();
+          rec.detect_seconds = heartbeats.detection_seconds();
+          rec.partial_seconds = static_cast<double>(clock.now_ns(ir::Stream::Compute) - step_start) * 1e-9;
+          throw StepLost{std::move(rec)};
+        }
+        const std::int64_t step_end = clock.now_ns(ir::Stream::Compute);
+        result.dp_wire_bytes.push_back(world->fabric.bytes_moved(CpuFabric::kDP) - wire_before);
+        add_compute_seconds(result.rank_compute_seconds, outs);
+        record_step(result, outs, step_end - step_start, step == trace_step, options.keep_step_traces, "cpu", plan,
+                    p * d);
+        if (redoing >= 0 && next < redo_until)
+          result.faults[static_cast<std::size_t>(redoing)].redo_seconds += result.iteration_seconds.back();
+        if (const LossScaler* scaler = world->computes.front()->loss_scaler()) {
+          for (const auto& c : world->computes)
+            if (!(c->loss_scaler()->last_step() == scaler->last_step()) || !(c->loss_scaler()->state() == scaler->state()))
+              throw Error(fmt::format("step {}: the ranks' loss scalers disagree (internal error: every rank must "
+                                      "step its scaler once, on the same agreed overflow flags)", next));
+          result.loss_scale.push_back(scaler->last_step());
+          if (step == trace_step) traced_scale = scaler->state();
+          if (options.keep_step_traces)
+            add_loss_scale_metadata(result.step_traces.back(), scaler->last_step(), scaler->state());
+        }
+        const int done = next + 1;
+        if (fo.checkpoint_every > 0 && done % fo.checkpoint_every == 0) {
+          std::vector<RankCheckpoint> ranks;
+          int fail_rank = -1;
+          for (int w = 0; w < p * d; ++w) {
+            ranks.push_back(world->computes[static_cast<std::size_t>(w)]->checkpoint());
+            if (fail_rank < 0 && injector.at_checkpoint(done, w)) fail_rank = w;
+          }
+          try {
+            const CheckpointWrite written = write_checkpoint(dir, manifest_of(done), ranks, fail_rank);
+            ++result.checkpoints_written;
+            result.checkpoint_bytes += written.bytes;
+            result.checkpoint_seconds += written.seconds;
+            prune_checkpoints(dir, fo.checkpoint_keep);
+          } catch (const Error& e) {  // training goes on; the last complete checkpoint stays the one to restart from
+            FaultRecord rec{"ckpt-fail", next, fail_rank, e.what()};
+            const auto last = latest_checkpoint(dir, fingerprint);
+            rec.detail += last ? fmt::format("; the last complete checkpoint is after step {}", last->steps_done)
+                               : std::string("; there is no complete checkpoint yet");
+            result.faults.push_back(std::move(rec));
+          }
+        }
       }
+      break;
+    } catch (StepLost& lost) {
+      FaultRecord& rec = lost.record;
+      // The ranks are stopped (every thread joined). Isolate the lost one: build the ranks
+      // again and go back to the last complete checkpoint, or to the run's start.
+      if (result.restarts >= fo.max_restarts) {
+        std::string history;
+        for (const auto& f : result.faults)
+          if (f.restart_from >= 0) history += fmt::format("\n  step {}: {}", f.step, f.detail);
+        throw Error(fmt::format("{}\ngave up after {} restart{} (--max-restarts {}){}", rec.detail, result.restarts,
+                                result.restarts == 1 ? "" : "s", fo.max_restarts,
+                                history.empty() ? "" : "; earlier faults:" + history));
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      std::optional<CheckpointManifest> from = dir.empty() ? std::nullopt : latest_checkpoint(dir, fingerprint);
+      if (from && from->steps_done < first) from.reset();
+      if (!from && resumed) from = resumed;
+      world.reset();
+      world = build(from);
+      const int back = from ? from->steps_done : first;
+      rec.restart_from = back;
+      rec.restart_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      rec.redone_steps = next - back;
+      // This run's record of the steps it will take again.
+      const auto keep = static_cast<std::size_t>(back - first);
+      result.loss_per_step.resize(keep);
+      result.iteration_seconds.resize(keep);
+      result.dp_wire_bytes.resize(keep);
+      if (result.loss_scale.size() > keep) result.loss_scale.resize(keep);
+      if (result.step_traces.size() > keep) result.step_traces.resize(keep);
+      redo_until = std::max(redo_until, next);
+      next = back;
+      ++result.restarts;
+      result.faults.push_back(std::move(rec));
+      redoing = static_cast<int>(result.faults.size()) - 1;
     }
   }
+  result.unfired_faults = injector.unfired();
+  auto& computes = world->computes;
 
   // A sharded optimizer (REDUCE_SCATTER buckets): each replica holds the reduced
   // gradients and the Adam moments of its own segments only; replica 0, which the result

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -14,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "tdpipe/exec/faults.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/plan_io.hpp"
 
@@ -240,6 +243,7 @@ class RankRun {
       for (const Item& item : items_[static_cast<std::size_t>(s)]) {
         const Op& op = ops_[static_cast<std::size_t>(item.first)];
         current = op_label(op);
+        if (backend_.faults && !backend_.faults->empty()) fault_point(op, stream);
         if (ir::is_compute(op.kind))
           run_compute(item.first, stream);
         else if (ir::is_p2p(op.kind))
@@ -256,9 +260,29 @@ class RankRun {
     } catch (const Aborted&) {
     } catch (const std::exception& e) {
       control_.fail(fmt::format("rank {} ({} stream) failed in {}: {}", trace_rank_,
-                                ir::to_string(stream), current, e.what()));
+                                ir::to_string(stream), current, e.what()),
+                    dynamic_cast<const RankFault*>(&e) != nullptr);
     }
     control_.set_waiting(trace_rank_, stream, "");
+  }
+
+  // An injected kill or hang at `op` (or an earlier one on another stream of this rank):
+  // the rank stops as a dead or frozen process does — no more ops, no more heartbeats —
+  // and this thread waits until the others notice (Heartbeats) and the run is stopped.
+  void fault_point(const Op& op, ir::Stream stream) {
+    const FaultSpec* f = gone_ ? nullptr : backend_.faults->at_op(trace_rank_, step_, op_label(op));
+    if (f) {
+      gone_ = true;
+      gone_what_ = fmt::format("{} at {} of step {} (injected: {})", f->kind == FaultSpec::Kind::Kill ? "died" : "hung",
+                               op_label(op), step_, f->text);
+      if (!backend_.heartbeats)  // nobody would notice: report it here
+        throw RankFault(fmt::format("rank {} {}", trace_rank_, gone_what_));
+      backend_.heartbeats->stop(trace_rank_);
+    }
+    if (!gone_) return;
+    control_.set_waiting(trace_rank_, stream, gone_what_);
+    std::unique_lock lock(control_.mutex());
+    control_.wait(lock, cv_, [] { return false; });  // throws Aborted once the run is stopped
   }
 
   void run_compute(int i, ir::Stream stream) {
@@ -336,6 +360,10 @@ class RankRun {
     const std::int64_t start = backend_.clock->now_ns(stream);
     control_.progress();
     Buffer out = backend_.compute->run(cop, std::move(input));
+    // An injected straggler: the op takes `slow` times as long.
+    if (const double slow = backend_.faults ? backend_.faults->slow_factor(trace_rank_, step_) : 1; slow != 1)
+      std::this_thread::sleep_for(std::chrono::nanoseconds(
+          static_cast<std::int64_t>(double(backend_.clock->now_ns(stream) - start) * (slow - 1))));
     const std::int64_t end = backend_.clock->now_ns(stream);
     if (gated != gates_.end() && acquired != static_cast<int>(gated->second.size()))
       throw Error(fmt::format("rank {}: {} used {} of the {} blocks its LOADs bring", rank_, op_label(op), acquired,
@@ -532,6 +560,8 @@ class RankRun {
   const ir::Plan& plan_;
   const std::vector<Op>& ops_;
   int rank_, trace_rank_, step_;
+  std::atomic<bool> gone_{false};  // an injected kill or hang stopped this rank
+  std::string gone_what_;          // written once, before gone_ is set
   Backend backend_;
   RunControl& control_;
   std::array<std::vector<Item>, ir::kStreamCount> items_;

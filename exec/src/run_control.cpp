@@ -5,11 +5,12 @@
 
 namespace tdpipe::exec {
 
-void RunControl::fail(const std::string& message) {
+void RunControl::fail(const std::string& message, bool recoverable) {
   {
     std::lock_guard lock(info_mu_);
     if (failed_.load()) return;
     failure_ = message;
+    recoverable_.store(recoverable);
     failed_.store(true);
   }
   // Take the wait mutex so no waiter misses the wake-up between its check and wait.

@@ -264,10 +264,18 @@ class Clock {
 };
 
 /// The three parts for one rank. Not owning.
+class FaultInjector;  // exec/faults.hpp
+class Heartbeats;
+
 struct Backend {
   Compute* compute = nullptr;
   Transport* transport = nullptr;
   Clock* clock = nullptr;
+  /// Injected faults the interpreter applies at its ops (kill, hang, slow); null: none.
+  FaultInjector* faults = nullptr;
+  /// Where a killed or hung rank stops beating, for the others to notice; null: it
+  /// reports itself (RankFault) at once.
+  Heartbeats* heartbeats = nullptr;
 };
 
 }  // namespace tdpipe::exec

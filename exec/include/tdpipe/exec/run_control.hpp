@@ -22,8 +22,12 @@ struct Aborted {};
 class RunControl {
  public:
   /// Records the first failure, wakes every waiter. Later failures are ignored.
-  void fail(const std::string& message);
+  /// `recoverable`: a lost rank or transfer (exec/faults.hpp), after which a launcher may
+  /// restart the run from a checkpoint; otherwise an error in the plan or the program.
+  void fail(const std::string& message, bool recoverable = false);
   bool failed() const { return failed_.load(); }
+  /// Whether the first failure was recoverable.
+  bool recoverable() const { return recoverable_.load(); }
   /// The first failure's message ("" if none).
   std::string failure() const;
 
@@ -63,6 +67,7 @@ class RunControl {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> failed_{false};
+  std::atomic<bool> recoverable_{false};
   std::atomic<std::uint64_t> progress_{0};
   mutable std::mutex info_mu_;
   std::string failure_;

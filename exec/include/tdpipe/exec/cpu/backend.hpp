@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "tdpipe/exec/backend.hpp"
+#include "tdpipe/exec/checkpoint.hpp"
 #include "tdpipe/exec/cpu/corpus.hpp"
 #include "tdpipe/exec/cpu/gpt.hpp"
+#include "tdpipe/exec/faults.hpp"
 #include "tdpipe/exec/loss_scale.hpp"
 #include "tdpipe/exec/run_control.hpp"
 #include "tdpipe/ir/plan.hpp"
@@ -69,6 +71,12 @@ class CpuCompute final : public Compute {
   /// Continues the loss scaler from a run's state (TrainState::loss_scale); throws
   /// tdpipe::Error without fp16 or for another number of slices.
   void set_loss_scale_state(const LossScaleState& state);
+  /// This rank's whole state between steps, exactly: per chunk its weights, Adam moments
+  /// and 1-bit Adam's error feedback, and the loss scaler (a checkpoint).
+  RankCheckpoint checkpoint();
+  /// Takes back a checkpoint() of the same rank of the same plan; throws tdpipe::Error
+  /// naming the array when its shape differs.
+  void restore(const RankCheckpoint& state);
   /// run() without the rank-speed stretch.
   Buffer run_op(const ComputeOp& op, Buffer input);
   Buffer allocate(const TensorKey& key) override;
@@ -105,25 +113,58 @@ class CpuCompute final : public Compute {
   double loss_ = 0;
 };
 
+/// A transfer the fabric delivered again: why, and how long the sender waited first.
+struct RetryRecord {
+  int comm = 0, from = 0, to = 0, step = 0;
+  int attempt = 0;     ///< the delivery that failed (1: the first)
+  std::string why;     ///< "lost" (no acknowledgement) or "corrupt" (checksum mismatch)
+  std::string label;   ///< the SEND's op text
+  std::int64_t bytes = 0;
+  std::chrono::steady_clock::time_point failed, resent;  ///< the failure was seen; the retry left
+};
+
 /// The in-process network of one run: FIFO rendezvous channels per (communicator,
-/// sender, receiver) over world ranks (replica · p + pipeline rank).
+/// sender, receiver) over world ranks (replica · p + pipeline rank). Every message carries
+/// the CRC-32 of its payload, computed by the sender; the receiver checks it and
+/// acknowledges, and the SEND completes on the acknowledgement. A message lost on the
+/// wire (no acknowledgement within the retry timeout) or received corrupt is sent again
+/// after a backoff that doubles per retry; after max_retries the transfer fails with a
+/// RankFault (exec/faults.hpp), which a launcher may recover from by a restart.
 class CpuFabric {
  public:
   static constexpr int kP2P = 0;  ///< pipeline point-to-point communicator
   static constexpr int kDP = 1;   ///< data-parallel communicator
   static constexpr int kWorld = 2;  ///< every rank of every replica (fp16's overflow agreement)
-  explicit CpuFabric(RunControl& control) : control_(&control) {}
+  /// `faults`: injected drops and corruptions (null: none); `retry_timeout`, `max_retries`:
+  /// FaultOptions'.
+  explicit CpuFabric(RunControl& control, FaultInjector* faults = nullptr, double retry_timeout = 0.02,
+                     int max_retries = 3)
+      : control_(&control), faults_(faults), retry_timeout_(retry_timeout), max_retries_(max_retries) {}
   /// Posts `ops` of world rank `self` (peers given as world ranks) together and
-  /// blocks until all completed. Throws tdpipe::Error on a mismatch, Aborted on abort.
+  /// blocks until all completed. Throws tdpipe::Error on a mismatch, RankFault when a
+  /// transfer failed more than max_retries times, Aborted on abort.
   void post(int comm, int self, std::span<P2POp> ops);
-  /// Bytes delivered on communicator `comm` so far (every SEND's payload, counted once).
+  /// Bytes delivered on communicator `comm` so far (every delivery's payload, retries included).
   std::int64_t bytes_moved(int comm);
+  /// Called between steps (no post in flight): messages of step `step` follow; their
+  /// count per (communicator, sender, receiver) starts again (FaultSpec::message).
+  void begin_step(int step);
+  /// The retries since the last call.
+  std::vector<RetryRecord> take_retries();
 
  private:
   struct Pending;
+  void deliver(int comm, Pending& send, std::chrono::steady_clock::time_point now);
+  std::chrono::steady_clock::duration backoff(int attempt) const;
   RunControl* control_;
+  FaultInjector* faults_;
+  double retry_timeout_;
+  int max_retries_;
+  int step_ = 0;
   std::int64_t moved_[3] = {0, 0, 0};  ///< per communicator; guarded by control_->mutex()
   std::map<std::tuple<int, int, int>, std::vector<Pending*>> sends_, recvs_;
+  std::map<std::tuple<int, int, int>, int> sent_;  ///< messages posted this step per channel
+  std::vector<RetryRecord> retries_;
   /// One condition per (communicator, world rank): a match wakes its two posters only.
   std::map<std::pair<int, int>, std::condition_variable> wake_;
 };

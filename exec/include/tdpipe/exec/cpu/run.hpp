@@ -8,6 +8,7 @@
 
 #include "tdpipe/exec/cpu/backend.hpp"
 #include "tdpipe/exec/cpu/gpt.hpp"
+#include "tdpipe/exec/faults.hpp"
 #include "tdpipe/exec/loss_scale.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/plan.hpp"
@@ -56,6 +57,10 @@ struct CpuRunOptions {
   bool pin_threads = false;
   /// Also keep every step's timeline in RunResult::step_traces (calibration).
   bool keep_step_traces = false;
+  /// Injected faults, heartbeats, retries, checkpoints and resume (exec/faults.hpp). With
+  /// faults.resume, train.steps is the step count of the run that wrote the checkpoint:
+  /// the run takes the steps from the checkpoint's to it.
+  FaultOptions faults;
 };
 
 struct RunResult {
@@ -77,6 +82,22 @@ struct RunResult {
   /// fp16 training: per step, the per-slice loss scales it ran with, the overflow flags
   /// every rank agreed on, and whether it was skipped; empty otherwise.
   std::vector<LossScaleStep> loss_scale;
+  /// The step loss_per_step[0] is (steps are numbered from the first step ever).
+  int first_step = 0;
+  /// A resumed run: the steps before first_step as its checkpoint recorded them.
+  std::vector<double> earlier_loss_per_step, earlier_iteration_seconds;
+  /// Faults seen and what each cost: retried transfers, restarts, failed checkpoints.
+  std::vector<FaultRecord> faults;
+  std::vector<std::string> unfired_faults;  ///< injected faults that never fired, as written
+  int restarts = 0;           ///< from a checkpoint (or the run's start) after a lost rank or transfer
+  int retries = 0;            ///< transfers delivered again
+  double retry_seconds = 0;   ///< the senders' waits before those retries
+  int checkpoints_written = 0;
+  std::int64_t checkpoint_bytes = 0;
+  double checkpoint_seconds = 0;
+  /// Per world rank: seconds its compute stream was busy, summed over the steps (a
+  /// straggler stands out).
+  std::vector<double> rank_compute_seconds;
   traces::Trace trace;  ///< origin "cpu": the trace step, times from its start
   std::vector<traces::Trace> step_traces;  ///< every step's, if keep_step_traces
   TrainState state;  ///< replica 0 after the last step, to continue from
