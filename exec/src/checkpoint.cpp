@@ -14,8 +14,8 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <zlib.h>
 
+#include "tdpipe/exec/faults.hpp"
 #include "tdpipe/ir/atomic_file.hpp"
 #include "tdpipe/ir/error.hpp"
 
@@ -28,10 +28,7 @@ using nlohmann::json;
 constexpr std::string_view kMagic = "TDPCKPT1\n";
 constexpr std::int64_t kMaxHeader = 16 << 20;
 
-std::uint32_t crc_of(std::string_view data) {
-  return static_cast<std::uint32_t>(
-      ::crc32_z(::crc32_z(0, nullptr, 0), reinterpret_cast<const Bytef*>(data.data()), data.size()));
-}
+std::uint32_t crc_of(std::string_view data) { return crc32_of(data.data(), data.size()); }
 
 std::string rank_file_name(int rank) { return fmt::format("rank-{:04d}.ckpt", rank); }
 

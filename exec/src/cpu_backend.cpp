@@ -10,7 +10,6 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <zlib.h>
 
 #include "tdpipe/exec/onebit.hpp"
 #include "tdpipe/ir/error.hpp"
@@ -456,10 +455,7 @@ struct CpuFabric::Pending {
 };
 
 namespace {
-std::uint32_t crc32_of(const Buffer& b) {
-  return static_cast<std::uint32_t>(
-      ::crc32_z(::crc32_z(0, nullptr, 0), static_cast<const Bytef*>(b.data.get()), static_cast<std::size_t>(b.bytes())));
-}
+std::uint32_t crc32_of(const Buffer& b) { return exec::crc32_of(b.data.get(), static_cast<std::size_t>(b.bytes())); }
 }  // namespace
 
 std::chrono::steady_clock::duration CpuFabric::backoff(int attempt) const {

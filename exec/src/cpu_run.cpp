@@ -13,7 +13,6 @@
 #include <cstdio>
 
 #include <fmt/format.h>
-#include <zlib.h>
 
 #include "tdpipe/exec/checkpoint.hpp"
 #include "tdpipe/exec/faults.hpp"
@@ -156,8 +155,7 @@ std::map<std::string, std::string> run_fingerprint(const ir::Plan& plan, const G
       layout += fmt::format("{}r{}:s{}[{},{})", layout.empty() ? "" : " ", r, stage, a, b);
     }
   const auto& ids = corpus.ids();
-  const auto corpus_crc = ::crc32_z(::crc32_z(0, nullptr, 0), reinterpret_cast<const Bytef*>(ids.data()),
-                                    ids.size() * sizeof(int));
+  const auto corpus_crc = crc32_of(ids.data(), ids.size() * sizeof(int));
   const auto& par = plan.scenario.parallel;
   return {{"scenario", plan.scenario.name},
           {"schedule", plan.schedule},
@@ -470,6 +468,10 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   auto& md = result.trace.metadata;
   md["backend"] = "cpu";
   md["threads"] = std::to_string(p * d);
+  md["restarts"] = std::to_string(result.restarts);
+  md["retries"] = std::to_string(result.retries);
+  md["retry_seconds"] = fmt::format("{:.6f}", result.retry_seconds);
+  if (result.checkpoints_written > 0) md["checkpoints_written"] = std::to_string(result.checkpoints_written);
   md["hardware_concurrency"] = std::to_string(std::thread::hardware_concurrency());
   if (trace_step >= 0) md["dp_wire_bytes"] = std::to_string(result.dp_wire_bytes.at(static_cast<std::size_t>(trace_step)));
   const auto& par = plan.scenario.parallel;

@@ -8,6 +8,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <zlib.h>
 
 #include "tdpipe/ir/plan_io.hpp"
 
@@ -273,6 +274,10 @@ void Heartbeats::monitor_loop() {
       return;
     }
   }
+}
+
+std::uint32_t crc32_of(const void* data, std::size_t n) {
+  return static_cast<std::uint32_t>(::crc32_z(::crc32_z(0, nullptr, 0), static_cast<const Bytef*>(data), n));
 }
 
 void check_fault_options(const FaultOptions& o) {

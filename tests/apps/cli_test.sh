@@ -116,6 +116,44 @@ PY
     expect "$out" 'step +1 +loss [0-9.]+ +[0-9.]+ ms +loss scale 1024$' "segment 1's steps reported"
     expect "$out" 'fp16 loss scaling per slice: 1 of 4 steps skipped, scales now 512' "history over segments"
     ;;
+  exec-faults)
+    # Faults on the CPU backend: a killed rank, a lost and a corrupt message, then the
+    # whole process killed (SIGKILL) and resumed. The final weights match a clean run.
+    clean=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 8 | grep -o '^final loss [0-9.]*, weights L2 [0-9.]*') \
+        || fail "clean run exited $?"
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 8 --checkpoint-dir "$work/ck" --checkpoint-every 2 \
+        --heartbeat-timeout 0.5 --inject kill:rank=1,step=5,op=F2 --inject drop:rank=0,peer=1,step=1 \
+        --inject corrupt:rank=1,peer=0,step=3) || fail "faulty run exited $?"
+    expect "$out" 'fault at step 5, rank 1: rank lost: rank 1 sent no heartbeat' "kill found by heartbeats"
+    expect "$out" 'restarted from the checkpoint after step 3' "restart from the last checkpoint"
+    expect "$out" 'fault at step 1, rank 0: retry: SEND\(F0>r1\) to rank 1: lost' "lost message retried"
+    expect "$out" 'fault at step 3, rank 1: retry: SEND\(B0>r0\) to rank 0: corrupt' "corrupt message retried"
+    expect "$out" "^${clean}, " "same final loss and weights as the clean run"
+    [ -f "$work/ck/step-00000008/MANIFEST.json" ] || fail "no checkpoint after 8 steps"
+    # The process killed for real once a checkpoint is complete; --resume finishes the run.
+    "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 8 --checkpoint-dir "$work/k" --checkpoint-every 2 \
+        --inject slow:rank=0,factor=20 >/dev/null 2>&1 &
+    pid=$!
+    for _ in $(seq 1 600); do [ -f "$work/k/step-00000002/MANIFEST.json" ] && break; sleep 0.05; done
+    kill -9 "$pid"; wait "$pid" 2>/dev/null
+    [ -f "$work/k/step-00000008/MANIFEST.json" ] && fail "the run ended before it was killed"
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 8 --resume "$work/k" --checkpoint-every 2) \
+        || fail "resume exited $?"
+    expect "$out" '\(resumed at step [2-7]: steps 0-[1-6] ran before' "resumed from a checkpoint"
+    expect "$out" "^${clean}, " "resumed run ends as the clean run"
+    # Bad input is named.
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --inject kill:rank=5,step=0 2>&1) && fail "rank 5 accepted"
+    expect "$out" 'rank 5 is not in the run, whose world ranks are 0 to 1' "bad rank"
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --inject boom:rank=1 2>&1) && fail "unknown kind accepted"
+    expect "$out" 'unknown fault kind "boom"' "unknown kind"
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --checkpoint-dir "$work/ck" 2>&1) && fail "mixed runs"
+    expect "$out" "holds another run's checkpoints" "a folder with checkpoints refused"
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 8 --seed 3 --resume "$work/ck" 2>&1) && fail "other seed"
+    expect "$out" 'belongs to another run: its seeds is "data=7' "another run's options refused"
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --balance-every 1 --checkpoint-dir "$work/x" 2>&1) \
+        && fail "--balance-every with checkpoints accepted"
+    expect "$out" '--balance-every with --inject, --checkpoint-dir or --resume' "balance refused"
+    ;;
   exec-compare-simgrid)
     # SimGrid's trace names ops like the executor's, so chunks and slices pair up too.
     for run in "interleaved" "tdpipe --slices 2"; do

@@ -150,6 +150,9 @@ struct FaultOptions {
   bool resume = false;             ///< continue from checkpoint_dir's last complete checkpoint
 };
 
+/// CRC-32 (zlib's) of `n` bytes: the checksum of messages and checkpoint files.
+std::uint32_t crc32_of(const void* data, std::size_t n);
+
 /// Throws tdpipe::Error naming the option when `options` are out of range.
 void check_fault_options(const FaultOptions& options);
 
