@@ -67,6 +67,7 @@ exec::cpu::RunResult run_balanced(const ir::Scenario& sc, ir::Plan& plan, int st
   std::vector<double> losses, iterations;
   std::vector<std::int64_t> wire;
   std::vector<exec::LossScaleStep> scaler;
+  std::vector<double> busy;  // per world rank, over every segment
   for (int done = 0; done < steps;) {
     const int n = std::min(loop.every, steps - done);
     std::vector<double> speed;
@@ -82,6 +83,8 @@ exec::cpu::RunResult run_balanced(const ir::Scenario& sc, ir::Plan& plan, int st
     iterations.insert(iterations.end(), out.iteration_seconds.begin(), out.iteration_seconds.end());
     wire.insert(wire.end(), out.dp_wire_bytes.begin(), out.dp_wire_bytes.end());
     scaler.insert(scaler.end(), out.loss_scale.begin(), out.loss_scale.end());
+    busy.resize(out.rank_compute_seconds.size(), 0.0);
+    for (std::size_t w = 0; w < busy.size(); ++w) busy[w] += out.rank_compute_seconds[w];
     const std::vector<double> ms = stage_ms(plan, out.step_traces);
     // Each segment starts a fresh run whose first step pays for allocations: its
     // iteration is the median of the steps after it (of the only step, for K = 1).
@@ -129,6 +132,8 @@ exec::cpu::RunResult run_balanced(const ir::Scenario& sc, ir::Plan& plan, int st
   out.iteration_seconds = std::move(iterations);
   out.dp_wire_bytes = std::move(wire);
   out.loss_scale = std::move(scaler);
+  out.rank_compute_seconds = std::move(busy);
+  out.first_step = 0;  // the segments' history starts at the run's first step
   out.step_traces.clear();
   return out;
 }
