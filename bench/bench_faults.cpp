@@ -61,6 +61,10 @@ std::string temp_dir() {
 int main(int argc, char** argv) {
   const std::string root = argc > 1 ? argv[1] : TDPIPE_SOURCE_DIR;
   const int steps = argc > 2 ? std::atoi(argv[2]) : 12;
+  if (steps < 4) {
+    fmt::print(stderr, "bench_faults: STEPS must be at least 4 (a kill two steps before the end)\n");
+    return 2;
+  }
   const ir::Scenario sc = ir::load_scenario(root + "/scenarios/tiny-gpt-cpu.yaml");
   const ir::Plan plan = planner::build_plan(sc, "1f1b").lowered;
   int messages = 0;

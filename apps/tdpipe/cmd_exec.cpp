@@ -83,6 +83,8 @@ exec::FaultOptions fault_options(const ExecArgs& a) {
   }
   if (f.checkpoint_every > 0 && f.checkpoint_dir.empty())
     throw Error("--checkpoint-every needs --checkpoint-dir DIR (or --resume DIR)");
+  if (!a.faults.checkpoint_dir.empty() && f.checkpoint_every == 0)
+    throw Error("--checkpoint-dir without --checkpoint-every N would write no checkpoint");
   for (const auto& text : a.inject) f.inject.push_back(exec::parse_fault_spec(text));
   exec::check_fault_options(f);
   return f;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <system_error>
 
 #include <fcntl.h>
@@ -124,10 +125,18 @@ std::optional<CheckpointManifest> complete_manifest(const fs::path& folder, std:
   try {
     const json j = json::parse(read_all(path));
     m.steps_done = j.at("steps_done").get<int>();
+    if (fs::path(checkpoint_folder(folder.parent_path().string(), m.steps_done)).filename() != folder.filename())
+      throw Error(fmt::format("it says {} steps done, but its folder is {}", m.steps_done, folder.filename().string()));
     m.run = j.at("run").get<std::map<std::string, std::string>>();
     m.first_step = j.at("first_step").get<int>();
-    m.loss_per_step = j.at("loss_per_step").get<std::vector<double>>();
-    m.iteration_seconds = j.at("iteration_seconds").get<std::vector<double>>();
+    // JSON has no NaN or inf: a diverged step's loss was written as null.
+    auto values = [&](const char* key) {
+      std::vector<double> v;
+      for (const auto& x : j.at(key)) v.push_back(x.is_null() ? std::numeric_limits<double>::quiet_NaN() : x.get<double>());
+      return v;
+    };
+    m.loss_per_step = values("loss_per_step");
+    m.iteration_seconds = values("iteration_seconds");
     for (const auto& f : j.at("files"))
       m.files.push_back({f.at("name").get<std::string>(), f.at("bytes").get<std::int64_t>(), f.at("crc32").get<std::uint32_t>()});
   } catch (const std::exception& e) {
@@ -166,6 +175,7 @@ CheckpointWrite write_checkpoint(const std::string& dir, CheckpointManifest mani
   for (const auto& e : fs::directory_iterator(folder, ec))
     if (const std::string name = e.path().filename().string(); name.starts_with(".") && name.find(".tmp-") != std::string::npos)
       fs::remove(e.path(), ec);
+  fs::remove(folder / "MANIFEST.json", ec);  // an older write of this folder's: not valid for the new files
   CheckpointWrite w;
   manifest.files.clear();
   for (const RankCheckpoint& r : ranks) {

@@ -528,7 +528,7 @@ void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
     auto is_mine = [&](const Pending* p) { return p >= mine.data() && p < mine.data() + mine.size(); };
     for (auto* table : {&sends_, &recvs_})
       for (auto& [key, queue] : *table) std::erase_if(queue, is_mine);
-    for (Pending& p : mine) {
+    for (Pending& p : mine) {  // (an acknowledged pair is unlinked already: its peer may be gone)
       if (p.to) p.to->from = nullptr;
       if (p.from) p.from->to = nullptr;
     }
@@ -599,7 +599,9 @@ void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
           if (!r.from) continue;  // the sender left (the run is stopping)
           Pending& s = *r.from;
           if (got[i] == s.crc) {
-            r.done = s.done = true;  // acknowledged
+            r.done = s.done = true;  // acknowledged: either side may now return and free its Pending
+            r.from = nullptr;
+            s.to = nullptr;
           } else {
             s.why = "corrupt";
             s.resend = true;

@@ -164,8 +164,11 @@ std::map<std::string, std::string> run_fingerprint(const ir::Plan& plan, const G
           {"stages", layout},
           {"model", fmt::format("layers={} hidden={} heads={} ffn={} seq={} vocab={} b={} dtype={}", c.layers, c.hidden,
                                 c.heads, c.ffn, c.seq, c.vocab, c.micro_batch, plan.scenario.model.dtype)},
-          {"optimizer", fmt::format("{} lr={} beta1={} beta2={} eps={} warmup={}", par.optimizer, t.adam.lr,
-                                    t.adam.beta1, t.adam.beta2, t.adam.eps, par.onebit_warmup_steps)},
+          {"optimizer", fmt::format("{} lr={} beta1={} beta2={} eps={} warmup={} distributed={} bucket_mb={}",
+                                    par.optimizer, t.adam.lr, t.adam.beta1, t.adam.beta2, t.adam.eps,
+                                    par.onebit_warmup_steps, par.distributed_optimizer, par.bucket_mb)},
+          {"loss_scale", fmt::format("{} initial={} window={} min={}", par.loss_scale, par.initial_loss_scale,
+                                     par.loss_scale_window, par.min_loss_scale)},
           {"seeds", fmt::format("data={} init={}", t.data_seed, t.init_seed)},
           {"corpus", fmt::format("{} tokens, CRC-32 {:08x}", ids.size(), corpus_crc)}};
 }
@@ -231,6 +234,16 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
                               f.text, f.step, fo.checkpoint_every));
   }
   FaultInjector injector(fo.inject);
+  const bool stops_ranks = std::any_of(fo.inject.begin(), fo.inject.end(), [](const FaultSpec& f) {
+    return f.kind == FaultSpec::Kind::Kill || f.kind == FaultSpec::Kind::Hang;
+  });
+  if (stops_ranks && fo.heartbeat_timeout >= options.watchdog_seconds)
+    throw Error(fmt::format("heartbeat timeout {} s is not below the watchdog's {} s: a lost rank would end the run "
+                            "as a stall instead of being restarted", fo.heartbeat_timeout, options.watchdog_seconds));
+  if (const double backoffs = fo.retry_timeout * (std::ldexp(1.0, fo.max_retries + 1) - 1);
+      backoffs >= options.watchdog_seconds)
+    throw Error(fmt::format("retry timeout {} s: {} retries wait {:.1f} s in all, not below the watchdog's {} s",
+                            fo.retry_timeout, fo.max_retries, backoffs, options.watchdog_seconds));
 
   const auto origin = std::chrono::steady_clock::now();
   CpuClock clock(origin);
@@ -283,7 +296,10 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
     std::int64_t step_start = 0;
     try {
       Watchdog watchdog(world->control, options.watchdog_seconds);
-      Heartbeats heartbeats(world->control, p * d, fo.heartbeat_period, fo.heartbeat_timeout);
+      // In one process a rank's beats stop only when an injected kill or hang stops it (a
+      // real stall is the watchdog's), so they run only then: no false alarm elsewhere.
+      std::optional<Heartbeats> heartbeats;
+      if (stops_ranks) heartbeats.emplace(world->control, p * d, fo.heartbeat_period, fo.heartbeat_timeout);
       for (; next < end; ++next) {
         const int step = next - first;  // of this run
         std::vector<RankStepResult> outs(static_cast<std::size_t>(p * d));
@@ -294,7 +310,8 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
         for (int w = 0; w < p * d; ++w)
           threads.emplace_back([&, w] {
             Backend backend{world->computes[static_cast<std::size_t>(w)].get(),
-                            world->transports[static_cast<std::size_t>(w)].get(), &clock, &injector, &heartbeats};
+                            world->transports[static_cast<std::size_t>(w)].get(), &clock, &injector,
+                            heartbeats ? &*heartbeats : nullptr};
             if (options.pin_threads) pin_to_core(w);
             try {
               outs[static_cast<std::size_t>(w)] = run_rank_step(plan, w % p, w, next, backend, world->control);
@@ -326,10 +343,10 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
           if (!world->control.recoverable()) throw Error(world->control.failure());
           FaultRecord rec;
           rec.step = next;
-          rec.rank = heartbeats.silent_rank();
+          rec.rank = heartbeats ? heartbeats->silent_rank() : -1;
           rec.kind = rec.rank >= 0 ? "rank lost" : "transfer failed";
           rec.detail = world->control.failure();
-          rec.detect_seconds = heartbeats.detection_seconds();
+          rec.detect_seconds = heartbeats ? heartbeats->detection_seconds() : 0;
           rec.partial_seconds = static_cast<double>(clock.now_ns(ir::Stream::Compute) - step_start) * 1e-9;
           throw StepLost{std::move(rec)};
         }
@@ -367,7 +384,8 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
           } catch (const Error& e) {  // training goes on; the last complete checkpoint stays the one to restart from
             FaultRecord rec{"ckpt-fail", next, fail_rank, e.what()};
             const auto last = latest_checkpoint(dir, fingerprint);
-            rec.detail += last ? fmt::format("; the last complete checkpoint is after step {}", last->steps_done)
+            rec.detail += last ? fmt::format("; the last complete checkpoint is the one after step {}",
+                                             last->steps_done - 1)
                                : std::string("; there is no complete checkpoint yet");
             result.faults.push_back(std::move(rec));
           }

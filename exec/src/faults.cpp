@@ -128,7 +128,7 @@ void check_fault_spec(const FaultSpec& f, const ir::Plan& plan, int first, int e
     if (f.step <= first || f.step > end)
       throw Error(fmt::format("--inject \"{}\": this run writes checkpoints after {} to {} steps done", f.text,
                               first + 1, end));
-  } else if (f.step < first || f.step >= end) {
+  } else if (f.kind == FaultSpec::Kind::Slow ? f.step >= end : f.step < first || f.step >= end) {
     throw Error(fmt::format("--inject \"{}\": step {} is not in this run, which takes steps {} to {}", f.text,
                             f.step, first, end - 1));
   }

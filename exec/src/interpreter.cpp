@@ -271,16 +271,25 @@ class RankRun {
   // and this thread waits until the others notice (Heartbeats) and the run is stopped.
   void fault_point(const Op& op, ir::Stream stream) {
     const FaultSpec* f = gone_ ? nullptr : backend_.faults->at_op(trace_rank_, step_, op_label(op));
+    std::string what;
     if (f) {
+      what = fmt::format("{} at {} of step {} (injected: {})", f->kind == FaultSpec::Kind::Kill ? "died" : "hung",
+                         op_label(op), step_, f->text);
+      {
+        std::lock_guard lock(gone_mu_);
+        if (gone_what_.empty()) gone_what_ = what;  // the first of the rank's streams to stop names it
+      }
       gone_ = true;
-      gone_what_ = fmt::format("{} at {} of step {} (injected: {})", f->kind == FaultSpec::Kind::Kill ? "died" : "hung",
-                               op_label(op), step_, f->text);
       if (!backend_.heartbeats)  // nobody would notice: report it here
-        throw RankFault(fmt::format("rank {} {}", trace_rank_, gone_what_));
+        throw RankFault(fmt::format("rank {} {}", trace_rank_, what));
       backend_.heartbeats->stop(trace_rank_);
     }
     if (!gone_) return;
-    control_.set_waiting(trace_rank_, stream, gone_what_);
+    {
+      std::lock_guard lock(gone_mu_);
+      what = gone_what_;
+    }
+    control_.set_waiting(trace_rank_, stream, what);
     std::unique_lock lock(control_.mutex());
     control_.wait(lock, cv_, [] { return false; });  // throws Aborted once the run is stopped
   }
@@ -561,7 +570,8 @@ class RankRun {
   const std::vector<Op>& ops_;
   int rank_, trace_rank_, step_;
   std::atomic<bool> gone_{false};  // an injected kill or hang stopped this rank
-  std::string gone_what_;          // written once, before gone_ is set
+  std::mutex gone_mu_;
+  std::string gone_what_;          // how it stopped; guarded by gone_mu_
   Backend backend_;
   RunControl& control_;
   std::array<std::vector<Item>, ir::kStreamCount> items_;

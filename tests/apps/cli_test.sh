@@ -146,7 +146,7 @@ PY
     expect "$out" 'rank 5 is not in the run, whose world ranks are 0 to 1' "bad rank"
     out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --inject boom:rank=1 2>&1) && fail "unknown kind accepted"
     expect "$out" 'unknown fault kind "boom"' "unknown kind"
-    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --checkpoint-dir "$work/ck" 2>&1) && fail "mixed runs"
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --checkpoint-dir "$work/ck" --checkpoint-every 1 2>&1) && fail "mixed runs"
     expect "$out" "holds another run's checkpoints" "a folder with checkpoints refused"
     out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 8 --seed 3 --resume "$work/ck" 2>&1) && fail "other seed"
     expect "$out" 'belongs to another run: its seeds is "data=7' "another run's options refused"

@@ -1,7 +1,9 @@
 // test_faults.cpp — faults injected into CPU runs (issue 17 §1): every kind is noticed,
 // retried or recovered from by a restart, and the weights and per-step losses after
 // recovery are bit-identical to a run without faults; checkpoints on disk and resume.
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 
@@ -117,6 +119,12 @@ TEST_CASE("fault specs that cannot fire in the run are refused before it starts"
   o = options(3);
   o.faults.heartbeat_timeout = 0.05;  // under two periods
   CHECK_THROWS_WITH(cpu::run_cpu(plan, o), Contains("expected at least two periods"));
+  o = options(3, {"kill:rank=0,step=1"});
+  o.faults.heartbeat_timeout = 40;  // the watchdog (30 s) would end the run first
+  CHECK_THROWS_WITH(cpu::run_cpu(plan, o), Contains("is not below the watchdog's 30 s"));
+  o = options(3);
+  o.faults.retry_timeout = 5;  // 5 + 10 + 20 + 40 s of backoff
+  CHECK_THROWS_WITH(cpu::run_cpu(plan, o), Contains("3 retries wait 75.0 s in all"));
 }
 
 TEST_CASE("a killed rank is found by its missing heartbeats and the run restarts from the last checkpoint, "
@@ -252,7 +260,7 @@ TEST_CASE("a checkpoint that dies half-way is not used: the restart goes back to
   require_identical(r, clean);
   REQUIRE(count_kind(r, "ckpt-fail") == 1);
   for (const auto& rec : r.faults) {
-    if (rec.kind == "ckpt-fail") CHECK_THAT(rec.detail, Contains("the last complete checkpoint is after step 2"));
+    if (rec.kind == "ckpt-fail") CHECK_THAT(rec.detail, Contains("the last complete checkpoint is the one after step 1"));
     if (rec.kind == "rank lost") CHECK(rec.restart_from == 2);  // not 4: that one never finished
   }
 }
@@ -297,6 +305,10 @@ TEST_CASE("resume after the process died: the rest of the run from the last comp
   auto other = again;
   other.train.data_seed = 99;
   CHECK_THROWS_WITH(cpu::run_cpu(plan, other), Contains("belongs to another run: its seeds is \"data=7"));
+  ir::Scenario sharded = test::small_scenario(2, 1, 4, 1);
+  sharded.parallel.bucket_mb = 1;  // shapes the optimizer's state: another run
+  CHECK_THROWS_WITH(cpu::run_cpu(planner::build_plan(sharded, "1f1b").lowered, again),
+                    Contains("its optimizer is") && Contains("bucket_mb=40"));
   // A fresh run into a folder with checkpoints would mix two runs.
   auto fresh = options(6);
   fresh.faults.checkpoint_dir = dir.path;
@@ -331,12 +343,14 @@ TEST_CASE("a rank's checkpoint is its whole state: written and read back equal",
   CheckpointManifest m;
   m.steps_done = 3;
   m.run = {{"schedule", "1f1b"}};
-  m.loss_per_step = {4.5, 4.25, 4.0};
+  m.loss_per_step = {4.5, 4.25, std::numeric_limits<double>::quiet_NaN()};  // a diverged step, too
   m.iteration_seconds = {0.1, 0.1, 0.1};
   write_checkpoint(dir.path, m, {a, b});
   const auto got = latest_checkpoint(dir.path, {{"schedule", "1f1b"}});
   REQUIRE(got);
-  CHECK(got->loss_per_step == m.loss_per_step);
+  REQUIRE(got->loss_per_step.size() == 3);
+  CHECK(got->loss_per_step[1] == 4.25);
+  CHECK(std::isnan(got->loss_per_step[2]));
   CHECK(read_rank_checkpoint(dir.path, *got, 0) == a);
   CHECK(read_rank_checkpoint(dir.path, *got, 1) == b);
   CHECK_THROWS_WITH(latest_checkpoint(dir.path, {{"schedule", "gpipe"}}),
