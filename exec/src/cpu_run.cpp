@@ -240,7 +240,7 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   if (stops_ranks && fo.heartbeat_timeout >= options.watchdog_seconds)
     throw Error(fmt::format("heartbeat timeout {} s is not below the watchdog's {} s: a lost rank would end the run "
                             "as a stall instead of being restarted", fo.heartbeat_timeout, options.watchdog_seconds));
-  if (const double backoffs = fo.retry_timeout * (std::ldexp(1.0, fo.max_retries + 1) - 1);
+  if (const double backoffs = fo.retry_timeout * (std::ldexp(1.0, fo.max_retries) - 1);  // (the last failure escalates at once)
       backoffs >= options.watchdog_seconds)
     throw Error(fmt::format("retry timeout {} s: {} retries wait {:.1f} s in all, not below the watchdog's {} s",
                             fo.retry_timeout, fo.max_retries, backoffs, options.watchdog_seconds));

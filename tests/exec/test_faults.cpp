@@ -123,8 +123,8 @@ TEST_CASE("fault specs that cannot fire in the run are refused before it starts"
   o.faults.heartbeat_timeout = 40;  // the watchdog (30 s) would end the run first
   CHECK_THROWS_WITH(cpu::run_cpu(plan, o), Contains("is not below the watchdog's 30 s"));
   o = options(3);
-  o.faults.retry_timeout = 5;  // 5 + 10 + 20 + 40 s of backoff
-  CHECK_THROWS_WITH(cpu::run_cpu(plan, o), Contains("3 retries wait 75.0 s in all"));
+  o.faults.retry_timeout = 5;  // 5 + 10 + 20 s of backoff before the fourth failure escalates
+  CHECK_THROWS_WITH(cpu::run_cpu(plan, o), Contains("3 retries wait 35.0 s in all"));
 }
 
 TEST_CASE("a killed rank is found by its missing heartbeats and the run restarts from the last checkpoint, "
