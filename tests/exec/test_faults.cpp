@@ -52,6 +52,12 @@ cpu::CpuRunOptions options(int steps, const std::vector<std::string>& inject = {
   return o;
 }
 
+// Checkpoints into `dir` every `every` steps.
+void checkpoint_into(cpu::CpuRunOptions& o, const std::string& dir, int every) {
+  o.faults.checkpoint_dir = dir;
+  o.faults.checkpoint_every = every;
+}
+
 // The proof: the same weights, moments and losses, bit for bit.
 void require_identical(const cpu::RunResult& got, const cpu::RunResult& want) {
   REQUIRE(got.loss_per_step == want.loss_per_step);
@@ -134,8 +140,7 @@ TEST_CASE("a killed rank is found by its missing heartbeats and the run restarts
   const cpu::RunResult clean = cpu::run_cpu(plan, options(6));
   TempDir dir;
   auto o = options(6, {"kill:rank=1,step=3,op=BW2"});
-  o.faults.checkpoint_dir = dir.path;
-  o.faults.checkpoint_every = 2;
+  checkpoint_into(o, dir.path, 2);
   const cpu::RunResult r = cpu::run_cpu(plan, o);
   require_identical(r, clean);
   REQUIRE(r.restarts >= 1);
@@ -210,8 +215,7 @@ TEST_CASE("data-parallel transfers are retried too, and 1-bit Adam's error feedb
   TempDir dir;
   // World rank 2 is replica 1's rank 0: rank 0 → 2 is the data-parallel ring.
   auto o = options(6, {"corrupt:rank=0,peer=2,step=1", "kill:rank=3,step=4"});
-  o.faults.checkpoint_dir = dir.path;
-  o.faults.checkpoint_every = 3;  // after the warm-up: the error feedback is in the checkpoint
+  checkpoint_into(o, dir.path, 3);  // after the warm-up: the error feedback is in the checkpoint
   const cpu::RunResult r = cpu::run_cpu(plan, o);
   require_identical(r, clean);
   CHECK(r.retries >= 1);
@@ -230,8 +234,7 @@ TEST_CASE("interleaved chunks and fp16's loss scaler come back from a checkpoint
   const cpu::RunResult clean = cpu::run_cpu(plan, options(6));
   TempDir dir;
   auto o = options(6, {"kill:rank=0,step=4"});
-  o.faults.checkpoint_dir = dir.path;
-  o.faults.checkpoint_every = 3;
+  checkpoint_into(o, dir.path, 3);
   const cpu::RunResult r = cpu::run_cpu(plan, o);
   require_identical(r, clean);
   CHECK(r.loss_scale == clean.loss_scale);
@@ -253,8 +256,7 @@ TEST_CASE("a checkpoint that dies half-way is not used: the restart goes back to
   const cpu::RunResult clean = cpu::run_cpu(plan, options(6));
   TempDir dir;
   auto o = options(6, {"ckpt-fail:step=4", "kill:rank=0,step=4"});
-  o.faults.checkpoint_dir = dir.path;
-  o.faults.checkpoint_every = 2;
+  checkpoint_into(o, dir.path, 2);
   o.faults.checkpoint_keep = 5;
   const cpu::RunResult r = cpu::run_cpu(plan, o);
   require_identical(r, clean);
@@ -279,8 +281,7 @@ TEST_CASE("resume after the process died: the rest of the run from the last comp
   const cpu::RunResult clean = cpu::run_cpu(plan, options(6));
   TempDir dir;
   auto first = options(4);  // the run that "died" after its 4th step
-  first.faults.checkpoint_dir = dir.path;
-  first.faults.checkpoint_every = 2;
+  checkpoint_into(first, dir.path, 2);
   const cpu::RunResult before = cpu::run_cpu(plan, first);
   // A checkpoint a dying process left half-written, newer than the last complete one.
   fs::create_directories(checkpoint_folder(dir.path, 6));
@@ -311,8 +312,7 @@ TEST_CASE("resume after the process died: the rest of the run from the last comp
                     Contains("its optimizer is") && Contains("bucket_mb=40"));
   // A fresh run into a folder with checkpoints would mix two runs.
   auto fresh = options(6);
-  fresh.faults.checkpoint_dir = dir.path;
-  fresh.faults.checkpoint_every = 2;
+  checkpoint_into(fresh, dir.path, 2);
   CHECK_THROWS_WITH(cpu::run_cpu(plan, fresh), Contains("holds another run's checkpoints"));
 }
 
@@ -320,8 +320,7 @@ TEST_CASE("a damaged checkpoint file is found by its CRC and the one before it i
   const ir::Plan plan = plan_of("1f1b", 2, 1);
   TempDir dir;
   auto o = options(4);
-  o.faults.checkpoint_dir = dir.path;
-  o.faults.checkpoint_every = 2;
+  checkpoint_into(o, dir.path, 2);
   cpu::run_cpu(plan, o);
   const auto path = fs::path(checkpoint_folder(dir.path, 4)) / "rank-0001.ckpt";
   damage(path);
