@@ -5,6 +5,8 @@
 // iteration-time difference. Prints figures; never pass/fail.
 //
 //   bench_sim [--data 1,16,160] [--plain-max-data N] [--microbatches M] [--bucket-mb MB]
+//             [--inject SPEC]…   faults (tdpipe sim --inject): both fidelities simulate
+//                               them; the reduced one is also run fault-free
 //   bench_sim --published   Korthikanti et al. 2022 Table 5 runs, both engines
 //   bench_sim --claims      the seed's GPT-3 175B 8×8 claims, schedule by schedule
 //
@@ -61,9 +63,10 @@ struct Run {
   std::int64_t actors = 0, flows = 0;
 };
 
-Run run(const ir::Plan& plan, sim::Fidelity fidelity) {
+Run run(const ir::Plan& plan, sim::Fidelity fidelity, const std::vector<sim::SimFault>& faults = {}) {
   sim::SimOptions opt;
   opt.fidelity = fidelity;
+  opt.faults = faults;
   opt.collective = sim::CollectiveAlgorithm::Ring;  // the plain mode simulates ring steps
   const auto t0 = std::chrono::steady_clock::now();
   const auto res = sim::simulate(plan, opt);
@@ -171,8 +174,10 @@ int main(int argc, char** argv) {
   int plain_max = 1 << 30;
   int microbatches = 64;
   std::int64_t bucket_bytes = 0;
+  std::vector<sim::SimFault> faults;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--data")) datas = parse_list(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--inject")) faults.push_back(sim::parse_sim_fault(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--data")) datas = parse_list(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--plain-max-data")) plain_max = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--microbatches")) microbatches = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--bucket-mb")) bucket_bytes = std::atoll(argv[i + 1]) * 1'000'000LL;
@@ -182,23 +187,30 @@ int main(int argc, char** argv) {
               bucket_bytes > 0 ? (std::to_string(bucket_bytes / 1'000'000) + " MB").c_str()
                                : "max(40M, 1M·d) params");
   std::printf("wall: simulate() call; cpu: CPU time of the SimGrid process; RSS: its peak\n");
+  for (const auto& f : faults) std::printf("fault: %s\n", f.text.c_str());
   std::printf("%6s %4s | %9s %9s %8s %7s %9s | %10s %9s %9s %9s %10s | %8s %9s\n", "GPUs", "d", "red.wall",
               "red.cpu", "red.RSS", "actors", "flows", "plain.wall", "plain.cpu", "plain.RSS", "actors",
               "flows", "cpu ratio", "iter.diff");
   for (int d : datas) {
     const ir::Plan plan = gpt3_plan(d, microbatches, bucket_bytes);
-    const Run red = run(plan, sim::Fidelity::Reduced);
+    const Run red = run(plan, sim::Fidelity::Reduced, faults);
     std::printf("%6d %4d | %8.3fs %8.3fs %6.3fGB %7lld %9lld |", 64 * d, d, red.wall, red.cpu, red.rss_gb,
                 static_cast<long long>(red.actors), static_cast<long long>(red.flows));
     if (d <= plain_max) {
-      const Run pl = run(plan, sim::Fidelity::Plain);
+      const Run pl = run(plan, sim::Fidelity::Plain, faults);
       std::printf(" %9.3fs %8.3fs %7.3fGB %9lld %10lld | %7.1fx %+8.4f%%\n", pl.wall, pl.cpu, pl.rss_gb,
                   static_cast<long long>(pl.actors), static_cast<long long>(pl.flows), pl.cpu / red.cpu,
                   100.0 * (red.iteration / pl.iteration - 1));
     } else {
       std::printf(" %10s %9s %9s %9s %10s | %8s %9s\n", "-", "-", "-", "-", "-", "-", "-");
     }
-    std::printf("         iteration: reduced %.6f s%s\n", red.iteration, d <= plain_max ? "" : " (plain skipped)");
+    std::printf("         iteration: reduced %.6f s%s", red.iteration, d <= plain_max ? "" : " (plain skipped)");
+    if (!faults.empty()) {
+      const Run healthy = run(plan, sim::Fidelity::Reduced);
+      std::printf("; fault-free %.6f s (%+.2f%% with the faults)", healthy.iteration,
+                  100.0 * (red.iteration / healthy.iteration - 1));
+    }
+    std::printf("\n");
     std::fflush(stdout);
   }
   return 0;

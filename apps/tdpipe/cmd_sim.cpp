@@ -43,6 +43,11 @@ struct SimArgs {
   bool json = false;
   std::string trace_out;
   std::int64_t max_ops = 0;
+  std::string fidelity = "reduced";
+  std::vector<std::string> inject;
+  int checkpoint_every = 0;
+  double checkpoint_seconds = 0, detect_seconds = 1, restart_seconds = -1;
+  int steps = 0;
 };
 
 /// One run of the table: a schedule, its slices (0: the scenario's) and, for auto, the
@@ -90,8 +95,7 @@ std::vector<Run> runs_for(const SimArgs& a, const ir::Scenario& sc) {
 #ifdef TDPIPE_HAVE_SIMGRID
 /// The SimGrid engine (sim::simulate), with a progress bar on stderr once a run has
 /// taken more than a second.
-traces::Trace simulate_simgrid(const ir::Plan& plan) {
-  sim::SimOptions opt;
+traces::Trace simulate_simgrid(const ir::Plan& plan, sim::SimOptions opt) {
   const auto t0 = std::chrono::steady_clock::now();
   bool shown = false;
   opt.progress = [&](double f) {
@@ -109,11 +113,18 @@ traces::Trace simulate_simgrid(const ir::Plan& plan) {
 
 /// The engine's prediction; ranks sharing one device (a calibration profile of the CPU
 /// backend or one GPU's loopback) share it by processor sharing (planner::predict_shared).
-traces::Trace predict(const planner::BuiltPlan& built, const SimArgs& a) {
+/// `faults`: the slow and link faults, simulated (SimGrid only).
+traces::Trace predict(const planner::BuiltPlan& built, const SimArgs& a,
+                      const std::vector<sim::SimFault>& faults = {}) {
   if (a.engine == "analytic")
     return planner::predict_shared(built.lowered, [](const ir::Plan& p) { return planner::evaluate(p); });
 #ifdef TDPIPE_HAVE_SIMGRID
-  if (a.engine == "simgrid") return planner::predict_shared(built.lowered, simulate_simgrid);
+  if (a.engine == "simgrid") {
+    sim::SimOptions opt;
+    opt.fidelity = a.fidelity == "plain" ? sim::Fidelity::Plain : sim::Fidelity::Reduced;
+    opt.faults = faults;
+    return planner::predict_shared(built.lowered, [&](const ir::Plan& p) { return simulate_simgrid(p, opt); });
+  }
 #endif
   throw Error(fmt::format("--engine {}: this build has no such engine (available: analytic{})",
                           a.engine, std::string(kDefaultEngine) == "simgrid" ? ", simgrid" : ""));
@@ -157,13 +168,152 @@ void print_table(const ir::Scenario& sc, const std::vector<planner::ScheduleRepo
   for (const auto& [name, why] : failures) fmt::print("  {}: not run: {}\n", name, why);
 }
 
+/// What --inject asks: faults the engine simulates (slow, link) and failures the
+/// checkpoint-restart accounting charges (fail).
+struct FaultRun {
+  std::vector<std::string> described;
+#ifdef TDPIPE_HAVE_SIMGRID
+  std::vector<sim::SimFault> simulated, fails;
+  sim::FailureOptions failure;
+  sim::Placement placement;
+  std::vector<int> affected;
+#endif
+  bool any() const { return !described.empty(); }
+};
+
+/// Per schedule: the fault-free iteration (slow/link faults) and the failure timeline.
+struct FaultRow {
+  double fault_free_seconds = 0;
+  int trace_replica = 0;
+#ifdef TDPIPE_HAVE_SIMGRID
+  std::optional<sim::FailureTimeline> timeline;
+#endif
+};
+
+FaultRun parse_faults(const SimArgs& a, const ir::Scenario& sc) {
+  FaultRun fr;
+  const bool failure_options = a.checkpoint_every > 0 || a.checkpoint_seconds > 0 || a.restart_seconds >= 0 ||
+                               a.steps > 0;
+#ifdef TDPIPE_HAVE_SIMGRID
+  std::vector<sim::SimFault> all;
+  for (const auto& text : a.inject) {
+    all.push_back(sim::parse_sim_fault(text));
+    (all.back().kind == sim::SimFault::Kind::Fail ? fr.fails : fr.simulated).push_back(all.back());
+  }
+  if (!fr.simulated.empty() && a.engine != "simgrid")
+    throw Error(fmt::format("--inject \"{}\": slow and link faults are simulated by the SimGrid engine "
+                            "(--engine simgrid), not the analytic one",
+                            fr.simulated.front().text));
+  if (fr.fails.empty() && failure_options)
+    throw Error("--checkpoint-every, --checkpoint-seconds, --restart-seconds and --steps price a failure: "
+                "give them with --inject fail:rank=G,at=T");
+  if (!fr.fails.empty()) {
+    if (a.checkpoint_every < 1)
+      throw Error(fmt::format("--inject \"{}\" needs --checkpoint-every N (iterations between checkpoints): the "
+                              "restart resumes from the last complete one",
+                              fr.fails.front().text));
+    if (a.restart_seconds < 0)
+      throw Error(fmt::format("--inject \"{}\" needs --restart-seconds S: relaunching the job, re-creating its "
+                              "communicators and loading the checkpoint (minutes at scale; tdpipe cannot "
+                              "know your scheduler's)",
+                              fr.fails.front().text));
+    fr.failure = {a.checkpoint_every, a.checkpoint_seconds, a.detect_seconds, a.restart_seconds, a.steps};
+  }
+  fr.placement = {sc.synthetic ? 1 : std::max(sc.parallel.tensor, 1), sc.stages(), std::max(sc.parallel.data, 1)};
+  const sim::PlatformSpec platform = sc.synthetic ? sim::PlatformSpec{} : sim::platform_for(sc);
+  for (const auto& f : all)
+    if (sc.synthetic && f.kind == sim::SimFault::Kind::Link)
+      throw Error(fmt::format("--inject \"{}\": a synthetic scenario has no network fabric (only a p2p latency)",
+                              f.text));
+  sim::check_sim_faults(all, fr.placement, platform);
+  fr.affected = sim::affected_replicas(fr.simulated, fr.placement, platform);
+  for (const auto& f : all) fr.described.push_back(sim::describe_sim_fault(f, fr.placement, platform));
+#else
+  if (!a.inject.empty() || failure_options)
+    throw Error("--inject: this build has no simulator (built without SimGrid)");
+#endif
+  return fr;
+}
+
+std::string seconds_text(double s) { return s >= 1 ? fmt::format("{:.3f} s", s) : fmt::format("{:.3f} ms", s * 1e3); }
+
+#ifdef TDPIPE_HAVE_SIMGRID
+nlohmann::json to_json(const sim::FailureTimeline& t) {
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto& e : t.events)
+    events.push_back({{"spec", e.text}, {"at_seconds", e.at_seconds}, {"fired", e.fired},
+                      {"iteration", e.iteration}, {"restart_from_iteration", e.restart_from},
+                      {"lost_seconds", e.lost_seconds}, {"resume_at_seconds", e.resume_at_seconds}});
+  return {{"steps", t.steps},
+          {"checkpoints", t.checkpoints},
+          {"fault_free_seconds", t.fault_free_seconds},
+          {"total_seconds", t.total_seconds},
+          {"lost_seconds", t.lost_seconds},
+          {"mean_iteration_seconds", t.mean_iteration_seconds},
+          {"goodput", t.goodput},
+          {"events", events}};
+}
+#endif
+
+void print_faults(const SimArgs& a, const FaultRun& fr, const std::vector<planner::ScheduleReport>& rows,
+                  const std::vector<FaultRow>& extra) {
+#ifdef TDPIPE_HAVE_SIMGRID
+  fmt::print("\nfaults:\n");
+  for (const auto& d : fr.described) fmt::print("  {}\n", d);
+  if (!fr.simulated.empty()) {
+    const int d = fr.placement.data;
+    if (a.fidelity == "reduced" && d > 1) {
+      std::string list;
+      for (int r : fr.affected) list += fmt::format("{}{}", list.empty() ? "" : ", ", r);
+      const int healthy = d - static_cast<int>(fr.affected.size());
+      fmt::print("  simulated exactly: replica{} {} of {}{}; the trace shows replica {}\n",
+                 fr.affected.size() > 1 ? "s" : "", list, d,
+                 healthy > 0 ? fmt::format(", one healthy replica standing for the other {}", healthy) : "",
+                 fr.affected.front());
+    }
+    fmt::print("  {:<18} {:>12} {:>12} {:>9}\n", "schedule", "with faults", "fault-free", "change");
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      fmt::print("  {:<18} {:>12} {:>12} {:>+8.2f}%\n", rows[i].schedule, seconds_text(rows[i].iteration_seconds),
+                 seconds_text(extra[i].fault_free_seconds),
+                 100 * (rows[i].iteration_seconds / extra[i].fault_free_seconds - 1));
+  }
+  if (fr.fails.empty()) return;
+  fmt::print("  failures: a checkpoint after every {} iteration{} ({}), detection {}, restart {}\n",
+             fr.failure.checkpoint_every, fr.failure.checkpoint_every > 1 ? "s" : "",
+             fr.failure.checkpoint_seconds > 0 ? seconds_text(fr.failure.checkpoint_seconds) + " to write"
+                                               : "writes not charged: --checkpoint-seconds",
+             seconds_text(fr.failure.detect_seconds), seconds_text(fr.failure.restart_seconds));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const sim::FailureTimeline& t = *extra[i].timeline;
+    fmt::print("  {}: {} iterations of {}:\n", rows[i].schedule, t.steps, seconds_text(t.iteration_seconds));
+    for (const auto& e : t.events) {
+      if (!e.fired) {
+        fmt::print("    {}: never happens: the run is over by {}\n", e.text, seconds_text(e.at_seconds));
+        continue;
+      }
+      fmt::print("    {}: in iteration {}; back to {}, {} of work lost; resumes at {}\n", e.text, e.iteration,
+                 e.restart_from > 0 ? fmt::format("the checkpoint after iteration {}", e.restart_from)
+                                    : std::string("the start"),
+                 seconds_text(e.lost_seconds), seconds_text(e.resume_at_seconds));
+    }
+    fmt::print("    {} instead of {} fault-free (+{}), {} per iteration, goodput {:.1f}%\n",
+               seconds_text(t.total_seconds), seconds_text(t.fault_free_seconds), seconds_text(t.lost_seconds),
+               seconds_text(t.mean_iteration_seconds), 100 * t.goodput);
+  }
+#else
+  (void)a, (void)fr, (void)rows, (void)extra;
+#endif
+}
+
 void run_sim(const SimArgs& a) {
   const ir::Scenario sc = ir::load_scenario(a.scenario);
+  const FaultRun faults = parse_faults(a, sc);
   std::optional<traces::Profile> profile;
   if (!a.profile.empty()) profile = traces::read_profile(a.profile);
   const auto runs = runs_for(a, sc);
   const bool many = runs.size() > 1;
   std::vector<planner::ScheduleReport> rows;
+  std::vector<FaultRow> extra;
   std::vector<std::pair<std::string, std::string>> failures;
   for (const Run& run : runs) {
     const std::string& schedule = run.schedule;
@@ -178,11 +328,24 @@ void run_sim(const SimArgs& a) {
           fmt::print(stderr, "note: {}: the profile has no entry for {} of {} compute ops; they keep the cost model's time\n",
                      a.profile, applied.ops_kept, applied.ops_kept + applied.ops_from_profile);
       }
+      FaultRow fx;
+#ifdef TDPIPE_HAVE_SIMGRID
+      const traces::Trace trace = predict(built, a, faults.simulated);
+      planner::ScheduleReport row = planner::make_report(built, trace, a.engine);
+      if (!faults.simulated.empty()) {
+        fx.fault_free_seconds = planner::make_report(built, predict(built, a), a.engine).iteration_seconds;
+        fx.trace_replica = faults.affected.front();
+      }
+      if (!faults.fails.empty()) fx.timeline = sim::failure_timeline(row.iteration_seconds, faults.fails, faults.failure);
+#else
       const traces::Trace trace = predict(built, a);
+      planner::ScheduleReport row = planner::make_report(built, trace, a.engine);
+#endif
       if (!a.trace_out.empty())
         traces::write_trace(trace, trace_path(a.trace_out, run.file_label() + (slices == planner::kAutoSlices ? "-terapipe" : ""), built.lowered.slices, many));
-      rows.push_back(planner::make_report(built, trace, a.engine));
+      rows.push_back(std::move(row));
       rows.back().schedule = run.label();
+      extra.push_back(std::move(fx));
     } catch (const Error& e) {
       if (!many) throw;
       failures.emplace_back(slices > 1 ? fmt::format("{} S={}", run.label(), slices) : run.label(), e.what());
@@ -190,12 +353,29 @@ void run_sim(const SimArgs& a) {
   }
   if (a.json) {
     nlohmann::json out = nlohmann::json::array();
-    for (const auto& r : rows) out.push_back(planner::to_json(r));
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      nlohmann::json row = planner::to_json(rows[i]);
+#ifdef TDPIPE_HAVE_SIMGRID
+      if (faults.any()) {
+        nlohmann::json fj = {{"specs", a.inject}};
+        if (!faults.simulated.empty()) {
+          fj["fault_free_iteration_seconds"] = extra[i].fault_free_seconds;
+          fj["slowdown"] = rows[i].iteration_seconds / extra[i].fault_free_seconds;
+          fj["trace_replica"] = extra[i].trace_replica;
+          fj["simulated_replicas"] = faults.affected;
+        }
+        if (extra[i].timeline) fj["failure"] = to_json(*extra[i].timeline);
+        row["faults"] = fj;
+      }
+#endif
+      out.push_back(row);
+    }
     for (const auto& [name, why] : failures) out.push_back({{"schedule", name}, {"error", why}});
     std::cout << (many ? out : out.front()).dump(2) << "\n";
     return;
   }
   print_table(sc, rows, failures);
+  if (faults.any()) print_faults(a, faults, rows, extra);
 }
 
 }  // namespace
@@ -223,6 +403,30 @@ void add_sim_command(CLI::App& app) {
   cmd->add_option("--trace-out", args->trace_out,
                   "Write the predicted trace (Chrome/Perfetto JSON); with `all`, one file per schedule");
   add_max_ops_option(cmd, args->max_ops);
+  cmd->add_option("--fidelity", args->fidelity,
+                  "SimGrid: reduced (replica symmetry, TP folding; the default) or plain (every GPU and flow)")
+      ->check(CLI::IsMember({"reduced", "plain"}))
+      ->capture_default_str();
+  cmd->add_option("--inject", args->inject,
+                  "A fault (repeatable): slow:rank=G,factor=F (a straggler GPU), link:node=N,factor=F[,nic=J] "
+                  "(degraded NICs), fail:rank=G,at=T (a GPU lost T = 10s, 5min, 2h into the run). G is a GPU "
+                  "index: (replica·p + stage)·t + TP rank; see README \"Faults and recovery\"");
+  cmd->add_option("--checkpoint-every", args->checkpoint_every,
+                  "fail: a checkpoint after every N iterations; the restart resumes from the last complete one")
+      ->check(CLI::Range(1, 1 << 30));
+  cmd->add_option("--checkpoint-seconds", args->checkpoint_seconds,
+                  "fail: time one checkpoint write blocks the run (default 0)")
+      ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--detect-seconds", args->detect_seconds,
+                  "fail: from the loss to the job knowing (heartbeat or collective timeout)")
+      ->check(CLI::Range(0.0, 1e9))
+      ->capture_default_str();
+  cmd->add_option("--restart-seconds", args->restart_seconds,
+                  "fail: relaunch, communicator set-up and checkpoint load (required with fail)")
+      ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--steps", args->steps,
+                  "fail: iterations in the run (default: up to the last interrupted one, redone)")
+      ->check(CLI::Range(1, 1 << 30));
   cmd->callback([args] { run_sim(*args); });
 }
 

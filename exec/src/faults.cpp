@@ -2,14 +2,13 @@
 #include "tdpipe/exec/faults.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <map>
-#include <set>
 
 #include <fmt/format.h>
 #include <zlib.h>
 
+#include "tdpipe/ir/fault_text.hpp"
 #include "tdpipe/ir/plan_io.hpp"
 
 namespace tdpipe::exec {
@@ -33,74 +32,35 @@ constexpr const char* kSpecHelp =
     "drop:rank=R,peer=Q,step=S[,message=N][,times=N] | corrupt:rank=R,peer=Q,step=S[,message=N][,times=N] | "
     "slow:rank=R,factor=F[,step=S] | ckpt-fail:step=S[,rank=R]";
 
-int parse_int(std::string_view spec, std::string_view key, std::string_view value, int lo, int hi) {
-  int v = 0;
-  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-  if (ec != std::errc() || end != value.data() + value.size() || v < lo || v > hi)
-    throw Error(fmt::format("--inject \"{}\": {}={} is not an integer in [{}, {}]", spec, key, value, lo, hi));
-  return v;
-}
-
 }  // namespace
 
 FaultSpec parse_fault_spec(std::string_view text) {
-  FaultSpec f;
-  f.text = std::string(text);
-  const auto colon = text.find(':');
-  const std::string_view kind = text.substr(0, colon);
+  static const std::map<std::string, ir::FaultKeys, std::less<>> kinds = {
+      {"kill", {{"rank", "step", "op", "times"}, {"rank", "step"}}},
+      {"hang", {{"rank", "step", "op", "times"}, {"rank", "step"}}},
+      {"drop", {{"rank", "peer", "step", "message", "times"}, {"rank", "peer", "step"}}},
+      {"corrupt", {{"rank", "peer", "step", "message", "times"}, {"rank", "peer", "step"}}},
+      {"slow", {{"rank", "factor", "step"}, {"rank", "factor"}}},
+      {"ckpt-fail", {{"step", "rank"}, {"step"}}},
+  };
   using K = FaultSpec::Kind;
-  static const std::map<std::string_view, K> kinds = {{"kill", K::Kill},       {"hang", K::Hang},
-                                                      {"drop", K::Drop},       {"corrupt", K::Corrupt},
-                                                      {"slow", K::Slow},       {"ckpt-fail", K::CheckpointFail}};
-  const auto k = kinds.find(kind);
-  if (k == kinds.end())
-    throw Error(fmt::format("--inject \"{}\": unknown fault kind \"{}\"; expected {}", text, kind, kSpecHelp));
-  f.kind = k->second;
-  // Keys each kind takes, and those it needs.
-  std::set<std::string_view> allowed, required;
-  switch (f.kind) {
-    case K::Kill:
-    case K::Hang: allowed = {"rank", "step", "op", "times"}; required = {"rank", "step"}; break;
-    case K::Drop:
-    case K::Corrupt:
-      allowed = {"rank", "peer", "step", "message", "times"};
-      required = {"rank", "peer", "step"};
-      break;
-    case K::Slow: allowed = {"rank", "factor", "step"}; required = {"rank", "factor"}; break;
-    case K::CheckpointFail: allowed = {"step", "rank"}; required = {"step"}; break;
+  static const std::map<std::string, K, std::less<>> kind_of = {
+      {"kill", K::Kill}, {"hang", K::Hang}, {"drop", K::Drop},
+      {"corrupt", K::Corrupt}, {"slow", K::Slow}, {"ckpt-fail", K::CheckpointFail}};
+  const ir::FaultText t = ir::parse_fault_text(text, kinds, kSpecHelp);
+  FaultSpec f;
+  f.text = t.text;
+  f.kind = kind_of.find(t.kind)->second;
+  constexpr int kMax = 1 << 30;
+  for (const auto& [key, value] : t.keys) {
+    if (key == "rank") f.rank = ir::fault_int(t, key, value, 0, kMax);
+    else if (key == "step") f.step = ir::fault_int(t, key, value, 0, kMax);
+    else if (key == "peer") f.peer = ir::fault_int(t, key, value, 0, kMax);
+    else if (key == "message") f.message = ir::fault_int(t, key, value, 1, kMax);
+    else if (key == "times") f.times = ir::fault_int(t, key, value, 1, 1000);
+    else if (key == "op") f.op = value;
+    else if (key == "factor") f.factor = ir::fault_number(t, key, value, 1, true, 100, "how many times slower");
   }
-  std::set<std::string_view> seen;
-  std::string_view rest = colon == std::string_view::npos ? std::string_view() : text.substr(colon + 1);
-  while (!rest.empty()) {
-    const auto comma = rest.find(',');
-    const std::string_view item = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    const auto eq = item.find('=');
-    if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size())
-      throw Error(fmt::format("--inject \"{}\": \"{}\" is not key=value; expected {}", text, item, kSpecHelp));
-    const std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (!allowed.count(key))
-      throw Error(fmt::format("--inject \"{}\": {} takes no key \"{}\"; expected {}", text, kind, key, kSpecHelp));
-    if (!seen.insert(key).second) throw Error(fmt::format("--inject \"{}\": key \"{}\" given twice", text, key));
-    constexpr int kMax = 1 << 30;
-    if (key == "rank") f.rank = parse_int(text, key, value, 0, kMax);
-    else if (key == "step") f.step = parse_int(text, key, value, 0, kMax);
-    else if (key == "peer") f.peer = parse_int(text, key, value, 0, kMax);
-    else if (key == "message") f.message = parse_int(text, key, value, 1, kMax);
-    else if (key == "times") f.times = parse_int(text, key, value, 1, 1000);
-    else if (key == "op") f.op = std::string(value);
-    else if (key == "factor") {
-      double v = 0;
-      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-      if (ec != std::errc() || end != value.data() + value.size() || !(v > 1 && v <= 100))
-        throw Error(fmt::format("--inject \"{}\": factor={} is not a number in (1, 100] (how many times slower)",
-                                text, value));
-      f.factor = v;
-    }
-  }
-  for (std::string_view key : required)
-    if (!seen.count(key))
-      throw Error(fmt::format("--inject \"{}\": {} needs {}=…; expected {}", text, kind, key, kSpecHelp));
   if ((f.kind == K::Drop || f.kind == K::Corrupt) && f.peer == f.rank)
     throw Error(fmt::format("--inject \"{}\": peer {} is the rank itself; a message goes to another rank", text,
                             f.peer));

@@ -24,6 +24,7 @@
 #include "engine.hpp"
 #include "tdpipe/ir/plan_io.hpp"
 #include "tdpipe/ir/error.hpp"
+#include "tdpipe/sim/faults.hpp"
 #include "tdpipe/sim/placement.hpp"
 
 namespace tdpipe::sim::detail {
@@ -52,12 +53,16 @@ struct OpState {
   double xfer = -1;  ///< comm ops: when data started to move (both sides posted)
   bool posted = false, done = false;
   int recv_steps = 0;  ///< plain ring collectives: steps received from the predecessor
+  bool flowed = false; ///< reduced collectives coupled across replicas: this member's flow ended
+  bool arrived = false; ///< plain, t > 1: this TP rank reached the compute op (TP barrier)
   int segments = 0;    ///< gated compute ops: segments run so far
 };
 
 struct GpuRun {
   int gpu = 0, stage = 0, replica = 0, tp = 0;
   int partial_waiters = 0;  ///< dp actors waiting for a compute op to start (Op::ready_after)
+  double slow = 1;          ///< compute takes this many times its planned time (slow faults)
+  std::vector<int> coupled; ///< reduced: the same rank in the other simulated replicas
   sg4::Host* compute_host = nullptr;
   sg4::Host* nic_host = nullptr;
   sg4::Host* mirror = nullptr;       ///< reduced: DP ring neighbour stand-in
@@ -90,7 +95,7 @@ class Model {
   void spawn_actors();
 
   int sim_index(int replica, int stage, int tp) const {
-    if (reduced_) return stage;
+    if (reduced_) return slot_of_.at(replica) * plan_.num_ranks() + stage;
     return gpu_index_.at(place_.gpu(replica, stage, tp));
   }
   int peer_index(const GpuRun& g, int stage) const { return sim_index(g.replica, stage, g.tp); }
@@ -107,6 +112,12 @@ class Model {
   void wait_op(int gi, int op);
   void wait_posted(int gi, int op);
   void wait_recv_steps(int gi, int op, int steps);
+  void wait_flowed(int gi, int op);
+  void tp_barrier(int gi, int op);
+  void couple_start(int gi, int op);
+  void couple_end(int gi, int op);
+  void apply_faults();
+  double nic_factor(int gpu) const;
   void wait_deps(int gi, int op, int stream);
   void mark_done(int gi, int op, double now);
   void notify(int gi);
@@ -130,6 +141,11 @@ class Model {
   std::vector<RankInfo> ranks_;
   std::vector<GpuRun> gpus_;
   std::unordered_map<int, int> gpu_index_;
+  /// Reduced: the replicas simulated (one healthy replica standing for every healthy
+  /// one, and each replica a fault touches) and their slot in gpus_.
+  std::vector<int> slots_;
+  std::unordered_map<int, int> slot_of_;
+  int trace_replica_ = 0;  ///< the pipeline reported: the first replica a fault touches, else 0
   std::vector<sg4::Link*> links_;
   std::int64_t total_ops_ = 0, done_ops_ = 0, next_progress_ = 0;
   std::int64_t actors_ = 0, flows_ = 0;
@@ -261,9 +277,25 @@ void Model::prepare_gpus() {
     throw Error(fmt::format("tensor parallel size {} exceeds {} GPUs per node; the simulator keeps a TP "
                             "group inside a node",
                             place_.tensor, spec_.gpus_per_node));
+  for (const SimFault& f : opt_.faults)
+    if (synthetic_ && f.kind == SimFault::Kind::Link)
+      throw Error(fmt::format("--inject \"{}\": a synthetic scenario has no network fabric (only a p2p latency)",
+                              f.text));
+  check_sim_faults(opt_.faults, place_, spec_);
+  const std::vector<int> affected = affected_replicas(opt_.faults, place_, spec_);
+  trace_replica_ = affected.empty() ? 0 : affected.front();
   std::vector<int> gpu_ids;
   if (reduced_) {
-    for (int r = 0; r < p; ++r) gpu_ids.push_back(place_.gpu(0, r, 0));
+    // Replica symmetry where the faults leave it: one healthy replica stands for all.
+    int healthy = 0;
+    while (healthy < place_.data && std::binary_search(affected.begin(), affected.end(), healthy)) ++healthy;
+    if (healthy < place_.data) slots_.push_back(healthy);
+    slots_.insert(slots_.end(), affected.begin(), affected.end());
+    std::sort(slots_.begin(), slots_.end());
+    for (std::size_t k = 0; k < slots_.size(); ++k) {
+      slot_of_[slots_[k]] = static_cast<int>(k);
+      for (int r = 0; r < p; ++r) gpu_ids.push_back(place_.gpu(slots_[k], r, 0));
+    }
   } else {
     for (int g = 0; g < place_.gpus(); ++g) gpu_ids.push_back(g);
   }
@@ -278,6 +310,28 @@ void Model::prepare_gpus() {
     gpu_index_[g.gpu] = static_cast<int>(i);
     total_ops_ += static_cast<std::int64_t>(g.ops.size());
   }
+  apply_faults();
+}
+
+void Model::apply_faults() {
+  for (GpuRun& g : gpus_) {
+    // TP collectives in every layer hold the whole group to its slowest member.
+    for (const SimFault& f : opt_.faults)
+      if (f.kind == SimFault::Kind::Slow && place_.replica_of(f.rank) == g.replica &&
+          place_.stage_of(f.rank) == g.stage)
+        g.slow = std::max(g.slow, f.factor);
+    if (reduced_ && slots_.size() > 1)
+      for (int other : slots_)
+        if (other != g.replica) g.coupled.push_back(sim_index(other, g.stage, 0));
+  }
+}
+
+double Model::nic_factor(int gpu) const {
+  double factor = 1;
+  const int node = gpu / spec_.gpus_per_node, nic = (gpu % spec_.gpus_per_node) / spec_.gpus_per_nic();
+  for (const SimFault& f : opt_.faults)
+    if (f.kind == SimFault::Kind::Link && f.node == node && (f.nic < 0 || f.nic == nic)) factor *= f.factor;
+  return factor;
 }
 
 void Model::build_synthetic_platform() {
@@ -359,8 +413,14 @@ void Model::build_fabric() {
       const int nic = node * s.nics_per_node + (g.gpu % s.gpus_per_node) / s.gpus_per_nic();
       auto& nl = nics[nic];
       if (!nl.first) {
-        nl.first = link(leaf.zone, fmt::format("nic{}-up", nic), nic_bw, s.ib_latency_seconds / 2);
-        nl.second = link(leaf.zone, fmt::format("nic{}-down", nic), nic_bw, s.ib_latency_seconds / 2);
+        // Degraded NICs (link faults). Reduced: the GPU stands for its TP group, whose
+        // transfers end with the slowest member's NIC.
+        double factor = nic_factor(g.gpu);
+        if (reduced_)
+          for (int tp = 1; tp < place_.tensor; ++tp)
+            factor = std::min(factor, nic_factor(place_.gpu(g.replica, g.stage, tp)));
+        nl.first = link(leaf.zone, fmt::format("nic{}-up", nic), factor * nic_bw, s.ib_latency_seconds / 2);
+        nl.second = link(leaf.zone, fmt::format("nic{}-down", nic), factor * nic_bw, s.ib_latency_seconds / 2);
       }
       g.nic_host = leaf.zone->create_host(fmt::format("n{}", g.gpu), 1);
       up(leaf.zone, g.nic_host, nl.first);
@@ -462,6 +522,42 @@ void Model::wait_recv_steps(int gi, int op, int steps) {
   while (g.ops[op].recv_steps < steps) g.cv->wait(lock);
 }
 
+void Model::wait_flowed(int gi, int op) {
+  GpuRun& g = gpus_[gi];
+  if (g.ops[op].flowed) return;
+  std::unique_lock<sg4::Mutex> lock(*g.mutex);
+  while (!g.ops[op].flowed) g.cv->wait(lock);
+}
+
+// Plain fidelity: the TP collectives inside every layer let no TP rank run an op before
+// all of its group reached it (a degraded NIC holds one TP rank's activations back).
+void Model::tp_barrier(int gi, int op) {
+  GpuRun& g = gpus_[gi];
+  if (reduced_ || place_.tensor <= 1) return;
+  g.ops[op].arrived = true;
+  notify(gi);
+  for (int tp = 0; tp < place_.tensor; ++tp) {
+    if (tp == g.tp) continue;
+    GpuRun& peer = gpus_[sim_index(g.replica, g.stage, tp)];
+    if (peer.ops[op].arrived) continue;
+    std::unique_lock<sg4::Mutex> lock(*peer.mutex);
+    while (!peer.ops[op].arrived) peer.cv->wait(lock);
+  }
+}
+
+// A ring's members move in lockstep: the collective starts when its last member posts
+// and every member finishes with the slowest one.
+void Model::couple_start(int gi, int op) {
+  for (int c : gpus_[gi].coupled) wait_posted(c, op);
+}
+
+void Model::couple_end(int gi, int op) {
+  if (gpus_[gi].coupled.empty()) return;
+  gpus_[gi].ops[op].flowed = true;
+  notify(gi);
+  for (int c : gpus_[gi].coupled) wait_flowed(c, op);
+}
+
 void Model::wait_deps(int gi, int op, int stream) {
   GpuRun& g = gpus_[gi];
   g.waiting[stream] = op;
@@ -489,7 +585,7 @@ void Model::wait_deps(int gi, int op, int stream) {
       while (g.ops[first].start < 0 && !g.ops[first].done) g.cv->wait(lock);
       --g.partial_waiters;
     }
-    const double at = g.ops[first].start + static_cast<double>(o.ready_after) * info.seconds[first];
+    const double at = g.ops[first].start + static_cast<double>(o.ready_after) * info.seconds[first] * g.slow;
     if (!g.ops[first].done && at > sg4::Engine::get_clock()) sg4::this_actor::sleep_until(at);
   }
   for (int d : info.local_deps[op]) {
@@ -517,9 +613,10 @@ void Model::mark_done(int gi, int op, double now) {
 void Model::compute_actor(int gi) {
   GpuRun& g = gpus_[gi];
   const RankInfo& info = ranks_[g.stage];
-  const double speed = g.compute_host->get_speed();
+  const double speed = g.compute_host->get_speed() * g.slow;
   for (int op : info.stream_ops[0]) {
     wait_deps(gi, op, 0);
+    tp_barrier(gi, op);
     const std::vector<int>& gates = info.gates[op];
     if (gates.empty()) {
       g.ops[op].start = sg4::Engine::get_clock();
@@ -633,7 +730,7 @@ void Model::run_collective(int gi, int op) {
   // all-reduce's volume in n latencies instead of 2(n − 1).
   const bool compressed = o.kind == OpKind::COMPRESSED_ALLREDUCE;
   const double kernels = ranks_[g.stage].seconds[static_cast<std::size_t>(op)];
-  if (compressed && kernels > 0 && !synthetic_) sg4::this_actor::sleep_for(kernels);
+  if (compressed && kernels > 0 && !synthetic_) sg4::this_actor::sleep_for(kernels * g.slow);
   const int steps = compressed ? n : o.kind == OpKind::ALLREDUCE ? 2 * (n - 1) : n - 1;
   // Bytes of ring step s (every step 1/n of the buffer, but the all-to-all's).
   auto step_bytes = [&](int s) { return compressed && s == 0 ? (n - 1) * bytes / n : bytes / n; };
@@ -647,8 +744,10 @@ void Model::run_collective(int gi, int op) {
   }
   if (collective_.empty()) collective_ = tree ? "tree" : "ring";
   if (synthetic_) {  // latency only, as the analytic engine charges it
+    couple_start(gi, op);
     const int hops = tree ? 2 * static_cast<int>(std::ceil(std::log2(n))) : steps;
     if (hops > 0 && alpha > 0) sg4::this_actor::sleep_for(hops * alpha);
+    couple_end(gi, op);
     return;
   }
   if (tree) {
@@ -664,13 +763,17 @@ void Model::run_collective(int gi, int op) {
       from = local ? g.compute_host : g.nic_host;
       to = local ? next.compute_host : next.nic_host;
     }
+    couple_start(gi, op);
     if (2 * depth > 1) sg4::this_actor::sleep_for((2 * depth - 1) * alpha);
     ++flows_;
     sg4::Comm::sendto_async(from, to, 2 * bytes)->wait();
+    couple_end(gi, op);
     return;
   }
   if (reduced_) {
-    // Replica symmetry: every member's step is the same flow; one flow stands for all.
+    // Replica symmetry: every member's step is the same flow; one flow stands for all
+    // (a replica a fault touches has its own, coupled to the others').
+    couple_start(gi, op);
     if (opt_.collapse_ring_steps) {
       if (steps > 1) sg4::this_actor::sleep_for((steps - 1) * alpha);
       ++flows_;
@@ -681,6 +784,7 @@ void Model::run_collective(int gi, int op) {
         sg4::Comm::sendto_async(g.mirror_src, g.mirror, step_bytes(s))->wait();
       }
     }
+    couple_end(gi, op);
     return;
   }
   // Plain: the real ring. Step s sends to the successor once this member received step s−1.
@@ -747,7 +851,7 @@ std::string Model::deadlock_report() const {
   std::string msg = "simulation deadlocked: the plan's blocking order cannot complete;";
   int shown = 0;
   for (const auto& g : gpus_) {
-    if (g.replica != 0 || g.tp != 0) continue;
+    if (g.replica != trace_replica_ || g.tp != 0) continue;
     for (int s = 0; s < ir::kStreamCount; ++s) {
       const int op = g.waiting[s];
       if (op < 0 || g.ops[op].done) continue;
@@ -810,8 +914,10 @@ RawResult Model::run() {
   out.makespan_ns = to_ns(makespan);
   out.timing.resize(plan_.num_ranks());
   out.xfer_ns.resize(plan_.num_ranks());
+  out.trace_replica = trace_replica_;
+  out.replicas = reduced_ ? slots_ : std::vector<int>();
   for (const auto& g : gpus_) {
-    if (g.replica != 0 || g.tp != 0) continue;
+    if (g.replica != trace_replica_ || g.tp != 0) continue;
     auto& t = out.timing[g.stage];
     auto& x = out.xfer_ns[g.stage];
     for (const auto& s : g.ops) {

@@ -80,6 +80,9 @@ std::string encode(const detail::RawResult& r) {
   w.pod(r.actors);
   w.pod(r.flows);
   w.str(r.collective);
+  w.pod(r.trace_replica);
+  w.pod<std::uint64_t>(r.replicas.size());
+  for (int x : r.replicas) w.pod(x);
   w.pod(r.wall_seconds);
   w.pod(r.cpu_seconds);
   w.pod(r.peak_rss_bytes);
@@ -112,6 +115,9 @@ detail::RawResult decode(const std::string& buf) {
   r.actors = rd.pod<std::int64_t>();
   r.flows = rd.pod<std::int64_t>();
   r.collective = rd.str();
+  r.trace_replica = rd.pod<int>();
+  r.replicas.resize(rd.pod<std::uint64_t>());
+  for (int& x : r.replicas) x = rd.pod<int>();
   r.wall_seconds = rd.pod<double>();
   r.cpu_seconds = rd.pod<double>();
   r.peak_rss_bytes = rd.pod<std::int64_t>();
@@ -257,6 +263,12 @@ SimResult simulate(const ir::Plan& plan, const SimOptions& options) {
   tr.metadata["fidelity"] = options.fidelity == Fidelity::Reduced ? "reduced" : "plain";
   tr.metadata["data_parallel"] = std::to_string(plan.data);
   if (!raw.collective.empty()) tr.metadata["collective"] = raw.collective;
+  if (!options.faults.empty()) {
+    std::string specs;
+    for (const auto& f : options.faults) specs += (specs.empty() ? "" : " ") + f.text;
+    tr.metadata["faults"] = specs;
+    tr.metadata["replica"] = std::to_string(raw.trace_replica);
+  }
   for (int r = 0; r < plan.num_ranks(); ++r) {
     const auto& ops = plan.ranks[r];
     for (std::size_t i = 0; i < ops.size(); ++i) {
@@ -275,6 +287,8 @@ SimResult simulate(const ir::Plan& plan, const SimOptions& options) {
   out.actors = raw.actors;
   out.flows = raw.flows;
   out.collective = raw.collective;
+  out.trace_replica = raw.trace_replica;
+  out.simulated_replicas = raw.replicas;
   out.engine_wall_seconds = raw.wall_seconds;
   out.engine_cpu_seconds = raw.cpu_seconds;
   out.engine_peak_rss_bytes = raw.peak_rss_bytes;

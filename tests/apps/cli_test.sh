@@ -37,6 +37,49 @@ for key in ("schedule", "tokens_per_second", "peak_memory_bytes_per_rank"):
     assert key in r, key
 PY
     ;;
+  sim-faults)
+    # A straggler (GPU 3: stage 0's TP group 1.5× slower) and a GPU lost 60 s in, with a
+    # checkpoint every 2 iterations and a 30 s restart: the failure costs the work since
+    # the last checkpoint + 1 s detection + 30 s, by the closed form.
+    sc=scenarios/gpt3-175b-a100-8x8.yaml
+    out=$("$tdpipe" sim $sc --schedule 1f1b --inject slow:rank=3,factor=1.5 --inject fail:rank=5,at=60s \
+          --checkpoint-every 2 --restart-seconds 30 --json) || fail "sim exited $?"
+    python3 - "$out" <<'PY' || fail "fault figures"
+import json, math, sys
+r = json.loads(sys.argv[1])
+f = r["faults"]
+T = r["iteration_time"]
+assert f["specs"] == ["slow:rank=3,factor=1.5", "fail:rank=5,at=60s"], f["specs"]
+assert 1.2 < f["slowdown"] < 1.5, f["slowdown"]           # stage 0 is the bottleneck now
+assert abs(T / f["fault_free_iteration_seconds"] - f["slowdown"]) < 1e-12
+t = f["failure"]
+e = t["events"][0]
+assert e["fired"] and e["at_seconds"] == 60
+done = math.floor(60 / T)                                   # iterations finished by 60 s
+assert e["iteration"] == done + 1, (e, T)
+c = done // 2 * 2                                           # last checkpoint
+assert e["restart_from_iteration"] == c
+assert abs(e["lost_seconds"] - (60 - c * T)) < 1e-9
+assert abs(e["resume_at_seconds"] - 91) < 1e-9
+assert t["steps"] == done + 1
+assert abs(t["total_seconds"] - (91 + (done + 1 - c) * T)) < 1e-9
+assert abs(t["lost_seconds"] - (60 - c * T + 31)) < 1e-9
+PY
+    out=$("$tdpipe" sim $sc --schedule 1f1b --inject link:node=2,factor=0.5) || fail "sim exited $?"
+    expect "$out" '^faults:' "a faults section"
+    expect "$out" 'link:node=2,factor=0.5: node 2 \(GPUs 16–23: \(replica 0, stage 2\)\): its 8 NICs at 0.5× bandwidth' "the NIC named in the layout"
+    expect "$out" '^  1f1b +[0-9.]+ s +[0-9.]+ s +\+[0-9.]+%' "with faults vs fault-free"
+    err=$("$tdpipe" sim $sc --inject fail:rank=5,at=60s 2>&1) && fail "fail without --checkpoint-every accepted"
+    expect "$err" 'needs --checkpoint-every' "fail needs a checkpoint interval"
+    err=$("$tdpipe" sim $sc --inject fail:rank=5,at=60s --checkpoint-every 10 2>&1) && fail "fail without a restart cost accepted"
+    expect "$err" 'needs --restart-seconds' "fail needs a restart cost"
+    err=$("$tdpipe" sim $sc --inject slow:rank=64,factor=2 2>&1) && fail "a GPU outside the plan accepted"
+    expect "$err" 'rank 64 is not a GPU of the plan, whose GPUs are 0 to 63' "the GPU range"
+    err=$("$tdpipe" sim $sc --engine analytic --inject slow:rank=1,factor=2 2>&1) && fail "analytic straggler accepted"
+    expect "$err" 'simulated by the SimGrid engine' "slow needs SimGrid"
+    err=$("$tdpipe" sim $sc --steps 10 2>&1) && fail "--steps without a failure accepted"
+    expect "$err" 'give them with --inject fail' "failure options need a failure"
+    ;;
   sim-all-table)
     out=$("$tdpipe" sim scenarios/gpt3-175b-a100-8x8.yaml --engine analytic --schedule all) || fail "sim exited $?"
     for s in gpipe 1f1b interleaved zb-h1 zb-h2 zb-v tdpipe; do expect "$out" "^$s " "row for $s"; done

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tdpipe/ir/plan.hpp"
+#include "tdpipe/sim/faults.hpp"
 #include "tdpipe/sim/platform.hpp"
 #include "tdpipe/traces/metrics.hpp"
 #include "tdpipe/traces/trace.hpp"
@@ -58,6 +59,9 @@ struct SimOptions {
   /// Called with the fraction of ops done, at most every 1%.
   std::function<void(double fraction)> progress;
   int top_links = 16;                ///< links reported, by peak utilisation
+  /// Slow GPUs and degraded NICs (faults.hpp); fail faults are ignored here (they are
+  /// failure_timeline's). Checked against the layout: bad ones throw tdpipe::Error.
+  std::vector<SimFault> faults;
 };
 
 struct LinkUsage {
@@ -68,7 +72,9 @@ struct LinkUsage {
 };
 
 struct SimResult {
-  traces::Trace trace;          ///< the representative pipeline (replica 0, TP rank 0)
+  /// The pipeline of replica trace_replica, TP rank 0: replica 0, or with faults the
+  /// first replica they touch.
+  traces::Trace trace;
   traces::Metrics metrics;      ///< iteration, bubble, compute / exposed / hidden comm
   double iteration_seconds = 0;
   double tokens_per_second = 0; ///< global_batch · seq / iteration (0 for synthetic)
@@ -81,6 +87,9 @@ struct SimResult {
   std::vector<LinkUsage> links; ///< most loaded links first
   std::int64_t simulated_gpus = 0, actors = 0, flows = 0;
   std::string collective;       ///< algorithm used for DP collectives ("ring" / "tree" / "")
+  int trace_replica = 0;
+  /// Reduced fidelity: the replicas simulated (without faults {0}: it stands for all).
+  std::vector<int> simulated_replicas;
   double engine_wall_seconds = 0;     ///< platform build + simulation, in the SimGrid process
   double engine_cpu_seconds = 0;      ///< CPU time of the SimGrid process (user + system)
   std::int64_t engine_peak_rss_bytes = 0;  ///< peak RSS of the SimGrid process
