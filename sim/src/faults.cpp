@@ -194,9 +194,9 @@ FailureTimeline failure_timeline(double T, const std::vector<SimFault>& faults, 
   }
   out.steps = o.steps > 0 ? o.steps : static_cast<int>(std::max<long long>(last_interrupted, 1));
   out.checkpoints = out.steps / N;
-  out.fault_free_seconds = e(out.steps);
+  out.no_failure_seconds = e(out.steps);
   out.total_seconds = w0 + e(out.steps) - e(i0);
-  out.lost_seconds = out.total_seconds - out.fault_free_seconds;
+  out.lost_seconds = out.total_seconds - out.no_failure_seconds;
   out.mean_iteration_seconds = out.total_seconds / out.steps;
   out.goodput = out.steps * T / out.total_seconds;
   return out;

@@ -261,7 +261,7 @@ TEST_CASE("failures: work since the last complete checkpoint is lost, then detec
     CHECK(e.lost_seconds == Approx(10 - 6.5));
     CHECK(e.resume_at_seconds == Approx(21));
     CHECK(t.steps == 5);  // up to the interrupted iteration, redone
-    CHECK(t.fault_free_seconds == Approx(10.5));
+    CHECK(t.no_failure_seconds == Approx(10.5));
     CHECK(t.total_seconds == Approx(21 + (10.5 - 6.5)));
     CHECK(t.lost_seconds == Approx(3.5 + 1 + 10));
     CHECK(t.mean_iteration_seconds == Approx(25.0 / 5));
@@ -291,7 +291,7 @@ TEST_CASE("failures: work since the last complete checkpoint is lost, then detec
     // Resumed at 26 s from iteration 3: done at 26 + e(6) − e(3) = 32.5 s < 40 s.
     CHECK(!t.events[2].fired);
     CHECK(t.total_seconds == Approx(26 + 13 - 6.5));
-    CHECK(t.fault_free_seconds == Approx(13));
+    CHECK(t.no_failure_seconds == Approx(13));
     CHECK(t.checkpoints == 2);
   }
   SECTION("bad options are named") {

@@ -82,7 +82,7 @@ struct FailureEvent {
 struct FailureTimeline {
   int steps = 0;
   double iteration_seconds = 0;
-  double fault_free_seconds = 0;   ///< steps iterations and their checkpoint writes
+  double no_failure_seconds = 0;   ///< steps iterations and their checkpoint writes
   double total_seconds = 0;        ///< with the failures
   double lost_seconds = 0;         ///< total − fault-free
   double mean_iteration_seconds = 0;  ///< total / steps
