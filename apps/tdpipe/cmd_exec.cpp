@@ -45,8 +45,8 @@ struct ExecArgs {
   int device = -1;                     // cuda backend, loopback
   std::int64_t max_ops = 0;
   std::string inject_overflow;         // "STEP:RANK:SLICE", cpu backend, fp16
-  std::vector<std::string> inject;     // fault specs (exec/faults.hpp), cpu backend
-  exec::FaultOptions faults;           // cpu backend
+  std::vector<std::string> inject;     // fault specs (exec/faults.hpp)
+  exec::FaultOptions faults;           // cpu backend; cuda: loopback
   std::string resume;                  // checkpoint folder to resume from
 };
 
@@ -66,9 +66,9 @@ exec::cpu::TrainOptions::OverflowInjection parse_injection(const std::string& te
 exec::FaultOptions fault_options(const ExecArgs& a) {
   exec::FaultOptions f = a.faults;
   const bool any = !a.inject.empty() || !f.checkpoint_dir.empty() || !a.resume.empty();
-  if (any && a.backend != "cpu")
-    throw Error("--inject, --checkpoint-dir and --resume are built on the CPU backend only: the CUDA backend has no "
-                "fault injection, checkpoints or restart yet");
+  if (any && a.backend == "cuda" && a.transport != "loopback")
+    throw Error("--inject, --checkpoint-dir and --resume on the cuda backend need --transport loopback: the NCCL "
+                "transport has no restart yet (its processes end on a lost peer)");
   if (any && a.balance_every > 0)
     throw Error("--balance-every with --inject, --checkpoint-dir or --resume: a re-balanced run changes its plan "
                 "between segments, and a checkpoint names one plan; drop one of them");
@@ -117,6 +117,7 @@ void run_exec(const ExecArgs& a) {
     c.rank_speed = a.rank_speed;
     c.balance_every = a.balance_every;
     c.balance_alpha = a.balance_alpha;
+    c.faults = faults;
     run_exec_cuda(c);
     return;
   }
@@ -216,12 +217,12 @@ void add_exec_command(CLI::App& app) {
                   "STEP:RANK:SLICE — cpu backend, model.dtype fp16: world rank RANK stores an inf into a gradient of "
                   "temporal slice SLICE at step STEP, to watch the per-slice loss scaler skip that step everywhere");
   cmd->add_option("--inject", args->inject,
-                  "cpu backend: inject a fault (repeatable) — kill:rank=R,step=S[,op=OP], hang:rank=R,step=S[,op=OP], "
+                  "inject a fault (repeatable; cuda backend: loopback transport, kill, hang, slow and ckpt-fail) — kill:rank=R,step=S[,op=OP], hang:rank=R,step=S[,op=OP], "
                   "drop:rank=R,peer=Q,step=S[,message=N][,times=N], corrupt:… (as drop), slow:rank=R,factor=F[,step=S], "
                   "ckpt-fail:step=S[,rank=R]; ranks are world ranks (replica·p + rank); see README \"Faults and "
                   "recovery\"");
   cmd->add_option("--checkpoint-dir", args->faults.checkpoint_dir,
-                  "cpu backend: write checkpoints here (per rank: weights, Adam state, loss scaler; a manifest last)");
+                  "Write checkpoints here (per rank: weights, Adam state, loss scaler; a manifest last; cuda: loopback)");
   cmd->add_option("--checkpoint-every", args->faults.checkpoint_every, "Steps between checkpoints (0: none)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--checkpoint-keep", args->faults.checkpoint_keep, "Complete checkpoints kept")

@@ -35,6 +35,7 @@ void run_exec_cuda(const CudaExecRequest& a) {
   opt.transport = exec::cuda::transport_from_string(a.transport);
   opt.watchdog_seconds = a.watchdog;
   opt.device = a.device;
+  opt.faults = a.faults;
   exec::cuda::CudaRunResult r;
   if (a.balance_every <= 0 || a.steps == 0) {
     r = exec::cuda::run_cuda(plan, opt);  // (which refuses --steps 0)

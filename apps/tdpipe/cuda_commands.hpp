@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tdpipe/exec/cpu/calibrate.hpp"
+#include "tdpipe/exec/faults.hpp"
 
 namespace tdpipe::apps {
 
@@ -19,6 +20,7 @@ struct CudaExecRequest {
   double lr = 3e-3, watchdog = 120, balance_alpha = 0.3;
   std::uint64_t seed = 7;
   bool json = false, check = false;
+  exec::FaultOptions faults;  ///< --inject, checkpoints, resume (loopback)
 };
 /// Trains on GPUs and prints what the CPU backend prints (root process only).
 void run_exec_cuda(const CudaExecRequest& request);

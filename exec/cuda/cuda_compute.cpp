@@ -25,6 +25,7 @@ CudaCompute::CudaCompute(const cpu::GptConfig& config, const ir::Plan& plan, int
       control_(control),
       rank_(rank),
       replica_(replica),
+      world_rank_(replica * plan.num_ranks() + rank),
       microbatches_(plan.microbatches),
       offsets_(cpu::slice_offsets(plan, config.seq)) {
   if (corpus.vocab() > config.vocab)
@@ -38,6 +39,82 @@ CudaCompute::CudaCompute(const cpu::GptConfig& config, const ir::Plan& plan, int
   loss_ = DeviceMemory(sizeof(double), ctx.compute(), true);
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
   speed_ = cpu::rank_speed_of(options, rank);
+}
+
+namespace {
+std::vector<double> download_floats(const float* device, std::size_t n, cudaStream_t stream) {
+  std::vector<float> host(n);
+  if (n > 0) {
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    TDPIPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  return {host.begin(), host.end()};
+}
+void upload_floats(float* device, const std::vector<double>& values, cudaStream_t stream) {
+  const std::vector<float> host(values.begin(), values.end());
+  if (host.empty()) return;
+  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+}  // namespace
+
+RankCheckpoint CudaCompute::checkpoint() {
+  ctx_->bind();
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->dp()));  // 1-bit Adam's kernels run there
+  RankCheckpoint out;
+  out.world_rank = world_rank_;
+  auto errors = [&](const std::vector<DeviceMemory>& e, int ch) {
+    const auto c = static_cast<std::size_t>(ch);
+    if (c >= e.size() || e[c].empty()) return std::vector<double>();
+    return download_floats(e[c].as<float>(), e[c].bytes() / sizeof(float), ctx_->dp());
+  };
+  for (int ch = 0; ch < chunks(); ++ch) {
+    GptStageCuda& st = chunk_stage(ch);
+    const auto n = static_cast<std::size_t>(st.parameter_count());
+    out.arrays.emplace_back("c" + std::to_string(ch) + ".params", download_floats(st.master_params(), n, ctx_->compute()));
+    out.arrays.emplace_back("c" + std::to_string(ch) + ".m1", download_floats(st.moments(1), n, ctx_->compute()));
+    out.arrays.emplace_back("c" + std::to_string(ch) + ".m2", download_floats(st.moments(2), n, ctx_->compute()));
+    out.arrays.emplace_back("c" + std::to_string(ch) + ".worker_error", errors(worker_error_, ch));
+    out.arrays.emplace_back("c" + std::to_string(ch) + ".server_error", errors(server_error_, ch));
+  }
+  return out;
+}
+
+void CudaCompute::restore(const RankCheckpoint& state) {
+  if (state.world_rank != world_rank_)
+    throw Error("restore: a checkpoint of world rank " + std::to_string(state.world_rank) + " given to world rank " +
+                std::to_string(world_rank_));
+  if (state.arrays.size() != static_cast<std::size_t>(5 * chunks()))
+    throw Error("restore: world rank " + std::to_string(world_rank_) + " has " + std::to_string(chunks()) +
+                " chunks, its checkpoint " + std::to_string(state.arrays.size()) + " arrays (5 per chunk)");
+  ctx_->bind();
+  std::size_t i = 0;
+  for (int ch = 0; ch < chunks(); ++ch) {
+    GptStageCuda& st = chunk_stage(ch);
+    const auto n = static_cast<std::size_t>(st.parameter_count());
+    auto next = [&](const char* what, std::size_t size) -> const std::vector<double>& {
+      const auto& [name, values] = state.arrays[i++];
+      const std::string want = "c" + std::to_string(ch) + "." + what;
+      if (name != want || (size > 0 && values.size() != size))
+        throw Error("restore: world rank " + std::to_string(world_rank_) + ": the checkpoint's " + name + " (" +
+                    std::to_string(values.size()) + " values) is not chunk " + std::to_string(ch) + "'s " + what +
+                    " (" + std::to_string(size) + " values)");
+      return values;
+    };
+    upload_floats(st.master_params(), next("params", n), ctx_->compute());
+    upload_floats(st.moments(1), next("m1", n), ctx_->compute());
+    upload_floats(st.moments(2), next("m2", n), ctx_->compute());
+    st.refresh_bf16_weights();
+    // The error feedback: sized when first used; empty in the checkpoint until then.
+    for (auto* errors : {&worker_error_, &server_error_}) {
+      const auto& values = next(errors == &worker_error_ ? "worker_error" : "server_error", 0);
+      if (errors->size() <= static_cast<std::size_t>(ch)) errors->resize(static_cast<std::size_t>(ch) + 1);
+      DeviceMemory& e = (*errors)[static_cast<std::size_t>(ch)];
+      e = values.empty() ? DeviceMemory() : DeviceMemory(values.size() * sizeof(float), ctx_->dp());
+      upload_floats(e.as<float>(), values, ctx_->dp());
+    }
+  }
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->compute()));
 }
 
 CudaCompute::~CudaCompute() {

@@ -39,6 +39,15 @@ class CudaCompute final : public Compute {
   void onebit_serve(int chunk, int index, int count, int member, int members, OnebitMessages& m) override;
   void onebit_expand(int chunk, int index, int count, int members, const OnebitMessages& m) override;
   double end_step() override;
+  /// This rank's state between steps, downloaded (fp32 → double, exact): per chunk its
+  /// master weights, both Adam moments and 1-bit Adam's error feedback — the arrays
+  /// cpu::CpuCompute::checkpoint() names, so one checkpoint format serves both backends.
+  RankCheckpoint checkpoint();
+  /// Uploads a checkpoint() of the same rank of the same plan (the bf16 weights follow
+  /// the master); throws tdpipe::Error naming a mismatched array.
+  void restore(const RankCheckpoint& state);
+  /// bf16 training has no loss scaler (fp16 is refused on this backend).
+  const LossScaler* loss_scaler() const { return nullptr; }
 
   int chunks() const { return static_cast<int>(stages_.size()); }
   GptStageCuda& chunk_stage(int chunk) { return stages_.at(static_cast<std::size_t>(chunk)); }
@@ -54,7 +63,7 @@ class CudaCompute final : public Compute {
   cpu::TrainOptions options_;
   const DeviceContext* ctx_;
   RunControl* control_;
-  int rank_, replica_, microbatches_;
+  int rank_, replica_, world_rank_, microbatches_;
   std::vector<int> offsets_;
   float loss_scale_;
   std::vector<GptStageCuda> stages_;

@@ -29,6 +29,7 @@
 #include "tdpipe/exec/cuda/launch_env.hpp"
 #include "tdpipe/exec/interpreter.hpp"
 #include "tdpipe/exec/launch_common.hpp"
+#include "tdpipe/exec/recovery.hpp"
 #include "tdpipe/ir/error.hpp"
 
 namespace tdpipe::exec::cuda {
@@ -177,6 +178,82 @@ class OriginEvent {
 
 // ---- loopback: every rank a thread, one GPU ---------------------------------------
 
+/// recovery.hpp's World for the loopback transport: every rank a thread on one GPU.
+struct LoopbackWorld {
+  LoopbackWorld(const cpu::GptConfig& config, const ir::Plan& plan, const cpu::Corpus& corpus,
+                const CudaRunOptions& options, int device, OriginEvent& origin)
+      : plan(&plan), fabric(control), origin(&origin) {
+    const int p = plan.num_ranks(), d = std::max(1, plan.data);
+    for (int k = 0; k < d; ++k)
+      for (int r = 0; r < p; ++r) {
+        contexts.push_back(std::make_unique<DeviceContext>(device));
+        computes.push_back(std::make_unique<CudaCompute>(config, plan, r, k, corpus, options.train,
+                                                         *contexts.back(), &control));
+        transports.push_back(std::make_unique<LoopbackTransport>(fabric, *contexts.back(), k, r, p, d));
+      }
+    for (auto& c : contexts) clocks.push_back(std::make_unique<CudaClock>(*c, origin.get()));
+  }
+  ~LoopbackWorld() {
+    if (control.failed()) fabric.abort(control.failure());
+    cudaDeviceSynchronize();
+  }
+
+  // Runs body(w) on one thread per rank, bound to its device context; the first error
+  // fails the run (the others stop at their next wait).
+  void on_every_rank(const std::string& what, const std::function<void(int)>& body) {
+    std::vector<std::thread> threads;
+    for (int w = 0; w < static_cast<int>(computes.size()); ++w)
+      threads.emplace_back([&, w] {
+        try {
+          contexts[static_cast<std::size_t>(w)]->bind();
+          body(w);
+        } catch (const Aborted&) {
+        } catch (const std::exception& e) {
+          control.fail("rank " + std::to_string(w) + ": " + what + e.what());
+        }
+      });
+    for (auto& t : threads) t.join();
+    if (control.failed()) fabric.abort(control.failure());
+  }
+
+  std::unique_ptr<Watchdog> watchdog(double seconds) {
+    return std::make_unique<Watchdog>(
+        control, seconds,
+        [this](std::string& report) {
+          for (const auto& line : fabric.p2p().pending()) report += "\n  unmatched: " + line;
+        },
+        [this] { fabric.abort("watchdog fired"); });
+  }
+  std::int64_t now_ns() { return clocks[0]->now_ns(ir::Stream::Compute); }
+  std::int64_t run_step(int step, FaultInjector& injector, Heartbeats* heartbeats, std::vector<RankStepResult>& outs,
+                        cpu::RunResult&) {
+    TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
+    // One origin for every rank: all share the device, so event times compare directly.
+    // It is re-recorded at the start of every step: cudaEventElapsedTime returns float
+    // ms, whose 24-bit mantissa would lose µs after ~20 s of a long run.
+    origin->record(contexts[0]->compute());  // every rank thread is joined: nobody reads it now
+    const std::int64_t start = now_ns();
+    const int p = plan->num_ranks();
+    on_every_rank("", [&](int w) {
+      const auto i = static_cast<std::size_t>(w);
+      Backend backend{computes[i].get(), transports[i].get(), clocks[i].get(), &injector, heartbeats};
+      outs[i] = run_rank_step(*plan, w % p, w, step, backend, control);
+    });
+    if (!control.failed()) TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
+    return start;
+  }
+  void step_done(cpu::RunResult&) {}
+
+  const ir::Plan* plan;
+  RunControl control;
+  LoopbackFabric fabric;
+  OriginEvent* origin;
+  std::vector<std::unique_ptr<DeviceContext>> contexts;
+  std::vector<std::unique_ptr<CudaCompute>> computes;
+  std::vector<std::unique_ptr<LoopbackTransport>> transports;
+  std::vector<std::unique_ptr<CudaClock>> clocks;
+};
+
 CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) {
   const int p = plan.num_ranks(), d = std::max(1, plan.data);
   const LaunchEnv launch = parse_launch_env(process_env());
@@ -191,77 +268,37 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
   const DeviceSetup setup = set_up_device(device, plan, options.train, all_ranks, d);
   const cpu::GptConfig& config = setup.config;
   const cpu::Corpus& corpus = setup.corpus;
+  const FaultOptions& fo = options.faults;
+  const cpu::RecoveryStart rs =
+      cpu::prepare_recovery(plan, config, options.train, options.start, fo, options.watchdog_seconds, corpus);
+  const int first = rs.first, steps = rs.end - rs.first;
+  FaultInjector injector(fo.inject);
 
-  RunControl control;
-  LoopbackFabric fabric(control);
-  std::vector<std::unique_ptr<DeviceContext>> contexts;
-  std::vector<std::unique_ptr<CudaCompute>> computes;
-  std::vector<std::unique_ptr<LoopbackTransport>> transports;
-  for (int k = 0; k < d; ++k)
-    for (int r = 0; r < p; ++r) {
-      contexts.push_back(std::make_unique<DeviceContext>(device));
-      computes.push_back(std::make_unique<CudaCompute>(config, plan, r, k, corpus, options.train, *contexts.back(),
-                                                       &control));
-      transports.push_back(std::make_unique<LoopbackTransport>(fabric, *contexts.back(), k, r, p, d));
-    }
-  const int first = cpu::load_start_state(options.start, computes);
-  // One origin for every rank: all share the device, so event times compare directly.
-  // It is re-recorded at the start of every step (origin.record): cudaEventElapsedTime
-  // returns float ms, whose 24-bit mantissa would lose µs after ~20 s of a long run.
   OriginEvent origin;
-  std::vector<std::unique_ptr<CudaClock>> clocks;
-  for (auto& c : contexts) clocks.push_back(std::make_unique<CudaClock>(*c, origin.get()));
-
-  // Runs body(w) on one thread per rank, bound to its device context; the first error
-  // fails the run (the others stop at their next wait) and is thrown once all are joined.
-  auto on_every_rank = [&](const std::string& what, const std::function<void(int)>& body) {
-    std::vector<std::thread> threads;
-    for (int w = 0; w < p * d; ++w)
-      threads.emplace_back([&, w] {
-        try {
-          contexts[static_cast<std::size_t>(w)]->bind();
-          body(w);
-        } catch (const Aborted&) {
-        } catch (const std::exception& e) {
-          control.fail("rank " + std::to_string(w) + ": " + what + e.what());
-        }
-      });
-    for (auto& t : threads) t.join();
-    if (control.failed()) {
-      fabric.abort(control.failure());
-      throw Error(control.failure());
-    }
+  // Builds the ranks (the last incarnation's are gone: one GPU holds one set) and loads
+  // a checkpoint, else the start.
+  auto build = [&](const std::optional<CheckpointManifest>& from) {
+    auto w = std::make_unique<LoopbackWorld>(config, plan, corpus, options, device, origin);
+    cpu::load_world_state(w->computes, fo.checkpoint_dir, from, options.start);
+    return w;
   };
+  std::unique_ptr<LoopbackWorld> world = build(rs.resumed);
 
   CudaRunResult out;
   out.device_name = device_name(device);
   cpu::RunResult& result = out.run;
-  const int steps = options.train.steps;
   const int trace_step = resolve_trace_step(options.trace_step, steps);
   result.trace = run_trace_header("cuda", plan, p * d);
-  {
-    Watchdog watchdog(
-        control, options.watchdog_seconds,
-        [&fabric](std::string& report) {
-          for (const auto& line : fabric.p2p().pending()) report += "\n  unmatched: " + line;
-        },
-        [&fabric] { fabric.abort("watchdog fired"); });
-    for (int step = 0; step < steps; ++step) {
-      std::vector<RankStepResult> outs(static_cast<std::size_t>(p * d));
-      TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
-      origin.record(contexts[0]->compute());  // every rank thread is joined: nobody reads it now
-      const std::int64_t step_start = clocks[0]->now_ns(ir::Stream::Compute);
-      on_every_rank("", [&](int w) {
-        const auto i = static_cast<std::size_t>(w);
-        Backend backend{computes[i].get(), transports[i].get(), clocks[i].get()};
-        outs[i] = run_rank_step(plan, w % p, w, first + step, backend, control);
-      });
-      TDPIPE_CUDA_CHECK(cudaDeviceSynchronize());
-      const std::int64_t step_end = clocks[0]->now_ns(ir::Stream::Compute);
-      cpu::record_step(result, outs, step_end - step_start, step == trace_step, options.keep_step_traces, "cuda",
-                       plan, p * d);
-    }
-  }
+  LossScaleState traced_scale;
+  cpu::run_recovering(plan, rs, {fo, options.watchdog_seconds, trace_step, options.keep_step_traces, "cuda"},
+                      injector, build, world, result, traced_scale);
+  auto& computes = world->computes;
+  auto& transports = world->transports;
+  RunControl& control = world->control;
+  auto on_every_rank = [&](const std::string& what, const std::function<void(int)>& body) {
+    world->on_every_rank(what, body);
+    if (control.failed()) throw Error(control.failure());
+  };
 
   // A sharded optimizer left each replica with its own segments' reduced gradients and
   // moments: gather them (the plan's own collective), so replica 0 reports the whole state.
@@ -298,6 +335,9 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
     }
   out.weights_l2 = std::sqrt(ss);
   fill_metadata(result, plan, config, options, trace_step, out.device_name, 1);
+  result.trace.metadata["restarts"] = std::to_string(result.restarts);
+  if (result.checkpoints_written > 0)
+    result.trace.metadata["checkpoints_written"] = std::to_string(result.checkpoints_written);
   return out;
 }
 
@@ -594,6 +634,14 @@ void check_request(const ir::Plan& plan, const CudaRunOptions& options, Transpor
                 "bf16): run the plan on the CPU backend (--backend cpu), which emulates fp16 stores and scales the "
                 "loss per slice, or set model.dtype: bf16");
   if (options.train.steps < 1) throw Error("--steps: expected at least 1");
+  const FaultOptions& fo = options.faults;
+  if ((!fo.inject.empty() || !fo.checkpoint_dir.empty()) && transport != TransportKind::Loopback)
+    throw Error("--inject, --checkpoint-dir and --resume on the cuda backend need --transport loopback: the NCCL "
+                "transport has no restart yet (its processes end on a lost peer)");
+  for (const FaultSpec& f : fo.inject)
+    if (f.kind == FaultSpec::Kind::Drop || f.kind == FaultSpec::Kind::Corrupt)
+      throw Error("--inject \"" + f.text + "\": lost and corrupt messages are the CPU backend's faults (its fabric "
+                  "checksums and acknowledges every message); on GPUs NCCL's transports retransmit below it");
   if (options.start && transport != TransportKind::Loopback)
     throw Error("a start state (re-balancing, --balance-every) needs the loopback transport: an NCCL process "
                 "holds only its own ranks' weights");

@@ -47,7 +47,7 @@ ir::Scenario one_gpu_nodes(int nodes, int pipeline, int data) {
 
 }  // namespace
 
-TEST_CASE("sim fault specs: slow, link and fail parse; bad ones name the spec and the key", "[sim][faults]") {
+TEST_CASE("sim fault specs: slow, link and fail parse, and bad ones name the spec and the key", "[sim][faults]") {
   const auto slow = sim::parse_sim_fault("slow:rank=3,factor=1.5");
   CHECK(slow.kind == sim::SimFault::Kind::Slow);
   CHECK(slow.rank == 3);

@@ -205,6 +205,10 @@ class CpuClock final : public Clock {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now() - origin_).count();
   }
+  /// A time point on this clock.
+  std::int64_t ns_of(std::chrono::steady_clock::time_point t) const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t - origin_).count();
+  }
 
  private:
   std::chrono::steady_clock::time_point origin_;

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "tdpipe/exec/cpu/run.hpp"
+#include "tdpipe/exec/faults.hpp"
 #include "tdpipe/exec/cuda/launch_env.hpp"
 #include "tdpipe/ir/plan.hpp"
 
@@ -32,6 +33,11 @@ struct CudaRunOptions {
   /// e.g. after re-balancing; steps, data and Adam go on from state.steps_done). Loopback
   /// only: an NCCL process holds only its own ranks, so it neither takes nor returns one.
   std::optional<cpu::TrainState> start;
+  /// Injected faults, checkpoints, restart and resume, as the CPU backend's
+  /// (exec/faults.hpp, recovery.hpp); loopback transport only. kill, hang, slow and
+  /// ckpt-fail: drop and corrupt are the CPU fabric's (NCCL has no per-message checksum
+  /// to catch them with).
+  FaultOptions faults;
 };
 
 struct CudaRunResult {
