@@ -383,6 +383,21 @@ PY
     out=$("$tdpipe" balance scenarios/llama2-70b-a100-4x8.yaml --alpha 0 2>&1) && fail "--alpha 0 exited 0"
     expect "$out" '--alpha 0: expected 0 < alpha <= 1' "alpha"
     ;;
+  exec-faults-cuda)
+    # The CUDA backend (on the emulated GPU), loopback transport: a killed rank restarted
+    # from a checkpoint ends as the clean run does, to the last digit.
+    clean=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --steps 4 | grep -o '^final loss [0-9.]*, weights L2 [0-9.]*') \
+        || fail "clean cuda run exited $?"
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --steps 4 --checkpoint-dir "$work/ck" \
+          --checkpoint-every 1 --heartbeat-timeout 0.5 --inject kill:rank=1,step=2,op=F1) || fail "faulty cuda run exited $?"
+    expect "$out" 'fault at step 2, rank 1: rank lost: rank 1 sent no heartbeat' "kill found by heartbeats"
+    expect "$out" 'restarted from the checkpoint after step 1' "restart from the last checkpoint"
+    expect "$out" "^${clean}, " "same final loss and weights as the clean run"
+    [ -f "$work/ck/step-00000004/MANIFEST.json" ] || fail "no checkpoint after 4 steps"
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --transport nccl --steps 2 --inject kill:rank=1,step=1 2>&1) \
+        && fail "nccl with faults accepted"
+    expect "$out" 'need --transport loopback' "nccl refused"
+    ;;
   balance-cuda)
     # The CUDA backend (on the emulated GPU) in the balancer's loop: rank 1 at a quarter speed,
     # segments of 2 steps, weights and Adam state carried across the re-partition — the
