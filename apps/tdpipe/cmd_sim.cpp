@@ -48,6 +48,7 @@ struct SimArgs {
   int checkpoint_every = 0;
   double checkpoint_seconds = 0, detect_seconds = 1, restart_seconds = -1;
   int steps = 0;
+  bool failure_options_given = false;  ///< any of the five above on the command line
 };
 
 /// One run of the table: a schedule, its slices (0: the scenario's) and, for auto, the
@@ -184,7 +185,7 @@ struct FaultRun {
 /// Per schedule: the fault-free iteration (slow/link faults) and the failure timeline.
 struct FaultRow {
   double fault_free_iteration_seconds = 0;
-  int trace_replica = 0;
+  int trace_replica = 0, trace_tp = 0;  ///< the pipeline the trace shows: the one that ends last
 #ifdef TDPIPE_HAVE_SIMGRID
   std::optional<sim::FailureTimeline> timeline;
 #endif
@@ -192,8 +193,7 @@ struct FaultRow {
 
 FaultRun parse_faults(const SimArgs& a, const ir::Scenario& sc) {
   FaultRun fr;
-  const bool failure_options = a.checkpoint_every > 0 || a.checkpoint_seconds > 0 || a.restart_seconds >= 0 ||
-                               a.steps > 0;
+  const bool failure_options = a.failure_options_given;
 #ifdef TDPIPE_HAVE_SIMGRID
   std::vector<sim::SimFault> all;
   for (const auto& text : a.inject) {
@@ -205,8 +205,8 @@ FaultRun parse_faults(const SimArgs& a, const ir::Scenario& sc) {
                             "(--engine simgrid), not the analytic one",
                             fr.simulated.front().text));
   if (fr.fails.empty() && failure_options)
-    throw Error("--checkpoint-every, --checkpoint-seconds, --restart-seconds and --steps price a failure: "
-                "give them with --inject fail:rank=G,at=T");
+    throw Error("--checkpoint-every, --checkpoint-seconds, --detect-seconds, --restart-seconds and --steps price "
+                "a failure: give them with --inject fail:rank=G,at=T");
   if (!fr.fails.empty()) {
     if (a.checkpoint_every < 1)
       throw Error(fmt::format("--inject \"{}\" needs --checkpoint-every N (iterations between checkpoints): the "
@@ -233,6 +233,12 @@ FaultRun parse_faults(const SimArgs& a, const ir::Scenario& sc) {
     throw Error("--inject: this build has no simulator (built without SimGrid)");
 #endif
   return fr;
+}
+
+/// A schedule's name with its slices when it has several (tdpipe and auto run at many).
+std::string label(const planner::ScheduleReport& r) {
+  return r.slices > 1 && r.schedule.find(" S=") == std::string::npos ? fmt::format("{} S={}", r.schedule, r.slices)
+                                                                    : r.schedule;
 }
 
 std::string seconds_text(double s) { return s >= 1 ? fmt::format("{:.3f} s", s) : fmt::format("{:.3f} ms", s * 1e3); }
@@ -266,16 +272,18 @@ void print_faults(const SimArgs& a, const FaultRun& fr, const std::vector<planne
       std::string list;
       for (int r : fr.affected) list += fmt::format("{}{}", list.empty() ? "" : ", ", r);
       const int healthy = d - static_cast<int>(fr.affected.size());
-      fmt::print("  simulated exactly: replica{} {} of {}{}; the trace shows replica {}\n",
-                 fr.affected.size() > 1 ? "s" : "", list, d,
-                 healthy > 0 ? fmt::format(", one healthy replica standing for the other {}", healthy) : "",
-                 fr.affected.front());
+      fmt::print("  simulated exactly: replica{} {} of {}{}\n", fr.affected.size() > 1 ? "s" : "", list, d,
+                 healthy == 1   ? std::string(", one healthy replica for the other healthy one")
+                 : healthy > 1 ? fmt::format(", one healthy replica standing for the other {}", healthy - 1)
+                                : std::string());
     }
-    fmt::print("  {:<18} {:>12} {:>12} {:>9}\n", "schedule", "with faults", "fault-free", "change");
+    fmt::print("  {:<24} {:>12} {:>12} {:>9}  {}\n", "schedule", "with faults", "fault-free", "change",
+               "traced pipeline (ends last)");
     for (std::size_t i = 0; i < rows.size(); ++i)
-      fmt::print("  {:<18} {:>12} {:>12} {:>+8.2f}%\n", rows[i].schedule, seconds_text(rows[i].iteration_seconds),
-                 seconds_text(extra[i].fault_free_iteration_seconds),
-                 100 * (rows[i].iteration_seconds / extra[i].fault_free_iteration_seconds - 1));
+      fmt::print("  {:<24} {:>12} {:>12} {:>+8.2f}%  replica {}, TP rank {}\n", label(rows[i]),
+                 seconds_text(rows[i].iteration_seconds), seconds_text(extra[i].fault_free_iteration_seconds),
+                 100 * (rows[i].iteration_seconds / extra[i].fault_free_iteration_seconds - 1), extra[i].trace_replica,
+                 extra[i].trace_tp);
   }
   if (fr.fails.empty()) return;
   fmt::print("  failures: a checkpoint after every {} iteration{} ({}), detection {}, restart {}\n",
@@ -285,10 +293,11 @@ void print_faults(const SimArgs& a, const FaultRun& fr, const std::vector<planne
              seconds_text(fr.failure.detect_seconds), seconds_text(fr.failure.restart_seconds));
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const sim::FailureTimeline& t = *extra[i].timeline;
-    fmt::print("  {}: {} iterations of {}:\n", rows[i].schedule, t.steps, seconds_text(t.iteration_seconds));
+    fmt::print("  {}: {} iterations of {}:\n", label(rows[i]), t.steps, seconds_text(t.iteration_seconds));
     for (const auto& e : t.events) {
       if (!e.fired) {
-        fmt::print("    {}: never happens: the run is over by {}\n", e.text, seconds_text(e.at_seconds));
+        fmt::print("    {}: never happens: the run ends at {}, before {}\n", e.text, seconds_text(t.no_failure_seconds),
+                   seconds_text(e.at_seconds));
         continue;
       }
       fmt::print("    {}: in iteration {}; back to {}, {} of work lost; resumes at {}\n", e.text, e.iteration,
@@ -335,7 +344,8 @@ void run_sim(const SimArgs& a) {
       planner::ScheduleReport row = planner::make_report(built, trace, a.engine);
       if (!faults.simulated.empty()) {
         fx.fault_free_iteration_seconds = planner::make_report(built, predict(built, a), a.engine).iteration_seconds;
-        fx.trace_replica = faults.affected.front();
+        if (trace.metadata.count("replica")) fx.trace_replica = std::stoi(trace.metadata.at("replica"));
+        if (trace.metadata.count("tp_rank")) fx.trace_tp = std::stoi(trace.metadata.at("tp_rank"));
       }
       if (!faults.fails.empty()) fx.timeline = sim::failure_timeline(row.iteration_seconds, faults.fails, faults.failure);
 #else
@@ -363,7 +373,8 @@ void run_sim(const SimArgs& a) {
           fj["fault_free_iteration_seconds"] = extra[i].fault_free_iteration_seconds;
           fj["slowdown"] = rows[i].iteration_seconds / extra[i].fault_free_iteration_seconds;
           fj["trace_replica"] = extra[i].trace_replica;
-          fj["simulated_replicas"] = faults.affected;
+          fj["trace_tp_rank"] = extra[i].trace_tp;
+          fj["affected_replicas"] = faults.affected;
         }
         if (extra[i].timeline) fj["failure"] = to_json(*extra[i].timeline);
         row["faults"] = fj;
@@ -412,23 +423,27 @@ void add_sim_command(CLI::App& app) {
                   "A fault (repeatable): slow:rank=G,factor=F (a straggler GPU), link:node=N,factor=F[,nic=J] "
                   "(degraded NICs), fail:rank=G,at=T (a GPU lost T = 10s, 5min, 2h into the run). G is a GPU "
                   "index: (replica·p + stage)·t + TP rank; see README \"Faults and recovery\"");
-  cmd->add_option("--checkpoint-every", args->checkpoint_every,
+  std::vector<CLI::Option*> failure;
+  failure.push_back(cmd->add_option("--checkpoint-every", args->checkpoint_every,
                   "fail: a checkpoint after every N iterations; the restart resumes from the last complete one")
-      ->check(CLI::Range(1, 1 << 30));
-  cmd->add_option("--checkpoint-seconds", args->checkpoint_seconds,
+      ->check(CLI::Range(1, 1 << 30)));
+  failure.push_back(cmd->add_option("--checkpoint-seconds", args->checkpoint_seconds,
                   "fail: time one checkpoint write blocks the run (default 0)")
-      ->check(CLI::Range(0.0, 1e9));
-  cmd->add_option("--detect-seconds", args->detect_seconds,
+      ->check(CLI::Range(0.0, 1e9)));
+  failure.push_back(cmd->add_option("--detect-seconds", args->detect_seconds,
                   "fail: from the loss to the job knowing (heartbeat or collective timeout)")
       ->check(CLI::Range(0.0, 1e9))
-      ->capture_default_str();
-  cmd->add_option("--restart-seconds", args->restart_seconds,
+      ->capture_default_str());
+  failure.push_back(cmd->add_option("--restart-seconds", args->restart_seconds,
                   "fail: relaunch, communicator set-up and checkpoint load (required with fail)")
-      ->check(CLI::Range(0.0, 1e9));
-  cmd->add_option("--steps", args->steps,
+      ->check(CLI::Range(0.0, 1e9)));
+  failure.push_back(cmd->add_option("--steps", args->steps,
                   "fail: iterations in the run (default: up to the last interrupted one, redone)")
-      ->check(CLI::Range(1, 1 << 30));
-  cmd->callback([args] { run_sim(*args); });
+      ->check(CLI::Range(1, 1 << 30)));
+  cmd->callback([args, failure] {
+    for (const CLI::Option* o : failure) args->failure_options_given = args->failure_options_given || o->count() > 0;
+    run_sim(*args);
+  });
 }
 
 }  // namespace tdpipe::apps

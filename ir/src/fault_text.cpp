@@ -22,6 +22,8 @@ FaultText parse_fault_text(std::string_view text, const std::map<std::string, Fa
   const FaultKeys& keys = k->second;
   std::set<std::string, std::less<>> seen;
   std::string_view rest = colon == std::string_view::npos ? std::string_view() : text.substr(colon + 1);
+  if (!rest.empty() && rest.back() == ',')
+    throw Error(fmt::format("--inject \"{}\": ends with a comma; expected {}", text, help));
   while (!rest.empty()) {
     const auto comma = rest.find(',');
     const std::string_view item = rest.substr(0, comma);

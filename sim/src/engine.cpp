@@ -55,6 +55,7 @@ struct OpState {
   int recv_steps = 0;  ///< plain ring collectives: steps received from the predecessor
   bool flowed = false; ///< reduced collectives coupled across replicas: this member's flow ended
   bool arrived = false; ///< plain, t > 1: this TP rank reached the compute op (TP barrier)
+  bool ready = false;   ///< reduced collectives coupled across replicas: this member can move data
   int segments = 0;    ///< gated compute ops: segments run so far
 };
 
@@ -145,7 +146,9 @@ class Model {
   /// one, and each replica a fault touches) and their slot in gpus_.
   std::vector<int> slots_;
   std::unordered_map<int, int> slot_of_;
-  int trace_replica_ = 0;  ///< the pipeline reported: the first replica a fault touches, else 0
+  /// The pipeline reported: the (replica, TP rank) whose last op ends last — with faults
+  /// the one that sets the iteration; without, replica 0, TP rank 0 (all are alike).
+  int trace_replica_ = 0, trace_tp_ = 0;
   std::vector<sg4::Link*> links_;
   std::int64_t total_ops_ = 0, done_ops_ = 0, next_progress_ = 0;
   std::int64_t actors_ = 0, flows_ = 0;
@@ -533,7 +536,7 @@ void Model::wait_flowed(int gi, int op) {
 // all of its group reached it (a degraded NIC holds one TP rank's activations back).
 void Model::tp_barrier(int gi, int op) {
   GpuRun& g = gpus_[gi];
-  if (reduced_ || place_.tensor <= 1) return;
+  if (reduced_ || place_.tensor <= 1 || opt_.faults.empty()) return;  // lanes alike without faults
   g.ops[op].arrived = true;
   notify(gi);
   for (int tp = 0; tp < place_.tensor; ++tp) {
@@ -548,7 +551,16 @@ void Model::tp_barrier(int gi, int op) {
 // A ring's members move in lockstep: the collective starts when its last member posts
 // and every member finishes with the slowest one.
 void Model::couple_start(int gi, int op) {
-  for (int c : gpus_[gi].coupled) wait_posted(c, op);
+  GpuRun& g = gpus_[gi];
+  if (g.coupled.empty()) return;
+  g.ops[op].ready = true;  // (after a compressed all-reduce's kernels)
+  notify(gi);
+  for (int c : g.coupled) {
+    GpuRun& peer = gpus_[c];
+    if (peer.ops[op].ready) continue;
+    std::unique_lock<sg4::Mutex> lock(*peer.mutex);
+    while (!peer.ops[op].ready) peer.cv->wait(lock);
+  }
 }
 
 void Model::couple_end(int gi, int op) {
@@ -851,7 +863,7 @@ std::string Model::deadlock_report() const {
   std::string msg = "simulation deadlocked: the plan's blocking order cannot complete;";
   int shown = 0;
   for (const auto& g : gpus_) {
-    if (g.replica != trace_replica_ || g.tp != 0) continue;
+    if (g.replica != trace_replica_ || g.tp != trace_tp_) continue;
     for (int s = 0; s < ir::kStreamCount; ++s) {
       const int op = g.waiting[s];
       if (op < 0 || g.ops[op].done) continue;
@@ -914,10 +926,24 @@ RawResult Model::run() {
   out.makespan_ns = to_ns(makespan);
   out.timing.resize(plan_.num_ranks());
   out.xfer_ns.resize(plan_.num_ranks());
+  // Report the pipeline that ends last (ties: the first fault-touched replica, else 0).
+  {
+    std::map<std::pair<int, int>, double> last;
+    for (const auto& g : gpus_)
+      for (const auto& st : g.ops) last[{g.replica, g.tp}] = std::max(last[{g.replica, g.tp}], st.end);
+    double best = last[{trace_replica_, 0}];
+    for (const auto& [key, end] : last)
+      if (end > best + 1e-9) {  // by more than the ns times are kept in
+        best = end;
+        trace_replica_ = key.first;
+        trace_tp_ = key.second;
+      }
+  }
   out.trace_replica = trace_replica_;
+  out.trace_tp = trace_tp_;
   out.replicas = reduced_ ? slots_ : std::vector<int>();
   for (const auto& g : gpus_) {
-    if (g.replica != trace_replica_ || g.tp != 0) continue;
+    if (g.replica != trace_replica_ || g.tp != trace_tp_) continue;
     auto& t = out.timing[g.stage];
     auto& x = out.xfer_ns[g.stage];
     for (const auto& s : g.ops) {

@@ -13,7 +13,7 @@
 namespace tdpipe::sim::detail {
 
 struct RawResult {
-  /// Reported pipeline (trace_replica, TP rank 0): [rank][op] = {start_ns, end_ns}.
+  /// Reported pipeline (trace_replica, trace_tp): [rank][op] = {start_ns, end_ns}.
   std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> timing;
   /// Same shape: when a comm op's data started to move (−1: not a comm op).
   std::vector<std::vector<std::int64_t>> xfer_ns;
@@ -21,7 +21,7 @@ struct RawResult {
   std::vector<LinkUsage> links;
   std::int64_t gpus = 0, actors = 0, flows = 0;
   std::string collective;
-  int trace_replica = 0;
+  int trace_replica = 0, trace_tp = 0;
   std::vector<int> replicas;  ///< reduced: the replicas simulated
   double wall_seconds = 0, cpu_seconds = 0;
   std::int64_t peak_rss_bytes = 0;

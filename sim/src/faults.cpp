@@ -122,11 +122,13 @@ std::string describe_sim_fault(const SimFault& f, const Placement& place, const 
       std::string held;
       for (const auto& [r, s] : groups) held += fmt::format("{}(replica {}, stage {})", held.empty() ? "" : ", ", r, s);
       const std::string nics = f.nic < 0 ? fmt::format("its {} NICs", spec.nics_per_node) : fmt::format("NIC {}", f.nic);
-      return fmt::format("{}: node {} (GPUs {}–{}: {}): {} at {:g}× bandwidth ({:.1f} GB/s each way)", f.text, f.node,
-                         gpus.front(), gpus.back(), held, nics, f.factor, f.factor * spec.nic_bytes_per_second / 1e9);
+      const std::string range = gpus.size() == 1 ? fmt::format("GPU {}", gpus.front())
+                                                 : fmt::format("GPUs {}–{}", gpus.front(), gpus.back());
+      return fmt::format("{}: node {} ({}: {}): {} at {:g}× bandwidth ({:.1f} GB/s each way)", f.text, f.node, range,
+                         held, nics, f.factor, f.factor * spec.nic_bytes_per_second / 1e9);
     }
     case SimFault::Kind::Fail:
-      return fmt::format("{}: GPU {} = {} is lost {:g} s into the run", f.text, f.rank, where(f.rank, place),
+      return fmt::format("{}: GPU {} = {} is lost {:.15g} s into the run", f.text, f.rank, where(f.rank, place),
                          f.at_seconds);
   }
   return f.text;
@@ -142,7 +144,7 @@ FailureTimeline failure_timeline(double T, const std::vector<SimFault>& faults, 
                                 {"--detect-seconds", o.detect_seconds}, {"--restart-seconds", o.restart_seconds}})
     if (!(v >= 0) || !(v <= 1e9)) throw Error(fmt::format("{} {}: expected a time in [0, 1e9] s", name, v));
   if (o.steps < 0) throw Error(fmt::format("--steps {}: expected ≥ 0", o.steps));
-  const int N = o.checkpoint_every;
+  const long long N = o.checkpoint_every;
   const double C = o.checkpoint_seconds;
   // Fault-free: iteration i and every checkpoint before it written by e(i).
   auto e = [&](long long i) { return static_cast<double>(i) * T + static_cast<double>(i / N) * C; };
@@ -170,8 +172,8 @@ FailureTimeline failure_timeline(double T, const std::vector<SimFault>& faults, 
     ev.fired = true;
     if (at < w0) {
       // During a restart: it starts over; no work is lost, the restart so far is.
-      ev.iteration = static_cast<int>(i0 + 1);
-      ev.restart_from = static_cast<int>(i0);
+      ev.iteration = i0 + 1;
+      ev.restart_from = i0;
     } else {
       const double x = at - w0 + e(i0);  // how far a fault-free run would be
       long long k = static_cast<long long>(std::floor(x / e(N)));
@@ -182,8 +184,8 @@ FailureTimeline failure_timeline(double T, const std::vector<SimFault>& faults, 
       long long i = c + static_cast<long long>(std::floor(r / T));
       while (i + 1 < c + N && e(i + 1) <= x) ++i;
       while (i > c && e(i) > x) --i;
-      ev.iteration = static_cast<int>(std::min(i + 1, c + N));  // within the write after c+N: that one
-      ev.restart_from = static_cast<int>(c);
+      ev.iteration = std::min(i + 1, c + N);  // within the write after c+N: that one
+      ev.restart_from = c;
       ev.lost_seconds = r;
       i0 = c;
     }
@@ -192,7 +194,7 @@ FailureTimeline failure_timeline(double T, const std::vector<SimFault>& faults, 
     last_interrupted = std::max<long long>(last_interrupted, ev.iteration);
     out.events.push_back(ev);
   }
-  out.steps = o.steps > 0 ? o.steps : static_cast<int>(std::max<long long>(last_interrupted, 1));
+  out.steps = o.steps > 0 ? o.steps : std::max<long long>(last_interrupted, 1);
   out.checkpoints = out.steps / N;
   out.no_failure_seconds = e(out.steps);
   out.total_seconds = w0 + e(out.steps) - e(i0);

@@ -81,6 +81,7 @@ std::string encode(const detail::RawResult& r) {
   w.pod(r.flows);
   w.str(r.collective);
   w.pod(r.trace_replica);
+  w.pod(r.trace_tp);
   w.pod<std::uint64_t>(r.replicas.size());
   for (int x : r.replicas) w.pod(x);
   w.pod(r.wall_seconds);
@@ -116,6 +117,7 @@ detail::RawResult decode(const std::string& buf) {
   r.flows = rd.pod<std::int64_t>();
   r.collective = rd.str();
   r.trace_replica = rd.pod<int>();
+  r.trace_tp = rd.pod<int>();
   r.replicas.resize(rd.pod<std::uint64_t>());
   for (int& x : r.replicas) x = rd.pod<int>();
   r.wall_seconds = rd.pod<double>();
@@ -268,6 +270,7 @@ SimResult simulate(const ir::Plan& plan, const SimOptions& options) {
     for (const auto& f : options.faults) specs += (specs.empty() ? "" : " ") + f.text;
     tr.metadata["faults"] = specs;
     tr.metadata["replica"] = std::to_string(raw.trace_replica);
+    tr.metadata["tp_rank"] = std::to_string(raw.trace_tp);
   }
   for (int r = 0; r < plan.num_ranks(); ++r) {
     const auto& ops = plan.ranks[r];
@@ -288,6 +291,7 @@ SimResult simulate(const ir::Plan& plan, const SimOptions& options) {
   out.flows = raw.flows;
   out.collective = raw.collective;
   out.trace_replica = raw.trace_replica;
+  out.trace_tp = raw.trace_tp;
   out.simulated_replicas = raw.replicas;
   out.engine_wall_seconds = raw.wall_seconds;
   out.engine_cpu_seconds = raw.cpu_seconds;

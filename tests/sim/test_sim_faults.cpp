@@ -82,6 +82,7 @@ TEST_CASE("sim fault specs: slow, link and fail parse, and bad ones name the spe
   CHECK_THAT(error("fail:rank=1,rank=2,at=1"), Contains("key \"rank\" given twice"));
   CHECK_THAT(error("slow:rank=x,factor=2"), Contains("rank=x is not an integer"));
   CHECK_THAT(error("slow:rank"), Contains("\"rank\" is not key=value"));
+  CHECK_THAT(error("slow:rank=3,factor=1.5,"), Contains("ends with a comma"));
 
   // Against the layout: t = 8, p = 8, d = 2 on 16 nodes (128 GPUs, 8 NICs a node).
   const sim::Placement place{8, 8, 2};
@@ -188,6 +189,39 @@ TEST_CASE("a straggler in one of d replicas: reduced (one healthy replica for al
     opt.fidelity = sim::Fidelity::Plain;
     CHECK(r0.iteration_seconds == Approx(sim::simulate(built.lowered, opt).iteration_seconds).epsilon(0.01));
   }
+}
+
+TEST_CASE("the iteration is the slowest pipeline's: a milder second fault never makes it shorter",
+          "[sim][faults][dp]") {
+  const auto built = planner::build_plan(gpt3_dp(2), "1f1b");
+  sim::SimOptions opt;
+  opt.faults = faults({"slow:rank=64,factor=1.5"});  // replica 1, stage 0
+  const auto one = sim::simulate(built.lowered, opt);
+  CHECK(one.trace_replica == 1);
+  for (const char* milder : {"slow:rank=0,factor=1.01", "link:node=7,factor=0.99"}) {
+    INFO(milder);
+    opt.faults = faults({"slow:rank=64,factor=1.5", milder});
+    const auto two = sim::simulate(built.lowered, opt);
+    CHECK(two.trace_replica == 1);  // the 1.5× replica still ends last
+    CHECK(two.iteration_seconds >= one.iteration_seconds);
+  }
+}
+
+TEST_CASE("one slow NIC of a TP group, distributed optimizer: plain reports the late TP rank, as reduced does",
+          "[sim][faults][dp]") {
+  auto sc = gpt3_dp(2);
+  sc.parallel.distributed_optimizer = true;
+  const auto built = planner::build_plan(sc, "1f1b");
+  sim::SimOptions opt;
+  opt.faults = faults({"link:node=7,factor=0.1,nic=5"});  // replica 0, stage 7, TP rank 5
+  const auto reduced = sim::simulate(built.lowered, opt);
+  opt.fidelity = sim::Fidelity::Plain;
+  const auto plain = sim::simulate(built.lowered, opt);
+  CHECK(plain.trace_replica == 0);
+  CHECK(plain.trace_tp == 5);  // its all-gather after OPT ends last
+  CHECK(reduced.iteration_seconds == Approx(plain.iteration_seconds).epsilon(0.01));
+  opt.faults = faults({"link:node=7,factor=0.1"});  // the whole node: the same iteration
+  CHECK(sim::simulate(built.lowered, opt).iteration_seconds == Approx(plain.iteration_seconds).epsilon(0.01));
 }
 
 TEST_CASE("a degraded NIC: an isolated ring all-reduce and a p2p transfer at its reduced bandwidth",

@@ -21,6 +21,7 @@
 // its last member posts and ends when its slowest member's flow ends).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -73,21 +74,21 @@ struct FailureEvent {
   std::string text;                ///< the spec
   double at_seconds = 0;
   bool fired = false;              ///< false: the run is over (or not started) by then
-  int iteration = 0;               ///< the iteration it interrupts (1-based), in the run's progress
-  int restart_from = 0;            ///< iterations kept: the last complete checkpoint
+  std::int64_t iteration = 0;      ///< the iteration it interrupts (1-based), in the run's progress
+  std::int64_t restart_from = 0;   ///< iterations kept: the last complete checkpoint
   double lost_seconds = 0;         ///< work since that checkpoint, thrown away
   double resume_at_seconds = 0;    ///< the run goes on: at + detect + restart
 };
 
 struct FailureTimeline {
-  int steps = 0;
+  std::int64_t steps = 0;
   double iteration_seconds = 0;
   double no_failure_seconds = 0;   ///< steps iterations and their checkpoint writes
   double total_seconds = 0;        ///< with the failures
   double lost_seconds = 0;         ///< total − fault-free
   double mean_iteration_seconds = 0;  ///< total / steps
   double goodput = 0;              ///< steps · iteration / total
-  int checkpoints = 0;             ///< written in the fault-free run
+  std::int64_t checkpoints = 0;    ///< written in the fault-free run
   std::vector<FailureEvent> events;   ///< in time order
 };
 

@@ -72,8 +72,9 @@ struct LinkUsage {
 };
 
 struct SimResult {
-  /// The pipeline of replica trace_replica, TP rank 0: replica 0, or with faults the
-  /// first replica they touch.
+  /// The pipeline of replica trace_replica, TP rank trace_tp: the one whose last op
+  /// ends last (with faults, the one that sets the iteration); replica 0, TP rank 0
+  /// when all end alike.
   traces::Trace trace;
   traces::Metrics metrics;      ///< iteration, bubble, compute / exposed / hidden comm
   double iteration_seconds = 0;
@@ -87,7 +88,7 @@ struct SimResult {
   std::vector<LinkUsage> links; ///< most loaded links first
   std::int64_t simulated_gpus = 0, actors = 0, flows = 0;
   std::string collective;       ///< algorithm used for DP collectives ("ring" / "tree" / "")
-  int trace_replica = 0;
+  int trace_replica = 0, trace_tp = 0;
   /// Reduced fidelity: the replicas simulated (without faults {0}: it stands for all).
   std::vector<int> simulated_replicas;
   double engine_wall_seconds = 0;     ///< platform build + simulation, in the SimGrid process
