@@ -46,7 +46,7 @@ struct ExecArgs {
   std::int64_t max_ops = 0;
   std::string inject_overflow;         // "STEP:RANK:SLICE", cpu backend, fp16
   std::vector<std::string> inject;     // fault specs (exec/faults.hpp)
-  exec::FaultOptions faults;           // cpu backend; cuda: loopback
+  exec::FaultOptions faults;           // both backends (cuda: kill, hang, slow, ckpt-fail)
   std::string resume;                  // checkpoint folder to resume from
 };
 
@@ -66,9 +66,6 @@ exec::cpu::TrainOptions::OverflowInjection parse_injection(const std::string& te
 exec::FaultOptions fault_options(const ExecArgs& a) {
   exec::FaultOptions f = a.faults;
   const bool any = !a.inject.empty() || !f.checkpoint_dir.empty() || !a.resume.empty();
-  if (any && a.backend == "cuda" && a.transport != "loopback")
-    throw Error("--inject, --checkpoint-dir and --resume on the cuda backend need --transport loopback: the NCCL "
-                "transport has no restart yet (its processes end on a lost peer)");
   if (any && a.balance_every > 0)
     throw Error("--balance-every with --inject, --checkpoint-dir or --resume: a re-balanced run changes its plan "
                 "between segments, and a checkpoint names one plan; drop one of them");
@@ -217,12 +214,12 @@ void add_exec_command(CLI::App& app) {
                   "STEP:RANK:SLICE — cpu backend, model.dtype fp16: world rank RANK stores an inf into a gradient of "
                   "temporal slice SLICE at step STEP, to watch the per-slice loss scaler skip that step everywhere");
   cmd->add_option("--inject", args->inject,
-                  "inject a fault (repeatable; cuda backend: loopback transport, kill, hang, slow and ckpt-fail) — kill:rank=R,step=S[,op=OP], hang:rank=R,step=S[,op=OP], "
+                  "inject a fault (repeatable; cuda backend: kill, hang, slow and ckpt-fail) — kill:rank=R,step=S[,op=OP], hang:rank=R,step=S[,op=OP], "
                   "drop:rank=R,peer=Q,step=S[,message=N][,times=N], corrupt:… (as drop), slow:rank=R,factor=F[,step=S], "
                   "ckpt-fail:step=S[,rank=R]; ranks are world ranks (replica·p + rank); see README \"Faults and "
                   "recovery\"");
   cmd->add_option("--checkpoint-dir", args->faults.checkpoint_dir,
-                  "Write checkpoints here (per rank: weights, Adam state, loss scaler; a manifest last; cuda: loopback)");
+                  "Write checkpoints here (per rank: weights, Adam state, loss scaler; a manifest last)");
   cmd->add_option("--checkpoint-every", args->faults.checkpoint_every, "Steps between checkpoints (0: none)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--checkpoint-keep", args->faults.checkpoint_keep, "Complete checkpoints kept")

@@ -20,7 +20,7 @@ struct CudaExecRequest {
   double lr = 3e-3, watchdog = 120, balance_alpha = 0.3;
   std::uint64_t seed = 7;
   bool json = false, check = false;
-  exec::FaultOptions faults;  ///< --inject, checkpoints, resume (loopback)
+  exec::FaultOptions faults;  ///< --inject, checkpoints, resume
 };
 /// Trains on GPUs and prints what the CPU backend prints (root process only).
 void run_exec_cuda(const CudaExecRequest& request);

@@ -43,6 +43,7 @@ class CudaCompute final : public Compute {
   /// master weights, both Adam moments and 1-bit Adam's error feedback — the arrays
   /// cpu::CpuCompute::checkpoint() names, so one checkpoint format serves both backends.
   RankCheckpoint checkpoint();
+  int world_rank() const { return world_rank_; }
   /// Uploads a checkpoint() of the same rank of the same plan (the bf16 weights follow
   /// the master); throws tdpipe::Error naming a mismatched array.
   void restore(const RankCheckpoint& state);

@@ -9,6 +9,7 @@
 #include "check.hpp"
 #include "device_memory.hpp"
 #include "nvtx.hpp"
+#include "tdpipe/exec/faults.hpp"
 #include "tdpipe/ir/error.hpp"
 
 namespace tdpipe::exec::cuda {
@@ -20,6 +21,10 @@ void NcclTransport::wait(cudaStream_t stream, ncclComm_t comm) {
     if (status != cudaErrorNotReady) TDPIPE_CUDA_CHECK(status);
     ncclResult_t async = ncclSuccess;
     TDPIPE_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+    // A peer that left (its communicator aborted, its process gone): recoverable by a
+    // restart of every process from a checkpoint; other NCCL errors are not.
+    if (async == ncclRemoteError && restartable_)
+      throw RankFault(std::string("NCCL: ") + ncclGetErrorString(async) + " (a peer process failed or left)");
     if (async != ncclSuccess && async != ncclInProgress)
       throw Error(std::string("NCCL asynchronous error: ") + ncclGetErrorString(async) +
                   " (a peer process failed? set NCCL_DEBUG=INFO)");

@@ -18,9 +18,12 @@ namespace tdpipe::exec::cuda {
 
 class NcclTransport final : public Transport {
  public:
+  /// `restartable`: a peer's remote error (a process that failed or left) is a RankFault,
+  /// which a run with checkpoints or injected faults restarts from; else an Error.
   NcclTransport(ncclComm_t world, ncclComm_t dp, const DeviceContext& ctx, int replica, int rank, int stages,
-                RunControl* control)
-      : world_(world), dp_(dp), ctx_(&ctx), replica_(replica), rank_(rank), stages_(stages), control_(control) {}
+                RunControl* control, bool restartable = false)
+      : world_(world), dp_(dp), ctx_(&ctx), replica_(replica), rank_(rank), stages_(stages), control_(control),
+        restartable_(restartable) {}
   void post(std::span<P2POp> batch) override;
   void all_reduce(const Buffer& buffer, int tag) override;
   /// One group of d ncclReduce calls, segment s to its owner (owned_segment): NCCL's own
@@ -52,6 +55,7 @@ class NcclTransport final : public Transport {
   const DeviceContext* ctx_;
   int replica_, rank_, stages_;
   RunControl* control_;
+  bool restartable_;
 };
 
 }  // namespace tdpipe::exec::cuda

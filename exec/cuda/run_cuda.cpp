@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(TDPIPE_HAVE_MPI)
@@ -401,7 +402,7 @@ ncclUniqueId exchange_id(IdExchange exchange, const LaunchEnv& launch) {
 // Waits for NCCL work on `stream` by polling, never blocking in the driver: a peer
 // that died leaves its partners' NCCL kernels spinning forever, so this checks the
 // communicator's asynchronous error and gives up after `timeout_s` with a message.
-void wait_nccl(cudaStream_t stream, ncclComm_t comm, double timeout_s, const std::string& what) {
+void wait_nccl(cudaStream_t stream, ncclComm_t comm, double timeout_s, const std::string& what, bool restartable) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   for (int i = 0;; ++i) {
     const cudaError_t status = cudaStreamQuery(stream);
@@ -409,6 +410,9 @@ void wait_nccl(cudaStream_t stream, ncclComm_t comm, double timeout_s, const std
     if (status != cudaErrorNotReady) TDPIPE_CUDA_CHECK(status);
     ncclResult_t async = ncclSuccess;
     TDPIPE_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+    if (async == ncclRemoteError && restartable)  // a peer left: recoverable by a restart of every process
+      throw RankFault("NCCL error during " + what + ": " + ncclGetErrorString(async) +
+                      " (a peer process failed or left)");
     if (async != ncclSuccess && async != ncclInProgress)
       throw Error("NCCL asynchronous error during " + what + ": " + ncclGetErrorString(async) +
                   " (a peer process failed? set NCCL_DEBUG=INFO)");
@@ -442,6 +446,207 @@ std::vector<traces::TraceEvent> deserialize(const std::string& text) {
   return out;
 }
 
+/// recovery.hpp's World for the NCCL transport: this process's rank, its communicators
+/// and transport. A restart destroys it — ncclCommAbort on every communicator, which
+/// ends this process's NCCL kernels and makes its peers' NCCL calls fail with a remote
+/// error, so they stop and restart too — and builds it again: new communicators
+/// (ncclCommInitRank with a fresh id: MPI broadcasts one, NCCL_COMM_ID derives it from
+/// the address again), the rank's state from the checkpoint every process agrees on.
+struct NcclWorld {
+  NcclWorld(const ir::Plan& plan, const CudaRunOptions& options, const LaunchEnv& launch, IdExchange exchange,
+            int device, const DeviceSetup& setup)
+      : plan(&plan),
+        ctx(device),
+        world_rank(launch.rank),
+        world_size(launch.world),
+        watchdog_seconds(options.watchdog_seconds),
+        restartable(!options.faults.inject.empty() || !options.faults.checkpoint_dir.empty()) {
+    const int p = plan.num_ranks(), d = std::max(1, plan.data);
+    const int replica = world_rank / p, rank = world_rank % p;
+    computes.push_back(std::make_unique<CudaCompute>(setup.config, plan, rank, replica, setup.corpus, options.train,
+                                                     ctx, &control));
+    CudaCompute& compute = *computes.front();
+    const ncclUniqueId id = exchange_id(exchange, launch);
+    {
+      // Both calls wait for every process of the world and cannot be interrupted: a
+      // process that died before joining (a bad scenario path, no GPU, a crash before a
+      // restart) would leave the others here forever, so past a limit this process ends
+      // itself. The limit is the watchdog's but at least 5 minutes: on a cluster the
+      // processes may start minutes apart (scheduler, containers), and a healthy run
+      // must not be killed for that.
+      const double limit_s = std::max(options.watchdog_seconds, 300.0);
+      TimeLimit limit(limit_s, [this, limit_s] {
+        std::fprintf(stderr,
+                     "tdpipe: rank %d waited %.0f s for the other processes in NCCL's communicator setup: one is "
+                     "gone or never started (see its output; NCCL_DEBUG=INFO says more), or raise --watchdog; "
+                     "relaunch every process with --resume DIR to go on from the last checkpoint\n",
+                     world_rank, limit_s);
+        std::fflush(stderr);
+        std::_Exit(1);
+      });
+      TDPIPE_NCCL_CHECK(ncclCommInitRank(&comms.world, launch.world, id, world_rank));
+      // dp: the replicas of this pipeline rank (collective over the world: every rank calls it).
+      if (d > 1) TDPIPE_NCCL_CHECK(ncclCommSplit(comms.world, /*color=*/rank, /*key=*/replica, &comms.dp, nullptr));
+    }
+    transport = std::make_unique<NcclTransport>(comms.world, comms.dp, ctx, replica, rank, p, &control, restartable);
+    std::set<int> peers;
+    for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)])
+      if (ir::is_p2p(op.kind)) peers.insert(op.peer);
+    // This rank's all-reduce buckets, as the interpreter will cut them (Compute::grad_bucket).
+    std::vector<Buffer> buckets;
+    bool sharded = false, compressed = false;
+    if (d > 1) {
+      std::map<int, int> per_chunk;
+      for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)])
+        if (ir::is_gradient_reduction(op.kind)) {
+          ++per_chunk[op.chunk];
+          sharded = sharded || op.kind == ir::OpKind::REDUCE_SCATTER;
+          compressed = compressed || op.kind == ir::OpKind::COMPRESSED_ALLREDUCE;
+        }
+      for (const auto& [chunk, count] : per_chunk)
+        for (int i = 0; i < count; ++i) buckets.push_back(compute.grad_bucket(chunk, i, count));
+    }
+    transport->warm_up(peers, buckets, sharded, compressed);
+    scratch = DeviceMemory(2 * sizeof(double), ctx.compute(), true);
+    clock = std::make_unique<CudaClock>(ctx, origin.get());
+    world_sum(0, "the start barrier (every process up)");
+  }
+
+  // Declared after the streams and buffers, so destroyed before them: on any failure
+  // the communicators are aborted (not destroyed — ncclCommDestroy would wait for NCCL
+  // work a failed peer never completes) and that ends this process's spinning NCCL
+  // kernels, which the stream synchronisations in ~CudaCompute and ~DeviceContext
+  // would otherwise wait for forever.
+  struct Comms {
+    ncclComm_t world = nullptr, dp = nullptr;
+    bool clean = false;
+    void abort() {
+      for (ncclComm_t* c : {&dp, &world})
+        if (*c) ncclCommAbort(std::exchange(*c, nullptr));
+    }
+    ~Comms() {
+      if (clean)
+        for (ncclComm_t c : {dp, world})
+          if (c) ncclCommDestroy(c);
+      if (!clean) abort();
+    }
+  };
+
+  /// A world-wide reduction (and barrier) of one double, on the compute stream from
+  /// this (main) thread — never concurrent with the p2p thread's use of the same
+  /// communicator. Throws RankFault when a peer left.
+  double world_reduce(double v, ncclRedOp_t op, const char* what) {
+    ctx.bind();
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(scratch.get(), &v, sizeof v, cudaMemcpyHostToDevice, ctx.compute()));
+    TDPIPE_NCCL_CHECK(ncclAllReduce(scratch.get(), scratch.get(), 1, ncclFloat64, op, comms.world, ctx.compute()));
+    wait_nccl(ctx.compute(), comms.world, watchdog_seconds, what, restartable);
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(&v, scratch.get(), sizeof v, cudaMemcpyDeviceToHost, ctx.compute()));
+    TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
+    return v;
+  }
+  double world_sum(double v, const char* what) { return world_reduce(v, ncclSum, what); }
+
+  /// A fault of this process or a lost peer: record it (recoverable) and abort the
+  /// communicators, so that every peer learns of it and stops too.
+  void lost(const std::string& why) {
+    control.fail(why.rfind("rank ", 0) == 0 ? why : "rank " + std::to_string(world_rank) + ": " + why, true);
+    comms.abort();
+  }
+
+  std::unique_ptr<Watchdog> watchdog(double seconds) { return std::make_unique<Watchdog>(control, seconds); }
+  std::int64_t now_ns() { return clock->now_ns(ir::Stream::Compute); }
+  std::int64_t run_step(int step, FaultInjector& injector, Heartbeats*, std::vector<RankStepResult>& outs,
+                        cpu::RunResult&) {
+    if (control.failed()) return now_ns();
+    try {
+      world_sum(0, "the step barrier");  // steps start together
+    } catch (const RankFault& e) {
+      lost(e.what());
+      return now_ns();
+    }
+    // Per-step origin right after the barrier: times stay small (float ms keeps µs) and
+    // the processes' zeros are as close as the barrier makes them.
+    origin.record(ctx.compute());
+    const std::int64_t start = now_ns();
+    Backend backend{computes.front().get(), transport.get(), clock.get(), &injector, nullptr};
+    try {
+      outs.front() = run_rank_step(*plan, world_rank % plan->num_ranks(), world_rank, step, backend, control);
+    } catch (const Aborted&) {
+    }
+    if (control.failed()) {
+      if (control.recoverable()) comms.abort();  // (peers learn of it from the aborted communicators)
+      return start;
+    }
+    try {
+      outs.front().loss = world_sum(outs.front().loss, "the loss sum");  // the step's loss, every rank's
+    } catch (const RankFault& e) {
+      lost(e.what());
+    }
+    return start;
+  }
+  void step_done(cpu::RunResult&) {}
+
+  /// This process's part of a checkpoint; the root writes the manifest once every part
+  /// is written (a failed part anywhere: no manifest, training goes on).
+  void write_checkpoint(const std::string& dir, const CheckpointManifest& manifest,
+                        const std::vector<RankCheckpoint>& states, int fail_rank, int step, cpu::RunResult& result) {
+    std::string why;
+    std::int64_t bytes = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      bytes = write_checkpoint_part(dir, manifest.steps_done, states.front(), fail_rank == world_rank);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    try {
+      const double failed = world_sum(why.empty() ? 0 : 1, "the checkpoint barrier");
+      if (failed == 0 && world_rank == 0) {
+        try {
+          finish_checkpoint(dir, manifest, world_size);
+          prune_checkpoints(dir, faults_keep);
+        } catch (const Error& e) {
+          why = e.what();
+        }
+      }
+      // Everyone knows whether the manifest exists before going on.
+      const double finished = world_sum(world_rank == 0 && failed == 0 && why.empty() ? 1 : 0, "the manifest barrier");
+      if (finished == 1) {
+        ++result.checkpoints_written;
+        result.checkpoint_bytes += bytes;
+        result.checkpoint_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      } else {
+        result.faults.push_back({"ckpt-fail", step, why.empty() ? -1 : world_rank,
+                                 why.empty() ? fmt::format("the checkpoint after {} steps is not complete: another "
+                                                           "process's part failed", manifest.steps_done)
+                                             : why});
+      }
+    } catch (const RankFault& e) {
+      lost(e.what());
+    }
+  }
+
+  const ir::Plan* plan;
+  RunControl control;
+  DeviceContext ctx;
+  std::vector<std::unique_ptr<CudaCompute>> computes;  ///< this process's one rank
+  Comms comms;
+  std::unique_ptr<NcclTransport> transport;
+  DeviceMemory scratch;
+  OriginEvent origin;
+  std::unique_ptr<CudaClock> clock;
+  int world_rank, world_size;
+  double watchdog_seconds;
+  /// The run has checkpoints or injected faults: a lost peer restarts every process
+  /// (else it ends the run, as before restarts existed).
+  bool restartable;
+  int faults_keep = 2;
+};
+
+/// The restart handshake's answer: another process failed for good.
+struct EndedElsewhere : Error {
+  using Error::Error;
+};
+
 CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& options, const LaunchEnv& launch,
                                IdExchange exchange) {
   const int p = plan.num_ranks(), d = std::max(1, plan.data);
@@ -451,80 +656,38 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   const int world_rank = launch.rank, replica = world_rank / p, rank = world_rank % p;
   const DeviceSetup setup = set_up_device(device, plan, options.train, {rank}, 1);
   const cpu::GptConfig& config = setup.config;
-  const cpu::Corpus& corpus = setup.corpus;
-  RunControl control;
-  DeviceContext ctx(device);
-  CudaCompute compute(config, plan, rank, replica, corpus, options.train, ctx, &control);
-  const ncclUniqueId id = exchange_id(exchange, launch);
-  // Declared after the streams and buffers, so destroyed before them: on any failure
-  // the communicators are aborted (not destroyed — ncclCommDestroy would wait for
-  // NCCL work a failed peer never completes) and that ends this process's spinning
-  // NCCL kernels, which the stream synchronisations in ~CudaCompute and
-  // ~DeviceContext would otherwise wait for forever.
-  struct Comms {
-    ncclComm_t world = nullptr, dp = nullptr;
-    bool clean = false;
-    ~Comms() {
-      for (ncclComm_t c : {dp, world})
-        if (c) clean ? ncclCommDestroy(c) : ncclCommAbort(c);
+  const FaultOptions& fo = options.faults;
+  const cpu::RecoveryStart rs =
+      cpu::prepare_recovery(plan, config, options.train, std::nullopt, fo, options.watchdog_seconds, setup.corpus);
+  const int first = rs.first, steps = rs.end - rs.first;
+  FaultInjector injector(fo.inject);
+
+  // Builds this process's part of the world and loads the checkpoint every process
+  // agrees on: the oldest of their newest complete ones (a failure while the root wrote
+  // a manifest may leave the processes seeing different newest ones).
+  auto build = [&](std::optional<CheckpointManifest>& from) {
+    auto w = std::make_unique<NcclWorld>(plan, options, launch, exchange, device, setup);
+    w->faults_keep = fo.checkpoint_keep;
+    // Whether a process failed for good (an error in the plan or the program, the
+    // watchdog, too many restarts): it meets the others here once more to say so.
+    if (w->restartable && w->world_reduce(0, ncclMax, "the restart handshake") > 0)
+      throw EndedElsewhere(fmt::format("rank {}: another process ended the run with an error (see its output)",
+                                       world_rank));
+    const double mine = from ? from->steps_done : -1;
+    const double agreed = w->world_reduce(mine, ncclMin, "the restart agreement");
+    if (agreed != mine) {
+      if (agreed < 0) from.reset();
+      else if (rs.resumed && static_cast<int>(agreed) == rs.resumed->steps_done) from = rs.resumed;
+      else from = checkpoint_at(fo.checkpoint_dir, static_cast<int>(agreed), rs.fingerprint);
+      if (agreed >= 0 && !from)
+        throw Error(fmt::format("restart: rank {} cannot read the checkpoint after {} steps the others agreed on",
+                                world_rank, static_cast<int>(agreed)));
     }
-  } comms;
-  {
-    // Both calls wait for every process of the world and cannot be interrupted: a
-    // process that died before joining (a bad scenario path, no GPU) would leave the
-    // others here forever, so past a limit this process ends itself. The limit is the
-    // watchdog's but at least 5 minutes: on a cluster the processes may start minutes
-    // apart (scheduler, containers), and a healthy run must not be killed for that.
-    const double limit_s = std::max(options.watchdog_seconds, 300.0);
-    TimeLimit limit(limit_s, [&] {
-      std::fprintf(stderr,
-                   "tdpipe: rank %d waited %.0f s for the other processes in NCCL's communicator setup: one is "
-                   "gone or never started (see its output; NCCL_DEBUG=INFO says more), or raise --watchdog\n",
-                   world_rank, limit_s);
-      std::fflush(stderr);
-      std::_Exit(1);
-    });
-    TDPIPE_NCCL_CHECK(ncclCommInitRank(&comms.world, launch.world, id, world_rank));
-    // dp: the replicas of this pipeline rank (collective over the world: every rank calls it).
-    if (d > 1) TDPIPE_NCCL_CHECK(ncclCommSplit(comms.world, /*color=*/rank, /*key=*/replica, &comms.dp, nullptr));
-  }
-  ncclComm_t world = comms.world;
-
-  NcclTransport transport(world, comms.dp, ctx, replica, rank, p, &control);
-  std::set<int> peers;
-  for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)])
-    if (ir::is_p2p(op.kind)) peers.insert(op.peer);
-  // This rank's all-reduce buckets, as the interpreter will cut them (Compute::grad_bucket).
-  std::vector<Buffer> buckets;
-  bool sharded = false, compressed = false;
-  if (d > 1) {
-    std::map<int, int> per_chunk;
-    for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)])
-      if (ir::is_gradient_reduction(op.kind)) {
-        ++per_chunk[op.chunk];
-        sharded = sharded || op.kind == ir::OpKind::REDUCE_SCATTER;
-        compressed = compressed || op.kind == ir::OpKind::COMPRESSED_ALLREDUCE;
-      }
-    for (const auto& [chunk, count] : per_chunk)
-      for (int i = 0; i < count; ++i) buckets.push_back(compute.grad_bucket(chunk, i, count));
-  }
-  transport.warm_up(peers, buckets, sharded, compressed);
-
-  DeviceMemory scratch(2 * sizeof(double), ctx.compute(), true);
-  // A world-wide sum (and barrier), on the compute stream from this (main) thread —
-  // never concurrent with the p2p thread's use of the same communicator.
-  auto world_sum = [&](double v, const char* what) {
-    ctx.bind();
-    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(scratch.get(), &v, sizeof v, cudaMemcpyHostToDevice, ctx.compute()));
-    TDPIPE_NCCL_CHECK(ncclAllReduce(scratch.get(), scratch.get(), 1, ncclFloat64, ncclSum, world, ctx.compute()));
-    wait_nccl(ctx.compute(), world, options.watchdog_seconds, what);
-    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(&v, scratch.get(), sizeof v, cudaMemcpyDeviceToHost, ctx.compute()));
-    TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
-    return v;
+    cpu::load_world_state(w->computes, fo.checkpoint_dir, from, std::nullopt);
+    return w;
   };
-  world_sum(0, "the start barrier (every process up)");
-  OriginEvent origin;
-  CudaClock clock(ctx, origin.get());
+  std::optional<CheckpointManifest> start = rs.resumed;
+  std::unique_ptr<NcclWorld> world = build(start);
 
   CudaRunResult out;
   out.world_rank = world_rank;
@@ -532,39 +695,33 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   out.root = world_rank == 0;
   out.device_name = device_name(device);
   cpu::RunResult& result = out.run;
-  const int steps = options.train.steps;
   const int trace_step = resolve_trace_step(options.trace_step, steps);
   result.trace = run_trace_header("cuda", plan, p * d);
-  std::vector<traces::TraceEvent> mine;
-  {
-    Watchdog watchdog(control, options.watchdog_seconds);
-    for (int step = 0; step < steps; ++step) {
-      world_sum(0, "the step barrier");  // steps start together
-      // Per-step origin right after the barrier: times stay small (float ms keeps µs)
-      // and the processes' zeros are as close as the barrier makes them.
-      origin.record(ctx.compute());
-      const std::int64_t step_start = clock.now_ns(ir::Stream::Compute);
-      Backend backend{&compute, &transport, &clock};
-      RankStepResult r;
-      try {
-        r = run_rank_step(plan, rank, world_rank, step, backend, control);
-      } catch (const Aborted&) {
-      }
-      if (control.failed()) {
-        // Interpreter failures already begin "rank R (stream)"; others get this process's rank.
-        const std::string& why = control.failure();
-        throw Error(why.rfind("rank ", 0) == 0 ? why : "rank " + std::to_string(world_rank) + ": " + why);
-      }
-      const double loss = world_sum(r.loss, "the loss sum");
-      const std::int64_t step_end = clock.now_ns(ir::Stream::Compute);
-      result.loss_per_step.push_back(loss);
-      result.iteration_seconds.push_back(static_cast<double>(step_end - step_start) * 1e-9);
-      if (step == trace_step) mine = std::move(r.events);
+  LossScaleState traced_scale;
+  cpu::RecoveryOptions ro{fo, options.watchdog_seconds, trace_step, false, "cuda"};
+  ro.heartbeats = false;
+  ro.trace_ranks = p * d;
+  const bool restartable = world->restartable;
+  try {
+    cpu::run_recovering(plan, rs, ro, injector, build, world, result, traced_scale);
+  } catch (const EndedElsewhere&) {
+    throw;
+  } catch (const Error&) {
+    if (!restartable) throw;
+    // The others may be restarting: join their new world once, say this process ends
+    // the run (the handshake in build), and stop.
+    world.reset();
+    try {
+      NcclWorld last(plan, options, launch, exchange, device, setup);
+      last.world_reduce(1, ncclMax, "the restart handshake");
+    } catch (...) {
     }
+    throw;
   }
+  CudaCompute& compute = *world->computes.front();
 
   if (const std::vector<int> buckets = sharded_buckets(plan); !buckets.empty())
-    gather_sharded_state(compute, transport, buckets, rank);  // as the loopback run does
+    gather_sharded_state(compute, *world->transport, buckets, rank);  // as the loopback run does
 
   double ss = 0;
   for (int ch = 0; ch < compute.chunks(); ++ch) {
@@ -573,11 +730,16 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
       ss += sum_squares(w);
       result.weights.merge(w);
       result.grads.merge(compute.chunk_stage(ch).named_grads());
+      result.state.m1.merge(compute.chunk_stage(ch).named_moments(1));
+      result.state.m2.merge(compute.chunk_stage(ch).named_moments(2));
     }
   }
-  out.weights_l2 = std::sqrt(world_sum(ss, "the weight norm sum"));
+  result.state.params = result.weights;
+  result.state.steps_done = first + steps;
+  out.weights_l2 = std::sqrt(world->world_sum(ss, "the weight norm sum"));
 
   // Times are relative to each process's own origin (recorded after the step's barrier).
+  std::vector<traces::TraceEvent> mine = std::move(result.trace.events);
 #if defined(TDPIPE_HAVE_MPI)
   if (launch.world > 1 && exchange == IdExchange::Mpi) {
     std::string text = serialize(mine);
@@ -598,11 +760,14 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   }
 #endif
   rebase_to_zero(mine);
-  for (auto& e : mine) result.trace.events.push_back(std::move(e));
+  result.trace.events = std::move(mine);
   fill_metadata(result, plan, config, options, trace_step, out.device_name, launch.world);
   result.trace.metadata["world_rank"] = std::to_string(world_rank);
-  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
-  comms.clean = true;
+  result.trace.metadata["restarts"] = std::to_string(result.restarts);
+  if (result.checkpoints_written > 0)
+    result.trace.metadata["checkpoints_written"] = std::to_string(result.checkpoints_written);
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(world->ctx.compute()));
+  world->comms.clean = true;
   return out;
 }
 
@@ -635,9 +800,6 @@ void check_request(const ir::Plan& plan, const CudaRunOptions& options, Transpor
                 "loss per slice, or set model.dtype: bf16");
   if (options.train.steps < 1) throw Error("--steps: expected at least 1");
   const FaultOptions& fo = options.faults;
-  if ((!fo.inject.empty() || !fo.checkpoint_dir.empty()) && transport != TransportKind::Loopback)
-    throw Error("--inject, --checkpoint-dir and --resume on the cuda backend need --transport loopback: the NCCL "
-                "transport has no restart yet (its processes end on a lost peer)");
   for (const FaultSpec& f : fo.inject)
     if (f.kind == FaultSpec::Kind::Drop || f.kind == FaultSpec::Kind::Corrupt)
       throw Error("--inject \"" + f.text + "\": lost and corrupt messages are the CPU backend's faults (its fabric "

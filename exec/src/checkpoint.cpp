@@ -164,34 +164,42 @@ std::string checkpoint_folder(const std::string& dir, int steps_done) {
   return (fs::path(dir) / fmt::format("step-{:08d}", steps_done)).string();
 }
 
-CheckpointWrite write_checkpoint(const std::string& dir, CheckpointManifest manifest,
-                                 const std::vector<RankCheckpoint>& ranks, int fail_rank) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const fs::path folder = checkpoint_folder(dir, manifest.steps_done);
+namespace {
+
+// The folder of a checkpoint about to be written, without what an earlier write of it
+// that died left behind: `rank`'s temporary files (all ranks' when rank < 0) and, when
+// `manifest_too`, the old manifest (not valid for the new files).
+fs::path prepare_folder(const std::string& dir, int steps_done, int rank, bool manifest_too) {
+  const fs::path folder = checkpoint_folder(dir, steps_done);
   std::error_code ec;
   fs::create_directories(folder, ec);
   if (ec) throw Error(fmt::format("checkpoint folder {}: cannot be made ({})", folder.string(), ec.message()));
-  // What an earlier write of this folder that died left behind (its temporary files).
+  const std::string own = rank < 0 ? "." : "." + rank_file_name(rank) + ".tmp-";
   for (const auto& e : fs::directory_iterator(folder, ec))
-    if (const std::string name = e.path().filename().string(); name.starts_with(".") && name.find(".tmp-") != std::string::npos)
+    if (const std::string name = e.path().filename().string();
+        name.starts_with(own) && name.find(".tmp-") != std::string::npos)
       fs::remove(e.path(), ec);
-  fs::remove(folder / "MANIFEST.json", ec);  // an older write of this folder's: not valid for the new files
-  CheckpointWrite w;
-  manifest.files.clear();
-  for (const RankCheckpoint& r : ranks) {
-    const std::string data = encode(r, manifest.steps_done);
-    const fs::path path = folder / rank_file_name(r.world_rank);
-    if (r.world_rank == fail_rank) {
-      // What a process that dies mid-write leaves: a temporary file with part of the data.
-      std::ofstream part(folder / ("." + rank_file_name(r.world_rank) + ".tmp-partial"), std::ios::binary);
-      part.write(data.data(), static_cast<std::streamsize>(data.size() / 2));
-      throw Error(fmt::format("checkpoint {}: the write of {} died after {} of its {} bytes (injected)",
-                              folder.string(), path.filename().string(), data.size() / 2, data.size()));
-    }
-    ir::write_file_atomic(path.string(), data, "checkpoint file");
-    manifest.files.push_back({path.filename().string(), static_cast<std::int64_t>(data.size()), crc_of(data)});
-    w.bytes += static_cast<std::int64_t>(data.size());
+  if (manifest_too) fs::remove(folder / "MANIFEST.json", ec);
+  return folder;
+}
+
+// One rank's file; `fail` leaves half of it in a temporary file and throws, as a
+// process that dies mid-write (or a full disk) does.
+CheckpointManifest::File write_rank_file(const fs::path& folder, const RankCheckpoint& r, int steps_done, bool fail) {
+  const std::string data = encode(r, steps_done);
+  const fs::path path = folder / rank_file_name(r.world_rank);
+  if (fail) {
+    std::ofstream part(folder / ("." + rank_file_name(r.world_rank) + ".tmp-partial"), std::ios::binary);
+    part.write(data.data(), static_cast<std::streamsize>(data.size() / 2));
+    throw Error(fmt::format("checkpoint {}: the write of {} died after {} of its {} bytes (injected)",
+                            folder.string(), path.filename().string(), data.size() / 2, data.size()));
   }
+  ir::write_file_atomic(path.string(), data, "checkpoint file");
+  return {path.filename().string(), static_cast<std::int64_t>(data.size()), crc_of(data)};
+}
+
+// MANIFEST.json, last and atomically, then the folders synced.
+void write_manifest(const std::string& dir, const fs::path& folder, const CheckpointManifest& manifest) {
   json j;
   j["format"] = "tdpipe checkpoint 1";
   j["steps_done"] = manifest.steps_done;
@@ -204,8 +212,57 @@ CheckpointWrite write_checkpoint(const std::string& dir, CheckpointManifest mani
   ir::write_file_atomic((folder / "MANIFEST.json").string(), j.dump(1) + "\n", "checkpoint manifest");
   fsync_dir(folder);
   fsync_dir(dir);
+}
+
+}  // namespace
+
+CheckpointWrite write_checkpoint(const std::string& dir, CheckpointManifest manifest,
+                                 const std::vector<RankCheckpoint>& ranks, int fail_rank) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const fs::path folder = prepare_folder(dir, manifest.steps_done, -1, true);
+  CheckpointWrite w;
+  manifest.files.clear();
+  for (const RankCheckpoint& r : ranks) {
+    manifest.files.push_back(write_rank_file(folder, r, manifest.steps_done, r.world_rank == fail_rank));
+    w.bytes += manifest.files.back().bytes;
+  }
+  write_manifest(dir, folder, manifest);
   w.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return w;
+}
+
+std::int64_t write_checkpoint_part(const std::string& dir, int steps_done, const RankCheckpoint& rank, bool fail) {
+  const fs::path folder = prepare_folder(dir, steps_done, rank.world_rank, rank.world_rank == 0);
+  return write_rank_file(folder, rank, steps_done, fail).bytes;
+}
+
+CheckpointWrite finish_checkpoint(const std::string& dir, CheckpointManifest manifest, int world) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const fs::path folder = checkpoint_folder(dir, manifest.steps_done);
+  CheckpointWrite w;
+  manifest.files.clear();
+  for (int r = 0; r < world; ++r) {
+    const fs::path path = folder / rank_file_name(r);
+    std::error_code ec;
+    if (!fs::exists(path, ec))
+      throw Error(fmt::format("checkpoint {}: world rank {}'s file {} is missing", folder.string(), r,
+                              path.filename().string()));
+    const std::string data = read_all(path);
+    manifest.files.push_back({path.filename().string(), static_cast<std::int64_t>(data.size()), crc_of(data)});
+    w.bytes += manifest.files.back().bytes;
+  }
+  write_manifest(dir, folder, manifest);
+  w.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return w;
+}
+
+std::optional<CheckpointManifest> checkpoint_at(const std::string& dir, int steps_done,
+                                                const std::map<std::string, std::string>& run) {
+  std::string why;
+  auto m = complete_manifest(checkpoint_folder(dir, steps_done), why, /*verify=*/true);
+  if (m && m->run != run)
+    throw Error(fmt::format("checkpoint {} belongs to another run", checkpoint_folder(dir, steps_done)));
+  return m;
 }
 
 std::optional<CheckpointManifest> latest_checkpoint(const std::string& dir, const std::map<std::string, std::string>& run,

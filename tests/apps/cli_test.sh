@@ -394,9 +394,9 @@ PY
     expect "$out" 'restarted from the checkpoint after step 1' "restart from the last checkpoint"
     expect "$out" "^${clean}, " "same final loss and weights as the clean run"
     [ -f "$work/ck/step-00000004/MANIFEST.json" ] || fail "no checkpoint after 4 steps"
-    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --transport nccl --steps 2 --inject kill:rank=1,step=1 2>&1) \
-        && fail "nccl with faults accepted"
-    expect "$out" 'need --transport loopback' "nccl refused"
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --steps 2 --inject drop:rank=0,peer=1,step=1 2>&1) \
+        && fail "drop on the cuda backend accepted"
+    expect "$out" "lost and corrupt messages are the CPU backend's faults" "drop refused on cuda"
     ;;
   balance-cuda)
     # The CUDA backend (on the emulated GPU) in the balancer's loop: rank 1 at a quarter speed,

@@ -788,7 +788,11 @@ namespace {
 // root (reduce) or every rank but from the root's input (broadcast).
 enum class Kind { AllReduce, Reduce, Broadcast };
 ncclResult_t collective(Kind kind, const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type,
-                        int root, ncclComm_t comm, cudaStream_t stream) {
+                        int root, ncclComm_t comm, cudaStream_t stream, ncclRedOp_t op = ncclSum) {
+  if (op != ncclSum && op != ncclMax && op != ncclMin) {
+    nccl_last_error = "emulated NCCL reduces by sum, max and min only";
+    return ncclInvalidArgument;
+  }
   std::shared_ptr<Clique> c = comm->clique;
   if (kind != Kind::AllReduce && (root < 0 || root >= c->n)) {
     nccl_last_error = "root " + std::to_string(root) + " of " + std::to_string(c->n);
@@ -800,7 +804,7 @@ ncclResult_t collective(Kind kind, const void* sendbuf, void* recvbuf, std::size
   }
   const std::uint64_t seq = comm->collectives++;  // call order = matching order, as NCCL
   const int me = comm->rank;
-  emu::submit(stream, [c, seq, me, sendbuf, recvbuf, count, type, kind, root] {
+  emu::submit(stream, [c, seq, me, sendbuf, recvbuf, count, type, kind, root, op] {
     std::unique_lock lock(c->m);
     Clique::Collective& k = c->collectives[seq];
     if (k.inputs.empty()) {
@@ -834,11 +838,17 @@ ncclResult_t collective(Kind kind, const void* sendbuf, void* recvbuf, std::size
                                      : static_cast<void*>(sum32.data());
       std::memcpy(to, k.inputs[static_cast<std::size_t>(root)], bytes);
     } else if (writes) {
-      for (const void* in : k.inputs)
+      bool first = true;
+      auto combine = [op, &first](auto& acc, auto x) {
+        acc = first ? x : op == ncclSum ? acc + x : op == ncclMax ? std::max(acc, x) : std::min(acc, x);
+      };
+      for (const void* in : k.inputs) {
         for (std::size_t i = 0; i < count; ++i) {
-          if (type == ncclFloat64) sum64[i] += static_cast<const double*>(in)[i];
-          else sum32[i] += static_cast<const float*>(in)[i];
+          if (type == ncclFloat64) combine(sum64[i], static_cast<const double*>(in)[i]);
+          else combine(sum32[i], static_cast<const float*>(in)[i]);
         }
+        first = false;
+      }
     }
     ++k.read;
     c->cv.notify_all();
@@ -856,13 +866,13 @@ ncclResult_t collective(Kind kind, const void* sendbuf, void* recvbuf, std::size
 }
 }  // namespace
 
-ncclResult_t ncclAllReduce(const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type, ncclRedOp_t,
+ncclResult_t ncclAllReduce(const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
-  return collective(Kind::AllReduce, sendbuf, recvbuf, count, type, -1, comm, stream);
+  return collective(Kind::AllReduce, sendbuf, recvbuf, count, type, -1, comm, stream, op);
 }
-ncclResult_t ncclReduce(const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type, ncclRedOp_t,
+ncclResult_t ncclReduce(const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
-  return collective(Kind::Reduce, sendbuf, recvbuf, count, type, root, comm, stream);
+  return collective(Kind::Reduce, sendbuf, recvbuf, count, type, root, comm, stream, op);
 }
 ncclResult_t ncclBroadcast(const void* sendbuf, void* recvbuf, std::size_t count, ncclDataType_t type, int root,
                            ncclComm_t comm, cudaStream_t stream) {

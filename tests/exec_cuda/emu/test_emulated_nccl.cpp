@@ -6,16 +6,21 @@
 // process ending the others with a message instead of a hang.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <exception>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "../gpu/gpu_test_util.hpp"
 #include "scoped_env.hpp"
 #include "tdpipe/exec/cpu/run.hpp"
 #include "tdpipe/exec/cuda/run.hpp"
+#include "tdpipe/exec/faults.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 
@@ -155,4 +160,94 @@ TEST_CASE("emulated NCCL: a process that fails mid-run ends the others with a me
     ended += !ranks[static_cast<std::size_t>(r)].error.empty();
   }
   CHECK(ended == 3);
+}
+
+namespace {
+
+struct TempDir {
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tdpipe-nccl-faults-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+}  // namespace
+
+TEST_CASE("emulated NCCL: a killed and a hung process - every process aborts its communicators, re-initialises "
+          "them and goes on from the checkpoint they agree on, bit-identically",
+          "[emulated][nccl][faults]") {
+  const ir::Plan plan = planner::build_plan(cuda::test::tiny_scenario(2, 2, 2), "1f1b", 1).lowered;
+  const std::vector<ir::Plan> plans(4, plan);
+  cuda::CudaRunOptions o;
+  o.train = cuda::test::train_options(4);
+  o.watchdog_seconds = 60;
+  const auto clean = run_world(plans, o);
+
+  TempDir dir;
+  o.faults.checkpoint_dir = dir.path;
+  o.faults.checkpoint_every = 1;
+  // World rank 3 dies in step 1 (back to the checkpoint after 1 step); the checkpoint
+  // after 2 steps fails in rank 2's part (no manifest anywhere); rank 0 hangs in step 2
+  // (back to the checkpoint after 1 step again).
+  for (const char* spec : {"kill:rank=3,step=1,op=F1", "ckpt-fail:step=2,rank=2", "hang:rank=0,step=2"})
+    o.faults.inject.push_back(exec::parse_fault_spec(spec));
+  const auto got = run_world(plans, o);
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    INFO("rank " << r << ": " << got[r].error);
+    REQUIRE(got[r].error.empty());
+    REQUIRE(clean[r].error.empty());
+    const cpu::RunResult& run = got[r].result.run;
+    CHECK(run.loss_per_step == clean[r].result.run.loss_per_step);
+    CHECK(run.weights == clean[r].result.run.weights);
+    CHECK(run.state.m1 == clean[r].result.run.state.m1);
+    CHECK(run.state.m2 == clean[r].result.run.state.m2);
+    CHECK(got[r].result.weights_l2 == clean[r].result.weights_l2);
+    CHECK(run.restarts == 2);
+    // After 1, 2 (its second write: the injected failure fires once), 3 and 4 steps.
+    CHECK(run.checkpoints_written == 4);
+    int restarted_from_1 = 0;
+    for (const auto& f : run.faults) restarted_from_1 += f.restart_from == 1;
+    CHECK(restarted_from_1 == 2);
+  }
+  // The process that died says so; its peers name the lost peer.
+  bool died = false;
+  for (const auto& f : got[3].result.run.faults) died = died || f.detail.find("died at F1") != std::string::npos;
+  CHECK(died);
+  bool peer_lost = false;
+  for (const auto& f : got[1].result.run.faults) peer_lost = peer_lost || f.detail.find("a peer process failed or left") != std::string::npos;
+  CHECK(peer_lost);
+  CHECK(std::filesystem::exists(dir.path + "/step-00000004/MANIFEST.json"));
+  bool part_failed = false;
+  for (const auto& f : got[2].result.run.faults) part_failed = part_failed || f.kind == "ckpt-fail";
+  CHECK(part_failed);
+}
+
+TEST_CASE("emulated NCCL with checkpoints: a process that fails for good ends the others, which had begun a "
+          "restart, with a message",
+          "[emulated][nccl][faults][errors]") {
+  const ir::Plan plan = planner::build_plan(cuda::test::tiny_scenario(2, 1, 4), "1f1b", 1).lowered;
+  std::vector<ir::Plan> plans(2, plan);
+  auto& row = plans[1].ranks[1];
+  for (std::size_t i = row.size() / 2; i < row.size(); ++i)
+    if (row[i].kind == ir::OpKind::F) {
+      row[i].chunk = 5;  // a chunk rank 1 does not hold: an error in the plan, not a fault
+      break;
+    }
+  TempDir dir;
+  cuda::CudaRunOptions o;
+  o.train = cuda::test::train_options(2);
+  o.watchdog_seconds = 20;
+  o.faults.checkpoint_dir = dir.path;
+  o.faults.checkpoint_every = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto ranks = run_world(plans, o);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
+  CHECK_THAT(ranks[1].error, Contains("has no chunk 5"));
+  CHECK_THAT(ranks[0].error, Contains("another process ended the run with an error"));
 }

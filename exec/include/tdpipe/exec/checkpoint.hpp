@@ -63,6 +63,19 @@ struct CheckpointWrite {
 CheckpointWrite write_checkpoint(const std::string& dir, CheckpointManifest manifest,
                                  const std::vector<RankCheckpoint>& ranks, int fail_rank = -1);
 
+/// Multi-process runs (NCCL): each process writes its world rank's part; once every
+/// part is written (a barrier), one process finishes the checkpoint: it reads the parts
+/// back for their sizes and CRC-32 and writes the manifest naming `world` files, last.
+/// `fail`: as write_checkpoint's fail_rank, for this part. Returns the part's bytes.
+std::int64_t write_checkpoint_part(const std::string& dir, int steps_done, const RankCheckpoint& rank,
+                                   bool fail = false);
+CheckpointWrite finish_checkpoint(const std::string& dir, CheckpointManifest manifest, int world);
+
+/// The complete (CRC-verified) checkpoint after `steps_done` steps, or nullopt; throws
+/// tdpipe::Error when it belongs to another run.
+std::optional<CheckpointManifest> checkpoint_at(const std::string& dir, int steps_done,
+                                                const std::map<std::string, std::string>& run);
+
 /// The newest complete checkpoint in `dir` (manifest readable, every file present with its
 /// size and CRC), or none. Incomplete or damaged ones are skipped, each described in
 /// `skipped`. Throws tdpipe::Error when that checkpoint belongs to another run (a field of

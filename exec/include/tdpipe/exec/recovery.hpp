@@ -54,8 +54,7 @@ template <class Computes>
 void load_world_state(Computes& computes, const std::string& dir, const std::optional<CheckpointManifest>& from,
                       const std::optional<TrainState>& start) {
   if (from) {
-    for (std::size_t r = 0; r < computes.size(); ++r)
-      computes[r]->restore(read_rank_checkpoint(dir, *from, static_cast<int>(r)));
+    for (auto& c : computes) c->restore(read_rank_checkpoint(dir, *from, c->world_rank()));
     return;
   }
   load_start_state(start, computes);
@@ -70,6 +69,11 @@ struct RecoveryOptions {
   int trace_step = 0;        ///< of this run's steps (resolved)
   bool keep_step_traces = false;
   std::string origin;        ///< "cpu" | "cuda"
+  /// Heartbeats between the world's ranks (one process: threads). Off in a run of one
+  /// process per rank: an injected kill or hang then fails its process at once, and
+  /// its peers learn of it through the transport (NCCL: the aborted communicator).
+  bool heartbeats = true;
+  int trace_ranks = 0;       ///< ranks of the run's traces (0: the world's computes)
 };
 
 namespace detail {
@@ -96,6 +100,7 @@ void run_recovering(const ir::Plan& plan, const RecoveryStart& rs, const Recover
   const std::string& dir = fo.checkpoint_dir;
   const int first = rs.first, end = rs.end;
   const int ranks = static_cast<int>(world->computes.size());
+  const int trace_ranks = ro.trace_ranks > 0 ? ro.trace_ranks : ranks;
   result.first_step = first;
   if (rs.resumed) {
     result.earlier_loss_per_step = rs.resumed->loss_per_step;
@@ -126,7 +131,7 @@ void run_recovering(const ir::Plan& plan, const RecoveryStart& rs, const Recover
       // In one process a rank's beats stop only when an injected kill or hang stops it (a
       // real stall is the watchdog's), so they run only then: no false alarm elsewhere.
       std::optional<Heartbeats> heartbeats;
-      if (rs.stops_ranks) heartbeats.emplace(world->control, ranks, fo.heartbeat_period, fo.heartbeat_timeout);
+      if (rs.stops_ranks && ro.heartbeats) heartbeats.emplace(world->control, ranks, fo.heartbeat_period, fo.heartbeat_timeout);
       for (; next < end; ++next) {
         const int step = next - first;  // of this run
         std::vector<RankStepResult> outs(static_cast<std::size_t>(ranks));
@@ -151,7 +156,7 @@ void run_recovering(const ir::Plan& plan, const RecoveryStart& rs, const Recover
         result.rank_compute_seconds.resize(outs.size(), 0.0);
         for (std::size_t w = 0; w < outs.size(); ++w) result.rank_compute_seconds[w] += busy[w];
         record_step(result, outs, step_end - step_start, step == ro.trace_step, ro.keep_step_traces, ro.origin, plan,
-                    ranks);
+                    trace_ranks);
         if (redoing >= 0 && next < redo_until)
           result.faults[static_cast<std::size_t>(redoing)].redo_seconds += result.iteration_seconds.back();
         if (const LossScaler* scaler = world->computes.front()->loss_scaler()) {
@@ -168,12 +173,23 @@ void run_recovering(const ir::Plan& plan, const RecoveryStart& rs, const Recover
         if (fo.checkpoint_every > 0 && done % fo.checkpoint_every == 0) {
           std::vector<RankCheckpoint> states;
           int fail_rank = -1;
-          for (int w = 0; w < ranks; ++w) {
-            states.push_back(world->computes[static_cast<std::size_t>(w)]->checkpoint());
-            if (fail_rank < 0 && injector.at_checkpoint(done, w)) fail_rank = w;
+          for (auto& c : world->computes) {
+            states.push_back(c->checkpoint());
+            if (fail_rank < 0 && injector.at_checkpoint(done, states.back().world_rank)) fail_rank = states.back().world_rank;
           }
-          detail::write_step_checkpoint(dir, manifest_of(done), std::move(states), fail_rank, next, fo, rs.fingerprint,
-                                        result);
+          if constexpr (requires { world->write_checkpoint(dir, manifest_of(done), states, fail_rank, next, result); })
+            world->write_checkpoint(dir, manifest_of(done), states, fail_rank, next, result);  // its own processes'
+          else
+            detail::write_step_checkpoint(dir, manifest_of(done), std::move(states), fail_rank, next, fo,
+                                          rs.fingerprint, result);
+          if (world->control.failed()) {  // (a multi-process checkpoint's barrier lost a peer)
+            if (!world->control.recoverable()) throw Error(world->control.failure());
+            FaultRecord rec;
+            rec.step = next;
+            rec.kind = "transfer failed";
+            rec.detail = world->control.failure();
+            throw detail::StepLost{std::move(rec)};
+          }
         }
       }
       break;

@@ -74,6 +74,7 @@ class CpuCompute final : public Compute {
   /// This rank's whole state between steps, exactly: per chunk its weights, Adam moments
   /// and 1-bit Adam's error feedback, and the loss scaler (a checkpoint).
   RankCheckpoint checkpoint();
+  int world_rank() const { return world_rank_; }
   /// Takes back a checkpoint() of the same rank of the same plan; throws tdpipe::Error
   /// naming the array when its shape differs.
   void restore(const RankCheckpoint& state);

@@ -34,9 +34,10 @@ struct CudaRunOptions {
   /// only: an NCCL process holds only its own ranks, so it neither takes nor returns one.
   std::optional<cpu::TrainState> start;
   /// Injected faults, checkpoints, restart and resume, as the CPU backend's
-  /// (exec/faults.hpp, recovery.hpp); loopback transport only. kill, hang, slow and
-  /// ckpt-fail: drop and corrupt are the CPU fabric's (NCCL has no per-message checksum
-  /// to catch them with).
+  /// (exec/faults.hpp, recovery.hpp): kill, hang, slow and ckpt-fail (drop and corrupt
+  /// are the CPU fabric's; NCCL's transports retransmit below the executor). Loopback:
+  /// the ranks' threads are rebuilt in-process; NCCL: every process aborts its
+  /// communicators, creates them again and loads the checkpoint they agree on.
   FaultOptions faults;
 };
 
