@@ -115,8 +115,12 @@ traces::Trace simulate_simgrid(const ir::Plan& plan, sim::SimOptions opt) {
 /// The engine's prediction; ranks sharing one device (a calibration profile of the CPU
 /// backend or one GPU's loopback) share it by processor sharing (planner::predict_shared).
 /// `faults`: the slow and link faults, simulated (SimGrid only).
-traces::Trace predict(const planner::BuiltPlan& built, const SimArgs& a,
-                      const std::vector<sim::SimFault>& faults = {}) {
+#ifdef TDPIPE_HAVE_SIMGRID
+using SimFaults = std::vector<sim::SimFault>;
+#else
+struct SimFaults {};  // (no simulator: no faults to simulate)
+#endif
+traces::Trace predict(const planner::BuiltPlan& built, const SimArgs& a, const SimFaults& faults = {}) {
   if (a.engine == "analytic")
     return planner::predict_shared(built.lowered, [](const ir::Plan& p) { return planner::evaluate(p); });
 #ifdef TDPIPE_HAVE_SIMGRID
@@ -126,6 +130,8 @@ traces::Trace predict(const planner::BuiltPlan& built, const SimArgs& a,
     opt.faults = faults;
     return planner::predict_shared(built.lowered, [&](const ir::Plan& p) { return simulate_simgrid(p, opt); });
   }
+#else
+  (void)faults;
 #endif
   throw Error(fmt::format("--engine {}: this build has no such engine (available: analytic{})",
                           a.engine, std::string(kDefaultEngine) == "simgrid" ? ", simgrid" : ""));
@@ -229,6 +235,7 @@ FaultRun parse_faults(const SimArgs& a, const ir::Scenario& sc) {
   fr.affected = sim::affected_replicas(fr.simulated, fr.placement, platform);
   for (const auto& f : all) fr.described.push_back(sim::describe_sim_fault(f, fr.placement, platform));
 #else
+  (void)sc;
   if (!a.inject.empty() || failure_options)
     throw Error("--inject: this build has no simulator (built without SimGrid)");
 #endif

@@ -9,6 +9,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "../temp_dir.hpp"
+
 #include "exec_test_util.hpp"
 #include "tdpipe/exec/checkpoint.hpp"
 #include "tdpipe/exec/faults.hpp"
@@ -20,19 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 
-// A fresh, empty folder under the temp dir, removed with the object.
-struct TempDir {
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "tdpipe-faults-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string path;
-};
+using tdpipe::test::TempDir;
 
 ir::Plan plan_of(const std::string& schedule, int p, int d, int m = 4, int v = 1, int slices = 1) {
   ir::Scenario sc = test::small_scenario(p, d, m, 1);

@@ -33,6 +33,15 @@ inline ir::Scenario a100_cluster(int nodes, int tensor, int pipeline, int data) 
   return sc;
 }
 
+/// GPT-3 175B on DGX A100s (scenarios/gpt3-175b-a100-8x8.yaml), t=8 p=8, d replicas, m=16.
+inline ir::Scenario gpt3_dp(int data) {
+  auto sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/gpt3-175b-a100-8x8.yaml");
+  sc.cluster.groups.front().nodes = 8 * data;
+  sc.parallel.data = data;
+  sc.parallel.global_batch = 16 * data;  // m = 16
+  return sc;
+}
+
 inline ir::Plan empty_plan(const ir::Scenario& sc, int stages, int data) {
   ir::Plan plan;
   plan.schedule = "hand";

@@ -26,13 +26,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-ir::Scenario gpt3_dp(int data) {
-  auto sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/gpt3-175b-a100-8x8.yaml");
-  sc.cluster.groups.front().nodes = 8 * data;
-  sc.parallel.data = data;
-  sc.parallel.global_batch = 16 * data;  // m = 16
-  return sc;
-}
 
 std::int64_t total_ns(const traces::Trace& t, ir::OpKind kind) {
   std::int64_t n = 0;

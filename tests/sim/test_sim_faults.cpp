@@ -29,13 +29,6 @@ std::vector<sim::SimFault> faults(std::initializer_list<const char*> specs) {
   return out;
 }
 
-ir::Scenario gpt3_dp(int data) {
-  auto sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/gpt3-175b-a100-8x8.yaml");
-  sc.cluster.groups.front().nodes = 8 * data;
-  sc.parallel.data = data;
-  sc.parallel.global_batch = 16 * data;  // m = 16
-  return sc;
-}
 
 /// One GPU and one NIC per node: DP replicas and pipeline stages talk over IB.
 ir::Scenario one_gpu_nodes(int nodes, int pipeline, int data) {

@@ -14,8 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include <unistd.h>
-
+#include "../../temp_dir.hpp"
 #include "../gpu/gpu_test_util.hpp"
 #include "scoped_env.hpp"
 #include "tdpipe/exec/cpu/run.hpp"
@@ -162,22 +161,7 @@ TEST_CASE("emulated NCCL: a process that fails mid-run ends the others with a me
   CHECK(ended == 3);
 }
 
-namespace {
-
-struct TempDir {
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "tdpipe-nccl-faults-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string path;
-};
-
-}  // namespace
+using tdpipe::test::TempDir;
 
 TEST_CASE("emulated NCCL: a killed and a hung process - every process aborts its communicators, re-initialises "
           "them and goes on from the checkpoint they agree on, bit-identically",

@@ -9,8 +9,7 @@
 #include <filesystem>
 #include <string>
 
-#include <unistd.h>
-
+#include "../../temp_dir.hpp"
 #include "gpu_test_util.hpp"
 #include "tdpipe/exec/cuda/run.hpp"
 #include "tdpipe/exec/faults.hpp"
@@ -23,20 +22,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-namespace fs = std::filesystem;
-
-struct TempDir {
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "tdpipe-gpu-faults-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string path;
-};
+using tdpipe::test::TempDir;
 
 void require_identical(const cpu::RunResult& got, const cpu::RunResult& want) {
   REQUIRE(got.loss_per_step == want.loss_per_step);
