@@ -17,8 +17,9 @@ namespace tdpipe::exec::cuda {
 void NcclTransport::wait(cudaStream_t stream, ncclComm_t comm) {
   for (int i = 0;; ++i) {
     cudaError_t status = cudaStreamQuery(stream);
-    if (status == cudaSuccess) return;
-    if (status != cudaErrorNotReady) TDPIPE_CUDA_CHECK(status);
+    if (status != cudaSuccess && status != cudaErrorNotReady) TDPIPE_CUDA_CHECK(status);
+    // The communicator's error is checked even once the stream is idle: an operation on
+    // an aborted communicator may end without having moved its data.
     ncclResult_t async = ncclSuccess;
     TDPIPE_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
     // A peer that left (its communicator aborted, its process gone): recoverable by a
@@ -28,6 +29,7 @@ void NcclTransport::wait(cudaStream_t stream, ncclComm_t comm) {
     if (async != ncclSuccess && async != ncclInProgress)
       throw Error(std::string("NCCL asynchronous error: ") + ncclGetErrorString(async) +
                   " (a peer process failed? set NCCL_DEBUG=INFO)");
+    if (status == cudaSuccess) return;
     if (control_ != nullptr && control_->failed()) throw Aborted{};
     if (i > 2000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     else std::this_thread::yield();

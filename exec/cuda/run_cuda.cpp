@@ -406,8 +406,9 @@ void wait_nccl(cudaStream_t stream, ncclComm_t comm, double timeout_s, const std
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   for (int i = 0;; ++i) {
     const cudaError_t status = cudaStreamQuery(stream);
-    if (status == cudaSuccess) return;
-    if (status != cudaErrorNotReady) TDPIPE_CUDA_CHECK(status);
+    if (status != cudaSuccess && status != cudaErrorNotReady) TDPIPE_CUDA_CHECK(status);
+    // Checked even once the stream is idle: an operation on an aborted communicator may
+    // end without having moved its data.
     ncclResult_t async = ncclSuccess;
     TDPIPE_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
     if (async == ncclRemoteError && restartable)  // a peer left: recoverable by a restart of every process
@@ -416,6 +417,7 @@ void wait_nccl(cudaStream_t stream, ncclComm_t comm, double timeout_s, const std
     if (async != ncclSuccess && async != ncclInProgress)
       throw Error("NCCL asynchronous error during " + what + ": " + ncclGetErrorString(async) +
                   " (a peer process failed? set NCCL_DEBUG=INFO)");
+    if (status == cudaSuccess) return;
     if (std::chrono::steady_clock::now() > deadline)
       throw Error("waited " + std::to_string(static_cast<int>(timeout_s)) + " s for " + what +
                   ": another process is gone or stuck (see its output), or raise --watchdog");
@@ -446,6 +448,11 @@ std::vector<traces::TraceEvent> deserialize(const std::string& text) {
   return out;
 }
 
+/// The restart handshake's answer: another process failed for good.
+struct EndedElsewhere : Error {
+  using Error::Error;
+};
+
 /// recovery.hpp's World for the NCCL transport: this process's rank, its communicators
 /// and transport. A restart destroys it — ncclCommAbort on every communicator, which
 /// ends this process's NCCL kernels and makes its peers' NCCL calls fail with a remote
@@ -454,7 +461,7 @@ std::vector<traces::TraceEvent> deserialize(const std::string& text) {
 /// the address again), the rank's state from the checkpoint every process agrees on.
 struct NcclWorld {
   NcclWorld(const ir::Plan& plan, const CudaRunOptions& options, const LaunchEnv& launch, IdExchange exchange,
-            int device, const DeviceSetup& setup)
+            int device, const DeviceSetup& setup, bool ending = false)
       : plan(&plan),
         ctx(device),
         world_rank(launch.rank),
@@ -463,31 +470,30 @@ struct NcclWorld {
         restartable(!options.faults.inject.empty() || !options.faults.checkpoint_dir.empty()) {
     const int p = plan.num_ranks(), d = std::max(1, plan.data);
     const int replica = world_rank / p, rank = world_rank % p;
-    computes.push_back(std::make_unique<CudaCompute>(setup.config, plan, rank, replica, setup.corpus, options.train,
-                                                     ctx, &control));
-    CudaCompute& compute = *computes.front();
+    scratch = DeviceMemory(2 * sizeof(double), ctx.compute(), true);
     const ncclUniqueId id = exchange_id(exchange, launch);
+    const double limit_s = std::max(options.watchdog_seconds, 300.0);
     {
-      // Both calls wait for every process of the world and cannot be interrupted: a
-      // process that died before joining (a bad scenario path, no GPU, a crash before a
-      // restart) would leave the others here forever, so past a limit this process ends
-      // itself. The limit is the watchdog's but at least 5 minutes: on a cluster the
-      // processes may start minutes apart (scheduler, containers), and a healthy run
-      // must not be killed for that.
-      const double limit_s = std::max(options.watchdog_seconds, 300.0);
-      TimeLimit limit(limit_s, [this, limit_s] {
-        std::fprintf(stderr,
-                     "tdpipe: rank %d waited %.0f s for the other processes in NCCL's communicator setup: one is "
-                     "gone or never started (see its output; NCCL_DEBUG=INFO says more), or raise --watchdog; "
-                     "relaunch every process with --resume DIR to go on from the last checkpoint\n",
-                     world_rank, limit_s);
-        std::fflush(stderr);
-        std::_Exit(1);
-      });
+      TimeLimit limit(limit_s, [this, limit_s] { setup_timed_out(limit_s); });
       TDPIPE_NCCL_CHECK(ncclCommInitRank(&comms.world, launch.world, id, world_rank));
+    }
+    // A run that restarts: first, whether a process failed for good and only came to say
+    // so (`ending`) — the others stop too, with a message instead of a hang.
+    if (restartable) {
+      const double fatal = world_reduce(ending ? 1 : 0, ncclMax, "the restart handshake");
+      if (ending) return;
+      if (fatal > 0)
+        throw EndedElsewhere("rank " + std::to_string(world_rank) +
+                             ": another process ended the run with an error (see its output)");
+    }
+    {
+      TimeLimit limit(limit_s, [this, limit_s] { setup_timed_out(limit_s); });
       // dp: the replicas of this pipeline rank (collective over the world: every rank calls it).
       if (d > 1) TDPIPE_NCCL_CHECK(ncclCommSplit(comms.world, /*color=*/rank, /*key=*/replica, &comms.dp, nullptr));
     }
+    computes.push_back(std::make_unique<CudaCompute>(setup.config, plan, rank, replica, setup.corpus, options.train,
+                                                     ctx, &control));
+    CudaCompute& compute = *computes.front();
     transport = std::make_unique<NcclTransport>(comms.world, comms.dp, ctx, replica, rank, p, &control, restartable);
     std::set<int> peers;
     for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)])
@@ -507,9 +513,24 @@ struct NcclWorld {
         for (int i = 0; i < count; ++i) buckets.push_back(compute.grad_bucket(chunk, i, count));
     }
     transport->warm_up(peers, buckets, sharded, compressed);
-    scratch = DeviceMemory(2 * sizeof(double), ctx.compute(), true);
     clock = std::make_unique<CudaClock>(ctx, origin.get());
     world_sum(0, "the start barrier (every process up)");
+    origin.record(ctx.compute());  // (re-recorded at every step; now_ns needs one from the start)
+  }
+
+  // Communicator setup waits for every process of the world and cannot be interrupted:
+  // a process that died before joining (a bad scenario path, no GPU, a crash before a
+  // restart) would leave the others there forever, so past a limit — the watchdog's but
+  // at least 5 minutes: on a cluster the processes may start minutes apart (scheduler,
+  // containers), and a healthy run must not be killed for that — this process ends itself.
+  [[noreturn]] void setup_timed_out(double limit_s) const {
+    std::fprintf(stderr,
+                 "tdpipe: rank %d waited %.0f s for the other processes in NCCL's communicator setup: one is gone "
+                 "or never started (see its output; NCCL_DEBUG=INFO says more), or raise --watchdog%s\n",
+                 world_rank, limit_s,
+                 restartable ? "; relaunch every process (with --resume DIR if a checkpoint was written)" : "");
+    std::fflush(stderr);
+    std::_Exit(1);
   }
 
   // Declared after the streams and buffers, so destroyed before them: on any failure
@@ -574,7 +595,11 @@ struct NcclWorld {
     } catch (const Aborted&) {
     }
     if (control.failed()) {
-      if (control.recoverable()) comms.abort();  // (peers learn of it from the aborted communicators)
+      if (control.recoverable()) {
+        // This process's own injected fault, unless the transport saw a peer leave.
+        own_fault = control.failure().find("NCCL") == std::string::npos;
+        comms.abort();  // (peers learn of it from the aborted communicators)
+      }
       return start;
     }
     try {
@@ -585,40 +610,81 @@ struct NcclWorld {
     return start;
   }
   void step_done(cpu::RunResult&) {}
+  int lost_rank() const { return own_fault ? world_rank : -1; }
 
-  /// This process's part of a checkpoint; the root writes the manifest once every part
-  /// is written (a failed part anywhere: no manifest, training goes on).
-  void write_checkpoint(const std::string& dir, const CheckpointManifest& manifest,
-                        const std::vector<RankCheckpoint>& states, int fail_rank, int step, cpu::RunResult& result) {
+  /// The element-wise world-wide sum of `values` (a barrier too); RankFault when a peer left.
+  std::vector<double> world_sum_all(std::vector<double> values, const char* what) {
+    ctx.bind();
+    DeviceMemory buf(values.size() * sizeof(double), ctx.compute());
+    const std::size_t bytes = values.size() * sizeof(double);
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(buf.get(), values.data(), bytes, cudaMemcpyHostToDevice, ctx.compute()));
+    TDPIPE_NCCL_CHECK(ncclAllReduce(buf.get(), buf.get(), values.size(), ncclFloat64, ncclSum, comms.world,
+                                    ctx.compute()));
+    wait_nccl(ctx.compute(), comms.world, watchdog_seconds, what, restartable);
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(values.data(), buf.get(), bytes, cudaMemcpyDeviceToHost, ctx.compute()));
+    TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
+    return values;
+  }
+
+  /// This process's part of a checkpoint. One barrier gathers every part's size and
+  /// CRC-32 (−1: its write failed); the root then writes the manifest, and a second
+  /// barrier tells every process whether the checkpoint is complete. A failed part
+  /// anywhere: no manifest, training goes on.
+  void write_checkpoint(const std::string& dir, CheckpointManifest manifest, const std::vector<RankCheckpoint>& states,
+                        int fail_rank, int step, cpu::RunResult& result) {
     std::string why;
-    std::int64_t bytes = 0;
+    CheckpointManifest::File part;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      bytes = write_checkpoint_part(dir, manifest.steps_done, states.front(), fail_rank == world_rank);
+      part = write_checkpoint_part(dir, manifest.steps_done, states.front(), fail_rank == world_rank);
     } catch (const Error& e) {
       why = e.what();
     }
     try {
-      const double failed = world_sum(why.empty() ? 0 : 1, "the checkpoint barrier");
-      if (failed == 0 && world_rank == 0) {
+      std::vector<double> parts(static_cast<std::size_t>(2 * world_size), 0.0);  // bytes, CRC per world rank
+      parts[static_cast<std::size_t>(2 * world_rank)] = why.empty() ? static_cast<double>(part.bytes) : -1;
+      parts[static_cast<std::size_t>(2 * world_rank + 1)] = part.crc;
+      parts = world_sum_all(std::move(parts), "the checkpoint barrier");
+      int failed_rank = -1;
+      std::int64_t total = 0;
+      for (int r = 0; r < world_size; ++r) {
+        const double b = parts[static_cast<std::size_t>(2 * r)];
+        if (b < 0 && failed_rank < 0) failed_rank = r;
+        manifest.files.push_back({fmt::format("rank-{:04d}.ckpt", r), static_cast<std::int64_t>(b),
+                                  static_cast<std::uint32_t>(parts[static_cast<std::size_t>(2 * r + 1)])});
+        total += static_cast<std::int64_t>(b);
+      }
+      std::string root_why;
+      if (failed_rank < 0 && world_rank == 0) {
         try {
-          finish_checkpoint(dir, manifest, world_size);
-          prune_checkpoints(dir, faults_keep);
+          finish_checkpoint(dir, manifest);
         } catch (const Error& e) {
-          why = e.what();
+          root_why = e.what();
         }
       }
       // Everyone knows whether the manifest exists before going on.
-      const double finished = world_sum(world_rank == 0 && failed == 0 && why.empty() ? 1 : 0, "the manifest barrier");
+      const double finished =
+          world_sum(world_rank == 0 && failed_rank < 0 && root_why.empty() ? 1 : 0, "the manifest barrier");
       if (finished == 1) {
         ++result.checkpoints_written;
-        result.checkpoint_bytes += bytes;
+        result.checkpoint_bytes += total;  // every process's part
         result.checkpoint_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (world_rank == 0) {
+          try {
+            prune_checkpoints(dir, faults_keep);
+          } catch (const Error& e) {  // the new checkpoint is complete all the same
+            result.faults.push_back({"ckpt-prune", step, 0, e.what()});
+          }
+        }
       } else {
-        result.faults.push_back({"ckpt-fail", step, why.empty() ? -1 : world_rank,
-                                 why.empty() ? fmt::format("the checkpoint after {} steps is not complete: another "
-                                                           "process's part failed", manifest.steps_done)
-                                             : why});
+        result.faults.push_back(
+            {"ckpt-fail", step, failed_rank >= 0 ? failed_rank : 0,
+             !why.empty()         ? why
+             : failed_rank >= 0   ? fmt::format("the checkpoint after {} steps is not complete: world rank {}'s part "
+                                                "failed", manifest.steps_done, failed_rank)
+             : !root_why.empty()  ? root_why
+                                  : fmt::format("the checkpoint after {} steps is not complete: world rank 0 could "
+                                                "not write its manifest", manifest.steps_done)});
       }
     } catch (const RankFault& e) {
       lost(e.what());
@@ -639,12 +705,8 @@ struct NcclWorld {
   /// The run has checkpoints or injected faults: a lost peer restarts every process
   /// (else it ends the run, as before restarts existed).
   bool restartable;
+  bool own_fault = false;  ///< the step failed on this process's own injected fault
   int faults_keep = 2;
-};
-
-/// The restart handshake's answer: another process failed for good.
-struct EndedElsewhere : Error {
-  using Error::Error;
 };
 
 CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& options, const LaunchEnv& launch,
@@ -657,9 +719,9 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   const DeviceSetup setup = set_up_device(device, plan, options.train, {rank}, 1);
   const cpu::GptConfig& config = setup.config;
   const FaultOptions& fo = options.faults;
-  const cpu::RecoveryStart rs =
+  cpu::RecoveryStart rs =
       cpu::prepare_recovery(plan, config, options.train, std::nullopt, fo, options.watchdog_seconds, setup.corpus);
-  const int first = rs.first, steps = rs.end - rs.first;
+  const int steps = rs.end - rs.first;  // (before the processes agree where to resume)
   FaultInjector injector(fo.inject);
 
   // Builds this process's part of the world and loads the checkpoint every process
@@ -668,11 +730,6 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   auto build = [&](std::optional<CheckpointManifest>& from) {
     auto w = std::make_unique<NcclWorld>(plan, options, launch, exchange, device, setup);
     w->faults_keep = fo.checkpoint_keep;
-    // Whether a process failed for good (an error in the plan or the program, the
-    // watchdog, too many restarts): it meets the others here once more to say so.
-    if (w->restartable && w->world_reduce(0, ncclMax, "the restart handshake") > 0)
-      throw EndedElsewhere(fmt::format("rank {}: another process ended the run with an error (see its output)",
-                                       world_rank));
     const double mine = from ? from->steps_done : -1;
     const double agreed = w->world_reduce(mine, ncclMin, "the restart agreement");
     if (agreed != mine) {
@@ -686,9 +743,6 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
     cpu::load_world_state(w->computes, fo.checkpoint_dir, from, std::nullopt);
     return w;
   };
-  std::optional<CheckpointManifest> start = rs.resumed;
-  std::unique_ptr<NcclWorld> world = build(start);
-
   CudaRunResult out;
   out.world_rank = world_rank;
   out.world_size = launch.world;
@@ -701,24 +755,46 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   cpu::RecoveryOptions ro{fo, options.watchdog_seconds, trace_step, false, "cuda"};
   ro.heartbeats = false;
   ro.trace_ranks = p * d;
-  const bool restartable = world->restartable;
+  ro.rebase_step_events = false;  // the processes' events are aligned once gathered
+  const bool restartable = !fo.inject.empty() || !fo.checkpoint_dir.empty();
+  std::unique_ptr<NcclWorld> world;
   try {
+    std::optional<CheckpointManifest> start = rs.resumed;
+    world = build(start);
+    if ((start ? start->steps_done : -1) != (rs.resumed ? rs.resumed->steps_done : -1)) {
+      // The processes saw different newest checkpoints (a shared folder out of sync): all
+      // go on from the one they agreed on, numbering steps from it.
+      rs.resumed = start;
+      rs.first = start->steps_done;
+      ro.trace_step = resolve_trace_step(options.trace_step, rs.end - rs.first);
+    }
     cpu::run_recovering(plan, rs, ro, injector, build, world, result, traced_scale);
   } catch (const EndedElsewhere&) {
     throw;
-  } catch (const Error&) {
+  } catch (const std::exception& e) {
     if (!restartable) throw;
-    // The others may be restarting: join their new world once, say this process ends
-    // the run (the handshake in build), and stop.
+    // The others may be restarting: join their new world once to say this process ends
+    // the run (the handshake right after ncclCommInitRank), and stop.
     world.reset();
     try {
-      NcclWorld last(plan, options, launch, exchange, device, setup);
-      last.world_reduce(1, ncclMax, "the restart handshake");
+      NcclWorld last(plan, options, launch, exchange, device, setup, /*ending=*/true);
     } catch (...) {
     }
-    throw;
+    const std::string why = e.what();
+    throw Error(why.rfind("rank ", 0) == 0 ? why : "rank " + std::to_string(world_rank) + ": " + why);
   }
   CudaCompute& compute = *world->computes.front();
+  // Each process's injector fires only its own rank's faults: a fault never fired when
+  // no process fired it.
+  {
+    std::vector<std::string> unfired;
+    for (const FaultSpec& f : fo.inject) {
+      const bool mine = std::find(result.unfired_faults.begin(), result.unfired_faults.end(), f.text) !=
+                        result.unfired_faults.end();
+      if (world->world_reduce(mine ? 0 : 1, ncclMax, "the fired-faults agreement") == 0) unfired.push_back(f.text);
+    }
+    result.unfired_faults = std::move(unfired);
+  }
 
   if (const std::vector<int> buckets = sharded_buckets(plan); !buckets.empty())
     gather_sharded_state(compute, *world->transport, buckets, rank);  // as the loopback run does
@@ -735,7 +811,7 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
     }
   }
   result.state.params = result.weights;
-  result.state.steps_done = first + steps;
+  result.state.steps_done = rs.end;
   out.weights_l2 = std::sqrt(world->world_sum(ss, "the weight norm sum"));
 
   // Times are relative to each process's own origin (recorded after the step's barrier).
@@ -761,7 +837,7 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
 #endif
   rebase_to_zero(mine);
   result.trace.events = std::move(mine);
-  fill_metadata(result, plan, config, options, trace_step, out.device_name, launch.world);
+  fill_metadata(result, plan, config, options, ro.trace_step, out.device_name, launch.world);
   result.trace.metadata["world_rank"] = std::to_string(world_rank);
   result.trace.metadata["restarts"] = std::to_string(result.restarts);
   if (result.checkpoints_written > 0)

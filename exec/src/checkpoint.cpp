@@ -231,37 +231,25 @@ CheckpointWrite write_checkpoint(const std::string& dir, CheckpointManifest mani
   return w;
 }
 
-std::int64_t write_checkpoint_part(const std::string& dir, int steps_done, const RankCheckpoint& rank, bool fail) {
+CheckpointManifest::File write_checkpoint_part(const std::string& dir, int steps_done, const RankCheckpoint& rank,
+                                               bool fail) {
   const fs::path folder = prepare_folder(dir, steps_done, rank.world_rank, rank.world_rank == 0);
-  return write_rank_file(folder, rank, steps_done, fail).bytes;
+  return write_rank_file(folder, rank, steps_done, fail);
 }
 
-CheckpointWrite finish_checkpoint(const std::string& dir, CheckpointManifest manifest, int world) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const fs::path folder = checkpoint_folder(dir, manifest.steps_done);
-  CheckpointWrite w;
-  manifest.files.clear();
-  for (int r = 0; r < world; ++r) {
-    const fs::path path = folder / rank_file_name(r);
-    std::error_code ec;
-    if (!fs::exists(path, ec))
-      throw Error(fmt::format("checkpoint {}: world rank {}'s file {} is missing", folder.string(), r,
-                              path.filename().string()));
-    const std::string data = read_all(path);
-    manifest.files.push_back({path.filename().string(), static_cast<std::int64_t>(data.size()), crc_of(data)});
-    w.bytes += manifest.files.back().bytes;
-  }
-  write_manifest(dir, folder, manifest);
-  w.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return w;
+void finish_checkpoint(const std::string& dir, const CheckpointManifest& manifest) {
+  write_manifest(dir, checkpoint_folder(dir, manifest.steps_done), manifest);
 }
 
 std::optional<CheckpointManifest> checkpoint_at(const std::string& dir, int steps_done,
                                                 const std::map<std::string, std::string>& run) {
   std::string why;
   auto m = complete_manifest(checkpoint_folder(dir, steps_done), why, /*verify=*/true);
-  if (m && m->run != run)
-    throw Error(fmt::format("checkpoint {} belongs to another run", checkpoint_folder(dir, steps_done)));
+  if (m)
+    for (const auto& [key, want] : run)
+      if (const auto got = m->run.find(key); got == m->run.end() || got->second != want)
+        throw Error(fmt::format("checkpoint {} belongs to another run: its {} is not this run's",
+                                checkpoint_folder(dir, steps_done), key));
   return m;
 }
 

@@ -101,11 +101,11 @@ void rebase_to_zero(std::vector<traces::TraceEvent>& events) {
   for (auto& e : events) e.start_ns -= t0;
 }
 
-std::vector<traces::TraceEvent> step_events(std::vector<RankStepResult>& outs) {
+std::vector<traces::TraceEvent> step_events(std::vector<RankStepResult>& outs, bool rebase) {
   std::vector<traces::TraceEvent> events;
   for (auto& o : outs)
     for (auto& e : o.events) events.push_back(std::move(e));
-  rebase_to_zero(events);
+  if (rebase) rebase_to_zero(events);
   return events;
 }
 
@@ -141,14 +141,14 @@ Corpus training_corpus(const TrainOptions& options) {
 }
 
 void record_step(RunResult& result, std::vector<RankStepResult>& outs, std::int64_t step_ns, bool traced,
-                 bool keep_every_trace, const std::string& origin, const ir::Plan& plan, int ranks) {
+                 bool keep_every_trace, const std::string& origin, const ir::Plan& plan, int ranks, bool rebase) {
   double loss = 0;
   for (const auto& o : outs) loss += o.loss;
   result.loss_per_step.push_back(loss);
   result.iteration_seconds.push_back(static_cast<double>(step_ns) * 1e-9);
   if (!traced && !keep_every_trace) return;
   traces::Trace t = run_trace_header(origin, plan, ranks);
-  t.events = step_events(outs);
+  t.events = step_events(outs, rebase);
   if (keep_every_trace) result.step_traces.push_back(t);
   if (traced) result.trace.events = std::move(t.events);
 }

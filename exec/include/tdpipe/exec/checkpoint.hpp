@@ -63,13 +63,14 @@ struct CheckpointWrite {
 CheckpointWrite write_checkpoint(const std::string& dir, CheckpointManifest manifest,
                                  const std::vector<RankCheckpoint>& ranks, int fail_rank = -1);
 
-/// Multi-process runs (NCCL): each process writes its world rank's part; once every
-/// part is written (a barrier), one process finishes the checkpoint: it reads the parts
-/// back for their sizes and CRC-32 and writes the manifest naming `world` files, last.
-/// `fail`: as write_checkpoint's fail_rank, for this part. Returns the part's bytes.
-std::int64_t write_checkpoint_part(const std::string& dir, int steps_done, const RankCheckpoint& rank,
-                                   bool fail = false);
-CheckpointWrite finish_checkpoint(const std::string& dir, CheckpointManifest manifest, int world);
+/// Multi-process runs (NCCL): each process writes its world rank's part and returns its
+/// name, size and CRC-32; once every part is written (a barrier that also gathers them),
+/// one process finishes the checkpoint: the manifest naming every part
+/// (manifest.files, in world-rank order), last. `fail`: as write_checkpoint's fail_rank,
+/// for this part.
+CheckpointManifest::File write_checkpoint_part(const std::string& dir, int steps_done, const RankCheckpoint& rank,
+                                               bool fail = false);
+void finish_checkpoint(const std::string& dir, const CheckpointManifest& manifest);
 
 /// The complete (CRC-verified) checkpoint after `steps_done` steps, or nullopt; throws
 /// tdpipe::Error when it belongs to another run.

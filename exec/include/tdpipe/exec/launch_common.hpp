@@ -68,8 +68,9 @@ class TimeLimit {
 
 /// Shifts `events` so that the earliest starts at 0 (no-op when empty).
 void rebase_to_zero(std::vector<traces::TraceEvent>& events);
-/// One step's events of every rank, moved out of `outs` in rank order and rebased to 0.
-std::vector<traces::TraceEvent> step_events(std::vector<RankStepResult>& outs);
+/// One step's events of every rank, moved out of `outs` in rank order and (`rebase`)
+/// rebased to 0.
+std::vector<traces::TraceEvent> step_events(std::vector<RankStepResult>& outs, bool rebase = true);
 
 /// A run's trace before events: origin ("cpu", "cuda"), the plan's schedule and scenario, ranks.
 traces::Trace run_trace_header(const std::string& origin, const ir::Plan& plan, int ranks);
@@ -90,7 +91,8 @@ Corpus training_corpus(const TrainOptions& options);
 /// timeline (a `origin` trace of `ranks` ranks) when it is the traced step or every
 /// step's timeline is kept.
 void record_step(RunResult& result, std::vector<RankStepResult>& outs, std::int64_t step_ns, bool traced,
-                 bool keep_every_trace, const std::string& origin, const ir::Plan& plan, int ranks);
+                 bool keep_every_trace, const std::string& origin, const ir::Plan& plan, int ranks,
+                 bool rebase = true);
 
 /// Metadata every backend records: steps, trace_step, pipeline/data/microbatches/
 /// chunks/slices, the traced step's iteration time, the final loss and the model.

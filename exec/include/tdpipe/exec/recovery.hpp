@@ -1,5 +1,5 @@
-// recovery.hpp — the step loop the in-process launchers share (CPU threads, CUDA
-// loopback): steps with injected faults (exec/faults.hpp), a checkpoint after every N-th
+// recovery.hpp — the step loop every launcher shares (CPU threads, CUDA loopback, one
+// NCCL process): steps with injected faults (exec/faults.hpp), a checkpoint after every N-th
 // step, and after a lost rank or transfer a restart of every rank from the newest
 // complete checkpoint (or the run's start), at most max_restarts times; a run can also
 // resume from a checkpoint after its process died.
@@ -74,6 +74,9 @@ struct RecoveryOptions {
   /// its peers learn of it through the transport (NCCL: the aborted communicator).
   bool heartbeats = true;
   int trace_ranks = 0;       ///< ranks of the run's traces (0: the world's computes)
+  /// Each step's events start at 0 (false: kept on the clock's origin, for a launcher
+  /// that aligns several processes' events itself).
+  bool rebase_step_events = true;
 };
 
 namespace detail {
@@ -141,6 +144,8 @@ void run_recovering(const ir::Plan& plan, const RecoveryStart& rs, const Recover
           FaultRecord rec;
           rec.step = next;
           rec.rank = heartbeats ? heartbeats->silent_rank() : -1;
+          if constexpr (requires { world->lost_rank(); })  // (a process that knows its own fault)
+            if (rec.rank < 0) rec.rank = world->lost_rank();
           rec.kind = rec.rank >= 0 ? "rank lost" : "transfer failed";
           rec.detail = world->control.failure();
           rec.detect_seconds = heartbeats ? heartbeats->detection_seconds() : 0;
@@ -156,7 +161,7 @@ void run_recovering(const ir::Plan& plan, const RecoveryStart& rs, const Recover
         result.rank_compute_seconds.resize(outs.size(), 0.0);
         for (std::size_t w = 0; w < outs.size(); ++w) result.rank_compute_seconds[w] += busy[w];
         record_step(result, outs, step_end - step_start, step == ro.trace_step, ro.keep_step_traces, ro.origin, plan,
-                    trace_ranks);
+                    trace_ranks, ro.rebase_step_events);
         if (redoing >= 0 && next < redo_until)
           result.faults[static_cast<std::size_t>(redoing)].redo_seconds += result.iteration_seconds.back();
         if (const LossScaler* scaler = world->computes.front()->loss_scaler()) {
