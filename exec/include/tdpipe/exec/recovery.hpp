@@ -15,6 +15,11 @@
 //   std::int64_t run_step(int step, FaultInjector&, Heartbeats*, std::vector<RankStepResult>&, RunResult&);
 //   std::int64_t now_ns();
 //   void step_done(RunResult&);  // a step finished: the backend's own per-step records
+// and may have
+//   void write_checkpoint(dir, manifest, states, fail_rank, step, RunResult&);  // its own
+//                              // ranks' part of a checkpoint (one process of many)
+//   int lost_rank();           // the rank a recoverable failure lost, when it knows
+// build(from) may change `from` (processes agreeing on the checkpoint to load).
 #pragma once
 
 #include <chrono>
