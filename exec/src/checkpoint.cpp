@@ -46,7 +46,8 @@ std::string encode(const RankCheckpoint& r, int steps_done) {
   out += header.dump();
   out += '\n';
   for (const auto& [name, values] : r.arrays)
-    out.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(double));
+    if (!values.empty())  // (an empty vector's data() may be null)
+      out.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(double));
   return out;
 }
 
@@ -70,7 +71,7 @@ RankCheckpoint decode(const std::string& data, const std::string& path) {
       if (n > (data.size() - at) / sizeof(double))
         throw bad(fmt::format("array {} of {} values runs past the file's end", a.at(0).get<std::string>(), n));
       std::vector<double> values(n);
-      std::memcpy(values.data(), data.data() + at, n * sizeof(double));
+      if (n > 0) std::memcpy(values.data(), data.data() + at, n * sizeof(double));
       at += n * sizeof(double);
       r.arrays.emplace_back(a.at(0).get<std::string>(), std::move(values));
     }
