@@ -553,18 +553,24 @@ struct NcclWorld {
     }
   };
 
-  /// A world-wide reduction (and barrier) of one double, on the compute stream from
-  /// this (main) thread — never concurrent with the p2p thread's use of the same
-  /// communicator. Throws RankFault when a peer left.
-  double world_reduce(double v, ncclRedOp_t op, const char* what) {
+  /// A world-wide element-wise reduction (and barrier) of `values`, on the compute
+  /// stream from this (main) thread — never concurrent with the p2p thread's use of
+  /// the same communicator. Throws RankFault when a peer left.
+  std::vector<double> world_reduce_all(std::vector<double> values, ncclRedOp_t op, const char* what) {
+    if (values.empty()) return values;
     ctx.bind();
-    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(scratch.get(), &v, sizeof v, cudaMemcpyHostToDevice, ctx.compute()));
-    TDPIPE_NCCL_CHECK(ncclAllReduce(scratch.get(), scratch.get(), 1, ncclFloat64, op, comms.world, ctx.compute()));
+    const std::size_t bytes = values.size() * sizeof(double);
+    DeviceMemory large;  // (one or two doubles go through the scratch buffer)
+    if (bytes > scratch.bytes()) large = DeviceMemory(bytes, ctx.compute());
+    void* buf = large.empty() ? scratch.get() : large.get();
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(buf, values.data(), bytes, cudaMemcpyHostToDevice, ctx.compute()));
+    TDPIPE_NCCL_CHECK(ncclAllReduce(buf, buf, values.size(), ncclFloat64, op, comms.world, ctx.compute()));
     wait_nccl(ctx.compute(), comms.world, watchdog_seconds, what, restartable);
-    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(&v, scratch.get(), sizeof v, cudaMemcpyDeviceToHost, ctx.compute()));
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(values.data(), buf, bytes, cudaMemcpyDeviceToHost, ctx.compute()));
     TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
-    return v;
+    return values;
   }
+  double world_reduce(double v, ncclRedOp_t op, const char* what) { return world_reduce_all({v}, op, what).front(); }
   double world_sum(double v, const char* what) { return world_reduce(v, ncclSum, what); }
 
   /// A fault of this process or a lost peer: record it (recoverable) and abort the
@@ -612,20 +618,6 @@ struct NcclWorld {
   void step_done(cpu::RunResult&) {}
   int lost_rank() const { return own_fault ? world_rank : -1; }
 
-  /// The element-wise world-wide sum of `values` (a barrier too); RankFault when a peer left.
-  std::vector<double> world_sum_all(std::vector<double> values, const char* what) {
-    ctx.bind();
-    DeviceMemory buf(values.size() * sizeof(double), ctx.compute());
-    const std::size_t bytes = values.size() * sizeof(double);
-    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(buf.get(), values.data(), bytes, cudaMemcpyHostToDevice, ctx.compute()));
-    TDPIPE_NCCL_CHECK(ncclAllReduce(buf.get(), buf.get(), values.size(), ncclFloat64, ncclSum, comms.world,
-                                    ctx.compute()));
-    wait_nccl(ctx.compute(), comms.world, watchdog_seconds, what, restartable);
-    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(values.data(), buf.get(), bytes, cudaMemcpyDeviceToHost, ctx.compute()));
-    TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
-    return values;
-  }
-
   /// This process's part of a checkpoint. One barrier gathers every part's size and
   /// CRC-32 (−1: its write failed); the root then writes the manifest, and a second
   /// barrier tells every process whether the checkpoint is complete. A failed part
@@ -644,7 +636,7 @@ struct NcclWorld {
       std::vector<double> parts(static_cast<std::size_t>(2 * world_size), 0.0);  // bytes, CRC per world rank
       parts[static_cast<std::size_t>(2 * world_rank)] = why.empty() ? static_cast<double>(part.bytes) : -1;
       parts[static_cast<std::size_t>(2 * world_rank + 1)] = part.crc;
-      parts = world_sum_all(std::move(parts), "the checkpoint barrier");
+      parts = world_reduce_all(std::move(parts), ncclSum, "the checkpoint barrier");
       int failed_rank = -1;
       std::int64_t total = 0;
       for (int r = 0; r < world_size; ++r) {
@@ -787,12 +779,14 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   // Each process's injector fires only its own rank's faults: a fault never fired when
   // no process fired it.
   {
+    std::vector<double> fired;
+    for (const FaultSpec& f : fo.inject)
+      fired.push_back(std::find(result.unfired_faults.begin(), result.unfired_faults.end(), f.text) ==
+                      result.unfired_faults.end());
+    fired = world->world_reduce_all(std::move(fired), ncclMax, "the fired-faults agreement");
     std::vector<std::string> unfired;
-    for (const FaultSpec& f : fo.inject) {
-      const bool mine = std::find(result.unfired_faults.begin(), result.unfired_faults.end(), f.text) !=
-                        result.unfired_faults.end();
-      if (world->world_reduce(mine ? 0 : 1, ncclMax, "the fired-faults agreement") == 0) unfired.push_back(f.text);
-    }
+    for (std::size_t i = 0; i < fired.size(); ++i)
+      if (fired[i] == 0) unfired.push_back(fo.inject[i].text);
     result.unfired_faults = std::move(unfired);
   }
 
