@@ -9,7 +9,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "../temp_dir.hpp"
+#include "../recovery_test_util.hpp"
 
 #include "exec_test_util.hpp"
 #include "tdpipe/exec/checkpoint.hpp"
@@ -48,15 +48,7 @@ void checkpoint_into(cpu::CpuRunOptions& o, const std::string& dir, int every) {
   o.faults.checkpoint_every = every;
 }
 
-// The proof: the same weights, moments and losses, bit for bit.
-void require_identical(const cpu::RunResult& got, const cpu::RunResult& want) {
-  REQUIRE(got.loss_per_step == want.loss_per_step);
-  REQUIRE(got.weights == want.weights);
-  REQUIRE(got.state.m1 == want.state.m1);
-  REQUIRE(got.state.m2 == want.state.m2);
-  REQUIRE(got.state.steps_done == want.state.steps_done);
-  REQUIRE(got.state.loss_scale == want.state.loss_scale);
-}
+using tdpipe::test::require_identical;
 
 // Flips every bit of byte 1000 of `path` (past the header: in the arrays).
 void damage(const fs::path& path) {

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../temp_dir.hpp"
+#include "../../recovery_test_util.hpp"
 #include "../gpu/gpu_test_util.hpp"
 #include "scoped_env.hpp"
 #include "tdpipe/exec/cpu/run.hpp"

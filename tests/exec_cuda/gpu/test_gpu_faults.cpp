@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <string>
 
-#include "../../temp_dir.hpp"
+#include "../../recovery_test_util.hpp"
 #include "gpu_test_util.hpp"
 #include "tdpipe/exec/cuda/run.hpp"
 #include "tdpipe/exec/faults.hpp"
@@ -24,13 +24,7 @@ namespace {
 
 using tdpipe::test::TempDir;
 
-void require_identical(const cpu::RunResult& got, const cpu::RunResult& want) {
-  REQUIRE(got.loss_per_step == want.loss_per_step);
-  REQUIRE(got.weights == want.weights);
-  REQUIRE(got.state.m1 == want.state.m1);
-  REQUIRE(got.state.m2 == want.state.m2);
-  REQUIRE(got.state.steps_done == want.state.steps_done);
-}
+using tdpipe::test::require_identical;
 
 }  // namespace
 
