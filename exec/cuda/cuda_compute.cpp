@@ -35,7 +35,8 @@ CudaCompute::CudaCompute(const cpu::GptConfig& config, const ir::Plan& plan, int
       1.0 / (static_cast<double>(plan.data) * plan.microbatches * config.micro_batch * config.seq));
   ctx.bind();
   for (int stage : plan.stage_of.at(static_cast<std::size_t>(rank)))
-    stages_.emplace_back(config_, stage, plan.virtual_stages(), ctx.compute(), ctx.cublas());
+    stages_.emplace_back(config_, stage, plan.virtual_stages(), ctx.compute(), ctx.cublas(), &memory_,
+                         plan.scenario.parallel.offload());
   loss_ = DeviceMemory(sizeof(double), ctx.compute(), true);
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
   speed_ = cpu::rank_speed_of(options, rank);
@@ -70,10 +71,9 @@ RankCheckpoint CudaCompute::checkpoint() {
   };
   for (int ch = 0; ch < chunks(); ++ch) {
     GptStageCuda& st = chunk_stage(ch);
-    const auto n = static_cast<std::size_t>(st.parameter_count());
-    out.arrays.emplace_back("c" + std::to_string(ch) + ".params", download_floats(st.master_params(), n, ctx_->compute()));
-    out.arrays.emplace_back("c" + std::to_string(ch) + ".m1", download_floats(st.moments(1), n, ctx_->compute()));
-    out.arrays.emplace_back("c" + std::to_string(ch) + ".m2", download_floats(st.moments(2), n, ctx_->compute()));
+    out.arrays.emplace_back("c" + std::to_string(ch) + ".params", st.download_flat(0));
+    out.arrays.emplace_back("c" + std::to_string(ch) + ".m1", st.download_flat(1));
+    out.arrays.emplace_back("c" + std::to_string(ch) + ".m2", st.download_flat(2));
     out.arrays.emplace_back("c" + std::to_string(ch) + ".worker_error", errors(worker_error_, ch));
     out.arrays.emplace_back("c" + std::to_string(ch) + ".server_error", errors(server_error_, ch));
   }
@@ -101,10 +101,9 @@ void CudaCompute::restore(const RankCheckpoint& state) {
                     " (" + std::to_string(size) + " values)");
       return values;
     };
-    upload_floats(st.master_params(), next("params", n), ctx_->compute());
-    upload_floats(st.moments(1), next("m1", n), ctx_->compute());
-    upload_floats(st.moments(2), next("m2", n), ctx_->compute());
-    st.refresh_bf16_weights();
+    st.upload_flat(0, next("params", n));  // the bf16 weights follow
+    st.upload_flat(1, next("m1", n));
+    st.upload_flat(2, next("m2", n));
     // The error feedback: sized when first used; empty in the checkpoint until then.
     for (auto* errors : {&worker_error_, &server_error_}) {
       const auto& values = next(errors == &worker_error_ ? "worker_error" : "server_error", 0);
@@ -120,6 +119,41 @@ void CudaCompute::restore(const RankCheckpoint& state) {
 CudaCompute::~CudaCompute() {
   cudaSetDevice(ctx_->device());
   cudaStreamSynchronize(ctx_->compute());
+  for (auto& chunk : marks_)
+    for (TailMark& m : chunk) cudaEventDestroy(m.event);
+}
+
+void CudaCompute::mark_final_tail(int chunk, std::int64_t tail) {
+  const auto c = static_cast<std::size_t>(chunk);
+  std::lock_guard lock(marks_mu_);
+  if (marks_.size() <= c) {
+    marks_.resize(c + 1);
+    marks_used_.resize(c + 1, 0);
+  }
+  auto& marks = marks_[c];
+  if (marks_used_[c] == marks.size()) {
+    TailMark m;
+    TDPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&m.event, cudaEventDisableTiming));
+    marks.push_back(m);
+  }
+  TailMark& m = marks[marks_used_[c]++];
+  m.tail = tail;
+  TDPIPE_CUDA_CHECK(cudaEventRecord(m.event, ctx_->compute()));
+}
+
+void CudaCompute::wait_final(int chunk, std::int64_t first) {
+  const auto c = static_cast<std::size_t>(chunk);
+  const std::int64_t n = chunk_stage(chunk).parameter_count();
+  cudaEvent_t event = nullptr;
+  {
+    std::lock_guard lock(marks_mu_);
+    if (c >= marks_.size()) return;  // the op ran without marks: it ended (run() waited)
+    for (std::size_t k = 0; k < marks_used_[c] && !event; ++k)
+      if (marks_[c][k].tail >= n - first) event = marks_[c][k].event;
+  }
+  // An event recorded later than it is needed to be, or already passed, is waited for
+  // just the same; the host waits because a loopback peer's dp stream reads these too.
+  if (event) wait_event(event, control_);
 }
 
 const CudaCompute::DeviceBatch& CudaCompute::micro_batch(int mb) {
@@ -162,6 +196,10 @@ void CudaCompute::begin_step(int step) {
   step_ = step;
   batches_.clear();
   TDPIPE_CUDA_CHECK(cudaMemsetAsync(loss_.get(), 0, sizeof(double), ctx_->compute()));
+  {
+    std::lock_guard lock(marks_mu_);
+    std::fill(marks_used_.begin(), marks_used_.end(), 0);
+  }
   for (auto& s : stages_) {
     if (gathered_) s.refresh_bf16_weights();  // the all-gather wrote other replicas' parts
     s.begin_step();
@@ -187,6 +225,22 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
   named.slice = op.slice;
   NvtxRange range(std::string("r") + std::to_string(rank_) + " " + trace_name(named));
   cudaStream_t stream = ctx_->compute();
+  if (op.kind == ir::OpKind::OPT && op.gate) {
+    // Parameter offload: each block's state arrives by its LOAD, is stepped on the device
+    // and written back by its OFFLOAD (after the step's kernels); the rest is resident.
+    int segment = 0;
+    for (int c = 0; c < chunks(); ++c) {
+      GptStageCuda& s = chunk_stage(c);
+      for (int b = 0; b < s.blocks(); ++b) {
+        op.gate->acquire(segment, c, b);
+        s.adam_block(options_.adam, step_ + 1, b);
+        op.gate->release(segment++);
+      }
+      s.adam_resident(options_.adam, step_ + 1);
+    }
+    wait_stream(stream, control_);
+    return {};
+  }
   if (op.kind == ir::OpKind::OPT) {
     for (int c = 0; c < chunks(); ++c) {
       GptStageCuda& s = chunk_stage(c);
@@ -216,6 +270,26 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
   // A slower device (rank_speed < 1): the op's time stretched to 1/speed by idling the
   // host after it, as the CPU backend does (every op ends in a host wait today).
   const auto host_start = std::chrono::steady_clock::now();
+  // Parameter offload: each block waits at the gate for its LOAD, and its copy is freed
+  // (in stream order) once its kernels are issued. Waits are not the op's work.
+  std::chrono::steady_clock::duration waited{0};
+  int next_block = 0;
+  struct Hooks {
+    GptStageCuda& st;
+    ~Hooks() { st.set_block_hooks({}, {}); }
+  } hooks{st};
+  if (op.gate)
+    st.set_block_hooks(
+        [&, gate = op.gate, chunk = op.chunk](int b) {
+          const auto t0 = std::chrono::steady_clock::now();
+          gate->acquire(next_block++, chunk, b);
+          waited += std::chrono::steady_clock::now() - t0;
+          st.take_block(b);
+        },
+        [&, gate = op.gate](int b) {
+          st.release_block(b);
+          gate->release(next_block - 1);
+        });
   const int t0 = offsets_[static_cast<std::size_t>(op.slice)];
   const int t1 = offsets_[static_cast<std::size_t>(op.slice) + 1];
   const std::int64_t elements = std::int64_t(config_.micro_batch) * (t1 - t0) * config_.hidden;
@@ -225,6 +299,14 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
                   std::to_string(input.elements) + " elements, expected " + std::to_string(elements) +
                   " floats on the GPU");
   };
+  // The chunk's last gradient op: each part's gradients are marked final as issued, so
+  // the dp thread can start a bucket while the rest still runs (overlap_grad_reduce).
+  std::function<void(std::int64_t)> final_tail;
+  if (op.progress)
+    final_tail = [this, &op, total = st.parameter_count()](std::int64_t tail) {
+      mark_final_tail(op.chunk, tail);
+      (*op.progress)(tail, total);
+    };
   Buffer out;
   switch (op.kind) {
     case ir::OpKind::F: {
@@ -242,18 +324,33 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
       if (!st.is_first()) out = device_buffer(elements, stream);
       st.backward_input(op.mb, op.slice, st.is_last() ? nullptr : input.as<float>(),
                         st.is_first() ? nullptr : out.as<float>());
-      if (op.kind == ir::OpKind::BW) st.backward_weight(op.mb, op.slice);
+      if (op.kind == ir::OpKind::BW) st.backward_weight(op.mb, op.slice, final_tail);
       break;
     }
     case ir::OpKind::W:
-      st.backward_weight(op.mb, op.slice);
+      st.backward_weight(op.mb, op.slice, final_tail);
       break;
     default:
       throw Error(std::string(ir::to_string(op.kind)) + " is not a compute op");
   }
   wait_stream(stream, control_);
-  cpu::stretch_to_speed(std::chrono::steady_clock::now() - host_start, speed_);
+  cpu::stretch_to_speed(std::chrono::steady_clock::now() - host_start - waited, speed_);
   return out;
+}
+
+void CudaCompute::copy(const CopyOp& op) {
+  ctx_->bind();
+  if (op.chunk < 0 || op.chunk >= chunks())
+    throw Error(std::string(ir::to_string(op.kind)) + " of chunk " + std::to_string(op.chunk) + ": this rank has " +
+                std::to_string(chunks()) + " chunks");
+  GptStageCuda& st = chunk_stage(op.chunk);
+  if (op.kind == ir::OpKind::LOAD)
+    st.load_block(op.layer, op.state, ctx_->copy());
+  else if (op.kind == ir::OpKind::OFFLOAD && op.state)
+    st.offload_block(op.layer, ctx_->copy());
+  else
+    throw Error(std::string(ir::to_string(op.kind)) + " of chunk " + std::to_string(op.chunk) + " layer " +
+                std::to_string(op.layer) + ": expected a LOAD, or an OFFLOAD of optimizer state");
 }
 
 Buffer CudaCompute::allocate(const TensorKey& key) {
@@ -285,6 +382,7 @@ Buffer CudaCompute::grad_bucket(int chunk, int index, int count) {
     throw Error("gradient bucket " + std::to_string(index) + " of " + std::to_string(count) + " of chunk " +
                 std::to_string(chunk) + ": out of range");
   GptStageCuda& st = chunk_stage(chunk);
+  wait_final(chunk, part_range(st.parameter_count(), index, count).first);
   return part_view(st.grads(), st.parameter_count(), index, count);
 }
 

@@ -1,12 +1,15 @@
 // cuda_compute.hpp — internal to exec/cuda: Compute and Clock of one rank on its GPU.
 // CudaCompute mirrors cpu::CpuCompute (same data, slices, loss scale) over
 // GptStageCuda; every op runs on the rank's compute stream and is waited for
-// before run() returns, as backend.hpp requires. CudaClock timestamps with CUDA
+// before run() returns, as backend.hpp requires. A chunk's last W/BW reports its
+// gradients final part by part as it issues them (ComputeOp::progress), marked by an
+// event each, and a bucket that starts inside the op waits for its part's event. CudaClock timestamps with CUDA
 // events on the op's stream, relative to one origin event.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "device_context.hpp"
@@ -39,6 +42,10 @@ class CudaCompute final : public Compute {
   void onebit_serve(int chunk, int index, int count, int member, int members, OnebitMessages& m) override;
   void onebit_expand(int chunk, int index, int count, int members, const OnebitMessages& m) override;
   double end_step() override;
+  /// Parameter offload's LOAD / OFFLOAD, on the copy stream (GptStageCuda::load_block).
+  void copy(const CopyOp& op) override;
+  /// Weights, Adam moments and bf16 copies on the device at most, so far (offload's measure).
+  std::int64_t param_state_peak_bytes() const override { return memory_.peak(); }
   /// This rank's state between steps, downloaded (fp32 → double, exact): per chunk its
   /// master weights, both Adam moments and 1-bit Adam's error feedback — the arrays
   /// cpu::CpuCompute::checkpoint() names, so one checkpoint format serves both backends.
@@ -58,6 +65,12 @@ class CudaCompute final : public Compute {
     DeviceMemory tokens, targets;  // int32 b × seq
   };
   const DeviceBatch& micro_batch(int mb);
+  /// Records, on the compute stream, that the kernels issued so far finish the trailing
+  /// `tail` gradients of `chunk` (its last gradient op's progress, ComputeOp::progress).
+  void mark_final_tail(int chunk, std::int64_t tail);
+  /// Blocks the calling (dp) thread until the gradients [first, n) of `chunk` are computed:
+  /// the first mark covering them, if its op may still be running.
+  void wait_final(int chunk, std::int64_t first);
 
   cpu::GptConfig config_;
   const cpu::Corpus* corpus_;
@@ -67,6 +80,7 @@ class CudaCompute final : public Compute {
   int rank_, replica_, world_rank_, microbatches_;
   std::vector<int> offsets_;
   float loss_scale_;
+  cpu::DeviceMemory memory_;  ///< counts what stages_ hold on the device; before them
   std::vector<GptStageCuda> stages_;
   std::map<int, DeviceBatch> batches_;
   DeviceMemory loss_;  // one double
@@ -78,6 +92,15 @@ class CudaCompute final : public Compute {
   /// one double of scratch.
   std::vector<DeviceMemory> worker_error_, server_error_;
   DeviceMemory onebit_sum_;
+  /// Within-op bucket starts (overlap_grad_reduce): per chunk, this step's marks of its
+  /// last gradient op, (tail, event) in issue order; the events are reused every step.
+  struct TailMark {
+    std::int64_t tail = 0;
+    cudaEvent_t event = nullptr;
+  };
+  std::mutex marks_mu_;  ///< the compute thread adds marks, the dp thread reads them
+  std::vector<std::vector<TailMark>> marks_;
+  std::vector<std::size_t> marks_used_;
 };
 
 /// Event timestamps relative to an origin event; one per rank, sharing the origin

@@ -14,6 +14,7 @@ DeviceContext::DeviceContext(int device) : device_(device) {
     TDPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     TDPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&p2p_, cudaStreamNonBlocking));
     TDPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&dp_, cudaStreamNonBlocking));
+    TDPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
     TDPIPE_CUBLAS_CHECK(cublasCreate(&cublas_));
     TDPIPE_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
   } catch (...) {
@@ -26,13 +27,13 @@ DeviceContext::~DeviceContext() { release(); }
 
 void DeviceContext::release() noexcept {
   cudaSetDevice(device_);
-  for (cudaStream_t s : {compute_, p2p_, dp_})
+  for (cudaStream_t s : {compute_, p2p_, dp_, copy_})
     if (s) cudaStreamSynchronize(s);
   if (cublas_) cublasDestroy(cublas_);
-  for (cudaStream_t s : {compute_, p2p_, dp_})
+  for (cudaStream_t s : {compute_, p2p_, dp_, copy_})
     if (s) cudaStreamDestroy(s);
   cublas_ = nullptr;
-  compute_ = p2p_ = dp_ = nullptr;
+  compute_ = p2p_ = dp_ = copy_ = nullptr;
 }
 
 void DeviceContext::bind() const { TDPIPE_CUDA_CHECK(cudaSetDevice(device_)); }
@@ -42,6 +43,7 @@ cudaStream_t DeviceContext::stream(ir::Stream s) const {
     case ir::Stream::Compute: return compute_;
     case ir::Stream::P2P: return p2p_;
     case ir::Stream::DP: return dp_;
+    case ir::Stream::Copy: return copy_;
   }
   return compute_;
 }

@@ -1,5 +1,5 @@
 // device_context.hpp — internal to exec/cuda: what one rank owns on its GPU — the
-// device, one non-blocking stream per ir::Stream (compute, p2p, dp), a cuBLAS
+// device, one non-blocking stream per ir::Stream (compute, p2p, dp, copy), a cuBLAS
 // handle on the compute stream — and helpers every host thread calls first.
 #pragma once
 
@@ -30,12 +30,14 @@ class DeviceContext {
   cudaStream_t compute() const { return compute_; }
   cudaStream_t p2p() const { return p2p_; }
   cudaStream_t dp() const { return dp_; }
+  /// Parameter offload's LOAD / OFFLOAD (host ↔ device).
+  cudaStream_t copy() const { return copy_; }
   cublasHandle_t cublas() const { return cublas_; }
 
  private:
   void release() noexcept;
   int device_;
-  cudaStream_t compute_ = nullptr, p2p_ = nullptr, dp_ = nullptr;
+  cudaStream_t compute_ = nullptr, p2p_ = nullptr, dp_ = nullptr, copy_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
 };
 

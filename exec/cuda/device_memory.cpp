@@ -1,6 +1,8 @@
 // device_memory.cpp — stream-ordered device allocations and device Buffers.
 #include "device_memory.hpp"
 
+#include <algorithm>
+
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -69,6 +71,20 @@ Buffer device_bytes(std::int64_t bytes, cudaStream_t stream) {
   b.elements = bytes;
   b.dtype = DType::U8;
   return b;
+}
+
+PinnedFloats::PinnedFloats(std::size_t n) : n_(n) {
+  if (n == 0) return;
+  void* p = nullptr;
+  TDPIPE_CUDA_CHECK(cudaMallocHost(&p, n * sizeof(float)));
+  ptr_ = static_cast<float*>(p);
+  std::fill(ptr_, ptr_ + n, 0.f);
+}
+
+PinnedFloats::~PinnedFloats() {
+  if (ptr_ == nullptr) return;
+  const cudaError_t status = cudaFreeHost(ptr_);
+  if (status != cudaSuccess) std::fprintf(stderr, "tdpipe: cudaFreeHost failed: %s\n", cudaGetErrorString(status));
 }
 
 void keep_pool_memory(int device) {

@@ -34,6 +34,12 @@ class DeviceMemory {
   DeviceMemory& operator=(const DeviceMemory&) = delete;
 
   void reset();
+  /// Frees in order on `stream` instead of the allocating one: after the work queued
+  /// there, which must be the last to use the memory.
+  void reset_on(cudaStream_t stream) {
+    stream_ = stream;
+    reset();
+  }
   template <class T>
   T* as() const { return static_cast<T*>(ptr_); }
   void* get() const { return ptr_; }
@@ -44,6 +50,31 @@ class DeviceMemory {
   void* ptr_ = nullptr;
   std::size_t bytes_ = 0;
   cudaStream_t stream_ = nullptr;
+};
+
+/// `n` floats of pinned host memory (cudaMallocHost), zeroed: what copies on a stream
+/// read and write asynchronously, at the link's full bandwidth.
+class PinnedFloats {
+ public:
+  PinnedFloats() = default;
+  explicit PinnedFloats(std::size_t n);
+  ~PinnedFloats();
+  PinnedFloats(PinnedFloats&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  PinnedFloats& operator=(PinnedFloats&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  PinnedFloats(const PinnedFloats&) = delete;
+  PinnedFloats& operator=(const PinnedFloats&) = delete;
+  float* data() const { return ptr_; }
+  std::size_t size() const { return n_; }
+  float* begin() const { return ptr_; }
+  float* end() const { return ptr_ + n_; }
+
+ private:
+  float* ptr_ = nullptr;
+  std::size_t n_ = 0;
 };
 
 /// A Buffer of `elements` fp32 on the current device, freed in order on `stream`

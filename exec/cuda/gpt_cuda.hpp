@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,8 +24,12 @@ class GptStageCuda {
  public:
   /// Takes its initial weights from cpu::GptStage(config, stage, stages), so both
   /// backends start from the same parameters. Work is issued on `stream`.
+  /// `memory` (if given) counts the bytes of weights, Adam moments and bf16 copies the
+  /// device holds. With `offload` (parallel.param_offload: layers) the decoder blocks'
+  /// weights and moments live in host memory: a block is on the device only while a LOAD's
+  /// copy of it is (load_block … release_block / offload_block); gradients stay resident.
   GptStageCuda(const cpu::GptConfig& config, int stage, int stages, cudaStream_t stream,
-               cublasHandle_t cublas);
+               cublasHandle_t cublas, cpu::DeviceMemory* memory = nullptr, bool offload = false);
   ~GptStageCuda();
   GptStageCuda(GptStageCuda&&) noexcept;
   GptStageCuda& operator=(GptStageCuda&&) noexcept;
@@ -42,8 +47,11 @@ class GptStageCuda {
                const int* targets, float loss_scale, double* loss);
   /// B: dL/d(output) `dy` (ignored on the last stage) → dL/d(input) into `dx` (not on stage 0).
   void backward_input(int mb, int slice, const float* dy, float* dx);
-  /// W of a slice whose B ran.
-  void backward_weight(int mb, int slice);
+  /// W of a slice whose B ran. `final_tail`, if set, is called on the host each time
+  /// the kernels of one more part (the head, a block, the embedding) have been issued,
+  /// with how many trailing elements of grads() those kernels finish (the head's and
+  /// the last block's come first; the last call reports parameter_count()).
+  void backward_weight(int mb, int slice, const std::function<void(std::int64_t)>& final_tail = {});
   /// One Adam step (t = 1, 2, …).
   void adam(const cpu::AdamConfig& adam, int t);
   /// The same step over parameters [first, last) only (a sharded optimizer's part); the
@@ -55,9 +63,37 @@ class GptStageCuda {
   void refresh_bf16_weights();
 
   float* grads() const;
+  /// The fp32 master weights on the device, flat like grads() — without offload (with it,
+  /// only the resident ones, compacted; download_flat has them all).
   float* master_params() const;
-  /// Adam's first (which = 1) or second (2) moment on the device, flat like grads().
+  /// Adam's first (which = 1) or second (2) moment on the device, as master_params().
   float* moments(int which) const;
+  /// The whole flat weights (which = 0) or Adam moment (1, 2), downloaded (fp32 → double),
+  /// offloaded blocks from their host copy.
+  std::vector<double> download_flat(int which) const;
+  /// Sets them (double → fp32); with which = 0 the bf16 copy follows.
+  void upload_flat(int which, const std::vector<double>& values);
+
+  /// Parameter offload (see the constructor). Local decoder blocks of this stage.
+  int blocks() const;
+  bool offloaded() const;
+  /// On the copy stream, and returns once done: a device copy of block `block`'s weights
+  /// (with `state`: its fp32 weights and Adam moments, for OPT) from host memory.
+  void load_block(int block, bool state, cudaStream_t copy);
+  /// The next LOADed weight copy of `block` becomes the one its kernels read (an op is
+  /// about to use it); release_block frees it in order behind those kernels.
+  void take_block(int block);
+  void release_block(int block);
+  /// Called before and after forward and input-gradient backward use a block's weights,
+  /// with its local index; empty functions: none.
+  void set_block_hooks(std::function<void(int)> begin, std::function<void(int)> end);
+  /// Adam step t over block `block`'s state copy (load_block(block, true)), on the compute
+  /// stream; adam_resident: over the embedding and head (every parameter without offload).
+  void adam_block(const cpu::AdamConfig& adam, int t, int block);
+  void adam_resident(const cpu::AdamConfig& adam, int t);
+  /// On the copy stream, after adam_block's kernels: writes the block's stepped weights
+  /// and moments back to host memory and frees its copy.
+  void offload_block(int block, cudaStream_t copy);
   std::int64_t parameter_count() const;
   /// Downloaded copies (fp32 → double), named like cpu::GptStage.
   cpu::ParamMap named_params() const;

@@ -359,7 +359,7 @@ __global__ void adam_k(float* p, const float* g, float* m, float* v, bf16* pb, s
     v[i] = vi;
     float pi = p[i] - lr * (mi / bias1) / (sqrtf(vi / bias2) + eps);
     p[i] = pi;
-    pb[i] = __float2bfloat16(pi);
+    if (pb) pb[i] = __float2bfloat16(pi);
   }
 }
 

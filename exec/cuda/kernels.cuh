@@ -99,7 +99,8 @@ void column_sum(const float* dy, float* db, int rows, int cols, cudaStream_t str
 void to_bf16(const float* x, bf16* y, std::int64_t n, cudaStream_t stream);
 void to_f32(const bf16* x, float* y, std::int64_t n, cudaStream_t stream);
 
-/// Adam with bias correction on fp32 master weights; refreshes the bf16 copy.
+/// Adam with bias correction on fp32 master weights; refreshes the bf16 copy (p_bf16 null:
+/// there is none, as for a parameter block streamed in for its step).
 void adam(float* p, const float* g, float* m, float* v, bf16* p_bf16, std::int64_t n, float lr,
           float beta1, float beta2, float eps, float bias1, float bias2, cudaStream_t stream);
 

@@ -95,7 +95,13 @@ std::int64_t minimum_bytes(const cpu::GptConfig& c, const ir::Plan& plan, int ra
   // 1-bit Adam's fp32 error feedback: the worker's over every parameter, the server's over 1/d.
   const int d = std::max(1, plan.data);
   const std::int64_t onebit = plan.scenario.parallel.onebit() && d > 1 ? params * 4 + params * 4 / d : 0;
-  return stage_state_bytes(params) + onebit + blocks * per_block + (64LL << 20);
+  // Parameter offload: the blocks' weights and moments stay in host memory but for the
+  // copies in flight (a window of two blocks, OPT's at 12 bytes a parameter); their
+  // gradients (4 bytes) stay.
+  const std::int64_t block_params = 4LL * c.hidden * c.hidden + 2LL * c.hidden * c.ffn + 6LL * c.hidden + c.ffn;
+  const std::int64_t streamed = plan.scenario.parallel.offload() ? blocks * block_params : 0;
+  const std::int64_t window = streamed > 0 ? 2 * 12 * block_params : 0;
+  return stage_state_bytes(params - streamed) + 4 * streamed + window + onebit + blocks * per_block + (64LL << 20);
 }
 
 std::string device_name(int device) {
@@ -323,6 +329,7 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
   }
   result.state.params = result.weights;
   result.state.steps_done = first + steps;
+  for (const auto& c : computes) result.param_state_peak_bytes.push_back(c->param_state_peak_bytes());
   for (int k = 1; k < d; ++k)
     for (int r = 0; r < p; ++r) {
       auto& c0 = *computes[static_cast<std::size_t>(r)];
@@ -480,7 +487,15 @@ struct NcclWorld {
     // A run that restarts: first, whether a process failed for good and only came to say
     // so (`ending`) — the others stop too, with a message instead of a hang.
     if (restartable) {
-      const double fatal = world_reduce(ending ? 1 : 0, ncclMax, "the restart handshake");
+      double fatal = 0;
+      try {
+        fatal = world_reduce(ending ? 1 : 0, ncclMax, "the restart handshake");
+      } catch (const RankFault&) {
+        // The ending process leaves as soon as it has contributed: its communicator may be
+        // gone before this one saw the result. A peer lost here ended the run too.
+        if (ending) return;
+        fatal = 1;
+      }
       if (ending) return;
       if (fatal > 0)
         throw EndedElsewhere("rank " + std::to_string(world_rank) +
@@ -806,6 +821,7 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   }
   result.state.params = result.weights;
   result.state.steps_done = rs.end;
+  result.param_state_peak_bytes = {compute.param_state_peak_bytes()};  // this process's rank
   out.weights_l2 = std::sqrt(world->world_sum(ss, "the weight norm sum"));
 
   // Times are relative to each process's own origin (recorded after the step's barrier).
@@ -861,9 +877,6 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options, cons
 // What run_cuda and run_cuda_rank refuse before touching a GPU.
 void check_request(const ir::Plan& plan, const CudaRunOptions& options, TransportKind transport) {
   check_runnable(plan);
-  if (plan.scenario.parallel.offload())
-    throw Error("the CUDA backend does not stream parameters yet (parallel.param_offload: layers): run the plan on "
-                "the CPU backend (--backend cpu), or with param_offload: none");
   if (plan.scenario.model.dtype == "fp16")
     throw Error("the CUDA backend does not train in fp16 with loss scaling yet (model.dtype: fp16; it computes in "
                 "bf16): run the plan on the CPU backend (--backend cpu), which emulates fp16 stores and scales the "

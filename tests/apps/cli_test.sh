@@ -130,6 +130,25 @@ PY
     out=$("$tdpipe" compare "$work/pred.json" "$work/meas.json") || fail "compare exited $?"
     expect "$out" 'ops matched [0-9]+, only predicted 0, only measured 0' "every op pairs up, copies too"
     ;;
+  exec-offload-cuda)
+    # Parameter offload on the CUDA backend (the emulated GPU): 8 layers on 2 stages, the
+    # blocks streamed on the copy stream; the same losses and weights as keeping them
+    # resident, a smaller device peak (14 bytes a resident parameter; a two-block window
+    # of copies), and the prediction names the same ops, copies included.
+    sed -e 's/^  layers: 4/  layers: 8/' scenarios/tiny-gpt-cpu.yaml > "$work/resident.yaml"
+    sed -e 's/^parallel:/parallel:\n  param_offload: layers/' "$work/resident.yaml" > "$work/offload.yaml"
+    out=$("$tdpipe" exec "$work/offload.yaml" --backend cuda --steps 3 --trace-out "$work/meas.json") \
+      || fail "cuda exec with offload exited $?"
+    want=$("$tdpipe" exec "$work/resident.yaml" --backend cuda --steps 3) || fail "cuda exec exited $?"
+    expect "$out" 'peak per rank \(KiB, param_offload: layers\): 1307.0 1254.1' "resident ends plus the window"
+    expect "$want" 'peak per rank \(KiB, param_offload: none\): 2863.0 2810.1' "everything resident"
+    [ "$(grep -E '^ *step|^final' <<<"$out" | sed 's/  [0-9.]* ms$//;s/, iteration time.*//')" = \
+      "$(grep -E '^ *step|^final' <<<"$want" | sed 's/  [0-9.]* ms$//;s/, iteration time.*//')" ] \
+      || fail "offloaded losses or weights differ from the resident run"
+    "$tdpipe" sim "$work/offload.yaml" --engine analytic --trace-out "$work/pred.json" >/dev/null || fail "sim exited $?"
+    out=$("$tdpipe" compare "$work/pred.json" "$work/meas.json") || fail "compare exited $?"
+    expect "$out" 'ops matched [0-9]+, only predicted 0, only measured 0' "every op pairs up, copies too"
+    ;;
   exec-fp16)
     # fp16 training on the CPU backend, TD-Pipe's two slices: an overflow injected into
     # slice 1 on world rank 0 at step 2 skips that step (every rank), halves slice 1's

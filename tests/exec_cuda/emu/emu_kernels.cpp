@@ -250,7 +250,7 @@ void adam(float* p, const float* g, float* m, float* v, bf16* pb, i64 n, float l
       m[i] = b1 * m[i] + (1 - b1) * g[i];
       v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
       p[i] -= lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
-      pb[i] = b(p[i]);
+      if (pb) pb[i] = b(p[i]);
     }
   });
 }

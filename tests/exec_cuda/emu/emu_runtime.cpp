@@ -10,7 +10,8 @@
 // (0xff bytes) when allocated and again when a stream-ordered free is reached, then
 // held in a quarantine before it is returned, so a read after the free sees NaN.
 // Pageable copies behave as CUDA documents them: host-to-device returns once the
-// source is staged, device-to-host once the copy is done. Devices: TDPIPE_EMU_GPUS
+// source is staged, device-to-host once the copy is done; copies to or from pinned
+// memory (cudaMallocHost) run in stream order and return at once. Devices: TDPIPE_EMU_GPUS
 // (default 1) of 80 GiB each; cudaMallocAsync fails past that like a full GPU.
 // cuBLAS: its column-major GEMM contract, on the handle's stream.
 // NCCL: communicators between threads of this process (each rank a thread with its
@@ -406,8 +407,41 @@ cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   emu::submit(stream, [ptr] { release(ptr); });
   return cudaSuccess;
 }
+// Pinned host memory (cudaMallocHost): copies to and from it run in stream order and
+// return at once, as on a GPU, so a caller that reuses it too early sees wrong numbers.
+std::mutex pinned_mu;
+std::map<const unsigned char*, std::size_t> pinned;  // start → bytes
+bool is_pinned(const void* p, std::size_t bytes) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  std::lock_guard lock(pinned_mu);
+  auto it = pinned.upper_bound(c);
+  if (it == pinned.begin()) return false;
+  --it;
+  return c >= it->first && c + bytes <= it->first + it->second;
+}
+cudaError_t cudaMallocHost(void** ptr, std::size_t bytes) {
+  auto* p = new unsigned char[std::max<std::size_t>(bytes, 1)];
+  std::lock_guard lock(pinned_mu);
+  pinned[p] = bytes;
+  *ptr = p;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  cudaDeviceSynchronize();
+  {
+    std::lock_guard lock(pinned_mu);
+    if (pinned.erase(static_cast<unsigned char*>(ptr)) == 0) return emu_last_error = cudaErrorInvalidValue;
+  }
+  delete[] static_cast<unsigned char*>(ptr);
+  return cudaSuccess;
+}
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
+  if ((kind == cudaMemcpyHostToDevice && is_pinned(src, bytes)) || (kind == cudaMemcpyDeviceToHost && is_pinned(dst, bytes))) {
+    emu::submit(stream, [dst, src, bytes] { std::memcpy(dst, src, bytes); });
+    return cudaSuccess;
+  }
   switch (kind) {
     case cudaMemcpyHostToDevice: {
       // Pageable source: staged before the call returns (the caller may reuse it).

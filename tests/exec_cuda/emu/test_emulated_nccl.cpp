@@ -110,6 +110,33 @@ void check_against_cpu(const std::string& schedule, int p, int d, int m, bool di
 
 }  // namespace
 
+TEST_CASE("emulated NCCL processes stream parameters (param_offload: layers) bit-identically to keeping them",
+          "[nccl][offload]") {
+  // One process per stage; each LOADs its blocks on its copy stream and writes OPT's
+  // state back: the same numbers as the resident run, and less on the device.
+  ir::Scenario sc = cuda::test::tiny_scenario(2, 1, 4);
+  sc.model.layers = 8;
+  const ir::Plan resident = planner::build_plan(sc, "1f1b", 1).lowered;
+  sc.parallel.param_offload = "layers";
+  const ir::Plan streamed = planner::build_plan(sc, "1f1b", 1).lowered;
+  cuda::CudaRunOptions o;
+  o.train = cuda::test::train_options(2);
+  o.watchdog_seconds = 60;
+  const auto want = run_world({resident, resident}, o);
+  const auto got = run_world({streamed, streamed}, o);
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << want[r].error << got[r].error);
+    REQUIRE(want[r].error.empty());
+    REQUIRE(got[r].error.empty());
+    CHECK(got[r].result.run.loss_per_step == want[r].result.run.loss_per_step);
+    CHECK(got[r].result.run.grads == want[r].result.run.grads);
+    CHECK(got[r].result.weights_l2 == want[r].result.weights_l2);
+    REQUIRE(got[r].result.run.param_state_peak_bytes.size() == 1);
+    REQUIRE(want[r].result.run.param_state_peak_bytes.size() == 1);
+    CHECK(got[r].result.run.param_state_peak_bytes[0] < want[r].result.run.param_state_peak_bytes[0] / 2);
+  }
+}
+
 TEST_CASE("emulated NCCL: 4 processes run 1f1b like the CPU backend", "[emulated][nccl]") {
   check_against_cpu("1f1b", 4, 1, 8);
 }

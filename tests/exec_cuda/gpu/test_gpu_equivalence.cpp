@@ -16,6 +16,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -161,6 +162,105 @@ TEST_CASE("CUDA loopback 1-bit Adam: the warm-up is Adam to the bit, then replic
   int compressed = 0;
   for (const auto& e : got.run.trace.events) compressed += e.kind == ir::OpKind::COMPRESSED_ALLREDUCE;
   CHECK(compressed > 4);
+}
+
+TEST_CASE("CUDA loopback: a bucket starts while its chunk's last backward still runs, and trains bit-identically "
+          "to reducing after it",
+          "[gpu][overlap]") {
+  // overlap_grad_reduce lets each bucket but a chunk's first parameters start part-way
+  // through the chunk's last W/BW (Op::ready_after < 1): CudaCompute marks each part's
+  // gradients with an event as it issues them, and the bucket waits for its part's. The
+  // loopback sums in replica order either way, so every bit is the same; a bucket that
+  // did not wait would reduce unfinished gradients (the emulated GPU's streams run
+  // with random delays). Slower devices (rank_speed) widen the window it starts in.
+  ir::Scenario sc = cuda::test::tiny_scenario(2, 2, 4);
+  sc.parallel.bucket_mb = 0.004;  // several buckets per chunk
+  sc.parallel.overlap_grad_reduce = false;
+  const ir::Plan after = planner::build_plan(sc, "1f1b", 1).lowered;
+  sc.parallel.overlap_grad_reduce = true;
+  const ir::Plan overlapped = planner::build_plan(sc, "1f1b", 1).lowered;
+  int partial = 0;
+  for (const ir::Op& op : overlapped.ranks[0]) partial += op.kind == ir::OpKind::ALLREDUCE && op.ready_after < 1.0f;
+  REQUIRE(partial >= 2);
+  cuda::CudaRunOptions go;
+  go.transport = cuda::TransportKind::Loopback;
+  go.train = cuda::test::train_options(2);
+  go.train.rank_speed = {0.25, 0.25};
+  const cuda::CudaRunResult want = cuda::run_cuda(after, go);
+  const cuda::CudaRunResult got = cuda::run_cuda(overlapped, go);
+  REQUIRE(got.run.loss_per_step.size() == 2);
+  CHECK(got.run.loss_per_step == want.run.loss_per_step);
+  CHECK(got.run.weights == want.run.weights);
+  CHECK(got.run.grads == want.run.grads);
+  CHECK(got.run.replica_divergence == 0.0);
+  // ALLREDUCEs that started before their chunk's last gradient op on their rank ended.
+  auto early = [](const traces::Trace& t) {
+    std::map<std::pair<int, int>, std::int64_t> last_grad_end;
+    for (const auto& e : t.events)
+      if (e.kind == ir::OpKind::W || e.kind == ir::OpKind::BW)
+        last_grad_end[{e.rank, e.chunk}] = std::max(last_grad_end[{e.rank, e.chunk}], e.end_ns());
+    int n = 0;
+    for (const auto& e : t.events)
+      if (e.kind == ir::OpKind::ALLREDUCE) n += e.start_ns < last_grad_end.at({e.rank, e.chunk});
+    return n;
+  };
+  CHECK(early(want.run.trace) == 0);
+  CHECK(early(got.run.trace) > 0);
+}
+
+TEST_CASE("CUDA loopback parameter offload trains bit-identically, with a device peak of the resident "
+          "parameters and a two-block window",
+          "[gpu][offload]") {
+  // 8 layers on 2 stages: 4 blocks per rank. A block's weights arrive by LOAD on the copy
+  // stream (fp32 + the bf16 cast of the same values the resident copy would hold), OPT
+  // steps each block's state copy with the same elementwise Adam, and OFFLOAD writes it
+  // back: every bit as without offload. Device bytes per parameter: 14 resident (fp32
+  // master and two moments, bf16 copy), 6 in a weight copy, 12 in OPT's state copy.
+  for (const std::string schedule : {"1f1b", "zb-h1", "interleaved"}) {
+    INFO(schedule);
+    ir::Scenario sc = cuda::test::tiny_scenario(2, 1, 4);
+    sc.model.layers = 8;
+    const ir::Plan resident = planner::build_plan(sc, schedule, 1).lowered;
+    sc.parallel.param_offload = "layers";
+    const ir::Plan streamed = planner::build_plan(sc, schedule, 1).lowered;
+    int copies = 0;
+    for (const auto& rank : streamed.ranks)
+      for (const ir::Op& op : rank) copies += op.kind == ir::OpKind::LOAD || op.kind == ir::OpKind::OFFLOAD;
+    REQUIRE(copies > 0);
+    cuda::CudaRunOptions go;
+    go.transport = cuda::TransportKind::Loopback;
+    go.train = cuda::test::train_options(3);
+    const cuda::CudaRunResult want = cuda::run_cuda(resident, go);
+    const cuda::CudaRunResult got = cuda::run_cuda(streamed, go);
+    REQUIRE(got.run.loss_per_step.size() == 3);
+    CHECK(got.run.loss_per_step == want.run.loss_per_step);
+    CHECK(got.run.weights == want.run.weights);
+    CHECK(got.run.grads == want.run.grads);
+    CHECK(got.run.state.m1 == want.run.state.m1);
+    CHECK(got.run.state.m2 == want.run.state.m2);
+    // The copies are on the copy stream in the measured trace.
+    int traced = 0;
+    for (const auto& e : got.run.trace.events)
+      if (e.kind == ir::OpKind::LOAD || e.kind == ir::OpKind::OFFLOAD) {
+        CHECK(e.stream == static_cast<int>(ir::Stream::Copy));
+        ++traced;
+      }
+    CHECK(traced > 0);
+    const cpu::GptConfig cfg = cpu::GptConfig::from_scenario(sc);
+    const std::int64_t block = 4LL * cfg.hidden * cfg.hidden + 2LL * cfg.hidden * cfg.ffn + 6LL * cfg.hidden + cfg.ffn;
+    REQUIRE(want.run.param_state_peak_bytes.size() == 2);
+    REQUIRE(got.run.param_state_peak_bytes.size() == 2);
+    for (int r = 0; r < 2; ++r) {
+      std::int64_t params = 0;
+      for (int stage : resident.stage_of[static_cast<std::size_t>(r)])
+        params += cpu::stage_parameter_count(cfg, stage, resident.virtual_stages());
+      INFO("rank " << r << " peak " << got.run.param_state_peak_bytes[r] << " of " << want.run.param_state_peak_bytes[r]);
+      CHECK(want.run.param_state_peak_bytes[r] == 14 * params);
+      const std::int64_t stays = 14 * (params - 4 * block);
+      CHECK(got.run.param_state_peak_bytes[r] > stays);
+      CHECK(got.run.param_state_peak_bytes[r] <= stays + 2 * 12 * block);
+    }
+  }
 }
 
 TEST_CASE("CUDA re-partitioning mid-training carries weights and Adam state - 2+2 steps equal 4", "[gpu][balance]") {

@@ -68,18 +68,6 @@ TEST_CASE("NCCL transport without enough processes says how to launch", "[gpu][e
                     Contains("the plan needs 4 GPUs") && Contains("mpirun -np 4") && Contains("--transport loopback"));
 }
 
-TEST_CASE("a plan with parameter offload is refused before touching the GPU, saying where it runs",
-          "[gpu][errors]") {
-  ir::Scenario sc = cuda::test::tiny_scenario(2, 1, 2);
-  sc.parallel.param_offload = "layers";
-  const auto built = planner::build_plan(sc, "1f1b", 1);
-  cuda::CudaRunOptions o;
-  o.train = cuda::test::train_options(1);
-  CHECK_THROWS_WITH(cuda::run_cuda(built.lowered, o),
-                    Contains("does not stream parameters yet") && Contains("--backend cpu") &&
-                        Contains("param_offload: none"));
-}
-
 TEST_CASE("fp16 training (loss scaling) is refused before touching the GPU, saying where it runs",
           "[gpu][errors]") {
   ir::Scenario sc = cuda::test::tiny_scenario(2, 1, 2);

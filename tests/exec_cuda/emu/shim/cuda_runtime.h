@@ -82,6 +82,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaMalloc(void** ptr, std::size_t bytes);
 cudaError_t cudaFree(void* ptr);
 cudaError_t cudaMallocAsync(void** ptr, std::size_t bytes, cudaStream_t stream);
+cudaError_t cudaMallocHost(void** ptr, std::size_t bytes);
+cudaError_t cudaFreeHost(void* ptr);
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream = nullptr);
