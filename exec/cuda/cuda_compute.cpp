@@ -276,8 +276,16 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
   int next_block = 0;
   struct Hooks {
     GptStageCuda& st;
-    ~Hooks() { st.set_block_hooks({}, {}); }
-  } hooks{st};
+    bool gated;
+    ~Hooks() {
+      if (!gated) return;
+      st.set_block_hooks({}, {});
+      try {
+        st.release_held();  // an op that threw half-way through its blocks
+      } catch (...) {
+      }
+    }
+  } hooks{st, op.gate != nullptr};
   if (op.gate)
     st.set_block_hooks(
         [&, gate = op.gate, chunk = op.chunk](int b) {

@@ -4,6 +4,7 @@
 #include "gpt_cuda.hpp"
 
 #include <algorithm>
+#include <utility>
 #include <cmath>
 #include <string>
 #include <deque>
@@ -55,10 +56,23 @@ struct KvSaved {
 // Parameter offload: one block's parameters on the device, brought by a LOAD — for an
 // F/B/BW its fp32 weights (LayerNorm, biases) and their bf16 copy (GEMMs); for OPT its
 // fp32 weights and both Adam moments.
+// An event owned by one object (moves leave none behind).
+struct OwnedEvent {
+  cudaEvent_t e = nullptr;
+  OwnedEvent() = default;
+  OwnedEvent(OwnedEvent&& o) noexcept : e(std::exchange(o.e, nullptr)) {}
+  OwnedEvent& operator=(OwnedEvent&& o) noexcept {
+    std::swap(e, o.e);
+    return *this;
+  }
+  ~OwnedEvent() {
+    if (e) cudaEventDestroy(e);
+  }
+};
 struct BlockCopy {
   DeviceMemory master, wbf, m1, m2;
   std::int64_t bytes = 0;
-  cudaEvent_t stepped = nullptr;  // OPT's copy: recorded on the compute stream after its Adam
+  OwnedEvent stepped;  // OPT's copy: recorded on the compute stream after its Adam
 };
 
 MatRef bf(const void* p, int ld, std::int64_t stride = 0) { return {p, CUDA_R_16BF, ld, stride}; }
@@ -97,10 +111,6 @@ struct GptStageCuda::Impl {
   std::vector<std::optional<BlockCopy>> in_use;  // [block] the copy the running op reads (compute thread)
   std::function<void(int)> block_begin, block_end;
 
-  ~Impl() {
-    for (auto& c : state)
-      if (c && c->stepped) cudaEventDestroy(c->stepped);
-  }
   std::int64_t resident_index(std::int64_t offset) const { return offset < bstart ? offset : offset - (bend - bstart); }
   std::int64_t resident() const { return total - (bend - bstart); }
 
@@ -443,13 +453,26 @@ GptStageCuda& GptStageCuda::operator=(GptStageCuda&&) noexcept = default;
 bool GptStageCuda::is_first() const { return impl_->first(); }
 bool GptStageCuda::is_last() const { return impl_->last(); }
 float* GptStageCuda::grads() const { return impl_->grad.as<float>(); }
-float* GptStageCuda::master_params() const { return impl_->master.as<float>(); }
+namespace {
+// master_params() and moments() view flat vectors of every parameter: not under offload.
+void refuse_offloaded(bool offload, int stage, const char* what) {
+  if (offload)
+    throw Error(std::string("CUDA GPT stage ") + std::to_string(stage) + ": " + what +
+                " of every parameter, but the stage streams its blocks (param_offload: layers) — not built for "
+                "the distributed optimizer or 1-bit Adam, which the scenario check refuses");
+}
+}  // namespace
+
+float* GptStageCuda::master_params() const {
+  refuse_offloaded(impl_->offload, impl_->stage, "the device's master weights");
+  return impl_->master.as<float>();
+}
 float* GptStageCuda::moments(int which) const {
   if (which != 1 && which != 2) throw Error("moments(" + std::to_string(which) + "): expected 1 or 2");
+  refuse_offloaded(impl_->offload, impl_->stage, "the device's Adam moments");
   return (which == 1 ? impl_->m1 : impl_->m2).as<float>();
 }
 std::int64_t GptStageCuda::parameter_count() const { return impl_->total; }
-std::int64_t GptStageCuda::state_bytes() const { return stage_state_bytes(impl_->total); }
 
 void GptStageCuda::begin_step() {
   Impl& I = *impl_;
@@ -631,26 +654,25 @@ void GptStageCuda::load_block(int block, bool state, cudaStream_t copy) {
     upload(c.m1, I.home_m1);
     upload(c.m2, I.home_m2);
     c.bytes = 3 * static_cast<std::int64_t>(fbytes);
-    TDPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&c.stepped, cudaEventDisableTiming));
+    TDPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&c.stepped.e, cudaEventDisableTiming));
   } else {
     c.wbf = DeviceMemory(static_cast<std::size_t>(n) * sizeof(bf16), copy);
     k::to_bf16(c.master.as<float>(), c.wbf.as<bf16>(), n, copy);
     c.bytes = static_cast<std::int64_t>(fbytes) + n * std::int64_t(sizeof(bf16));
   }
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(copy));  // the LOAD ends when its block is there
-  if (I.memory) I.memory->add(c.bytes);
+  const std::int64_t bytes = c.bytes;
   std::lock_guard lock(I.copies_mu);
   if (state) {
     auto& slot = I.state[static_cast<std::size_t>(block)];
-    if (slot) {
-      cudaEventDestroy(c.stepped);
+    if (slot)
       throw Error("CUDA GPT stage " + std::to_string(I.stage) + ": LOAD of block " + std::to_string(block) +
                   "'s optimizer state: it is on the device already");
-    }
     slot = std::move(c);
   } else {
     I.loaded[static_cast<std::size_t>(block)].push_back(std::move(c));
   }
+  if (I.memory) I.memory->add(bytes);
 }
 
 void GptStageCuda::take_block(int block) {
@@ -658,6 +680,9 @@ void GptStageCuda::take_block(int block) {
   I.check_block(block, "use");
   std::lock_guard lock(I.copies_mu);
   auto& queue = I.loaded[static_cast<std::size_t>(block)];
+  if (I.in_use[static_cast<std::size_t>(block)])
+    throw Error("CUDA GPT stage " + std::to_string(I.stage) + ": block " + std::to_string(block) +
+                " taken again before its release");
   if (queue.empty())
     throw Error("CUDA GPT stage " + std::to_string(I.stage) + ": block " + std::to_string(block) +
                 " used but no LOAD brought its weights");
@@ -678,6 +703,12 @@ void GptStageCuda::release_block(int block) {
   held.reset();
 }
 
+void GptStageCuda::release_held() {
+  Impl& I = *impl_;
+  for (int b = 0; b < static_cast<int>(I.in_use.size()); ++b)
+    if (I.in_use[static_cast<std::size_t>(b)]) release_block(b);
+}
+
 void GptStageCuda::adam_block(const cpu::AdamConfig& a, int t, int block) {
   Impl& I = *impl_;
   I.check_block(block, "Adam");
@@ -695,7 +726,7 @@ void GptStageCuda::adam_block(const cpu::AdamConfig& a, int t, int block) {
   k::adam(c->master.as<float>(), I.grad.as<float>() + first, c->m1.as<float>(), c->m2.as<float>(), nullptr,
           last - first, static_cast<float>(a.lr), static_cast<float>(a.beta1), static_cast<float>(a.beta2),
           static_cast<float>(a.eps), static_cast<float>(c1), static_cast<float>(c2), I.stream);
-  TDPIPE_CUDA_CHECK(cudaEventRecord(c->stepped, I.stream));
+  TDPIPE_CUDA_CHECK(cudaEventRecord(c->stepped.e, I.stream));
 }
 
 void GptStageCuda::adam_resident(const cpu::AdamConfig& a, int t) {
@@ -717,18 +748,17 @@ void GptStageCuda::offload_block(int block, cudaStream_t copy) {
   if (!c)
     throw Error("CUDA GPT stage " + std::to_string(I.stage) + ": OFFLOAD of block " + std::to_string(block) +
                 ": its optimizer state is not on the device");
+  if (I.memory) I.memory->add(-c->bytes);  // (freed below, or by `c` on an error)
   const auto [first, last] = I.block_range[static_cast<std::size_t>(block)];
   const std::int64_t at = first - I.bstart;
   const std::size_t fbytes = static_cast<std::size_t>(last - first) * sizeof(float);
   // After the block's Adam on the compute stream; the copy thread alone reads and
   // writes the block's host range (its LOADs and this OFFLOAD, in plan order).
-  TDPIPE_CUDA_CHECK(cudaStreamWaitEvent(copy, c->stepped, 0));
+  TDPIPE_CUDA_CHECK(cudaStreamWaitEvent(copy, c->stepped.e, 0));
   TDPIPE_CUDA_CHECK(cudaMemcpyAsync(I.home_master.data() + at, c->master.get(), fbytes, cudaMemcpyDeviceToHost, copy));
   TDPIPE_CUDA_CHECK(cudaMemcpyAsync(I.home_m1.data() + at, c->m1.get(), fbytes, cudaMemcpyDeviceToHost, copy));
   TDPIPE_CUDA_CHECK(cudaMemcpyAsync(I.home_m2.data() + at, c->m2.get(), fbytes, cudaMemcpyDeviceToHost, copy));
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(copy));
-  cudaEventDestroy(c->stepped);
-  if (I.memory) I.memory->add(-c->bytes);
 }
 
 void GptStageCuda::adam_frozen_variance(const cpu::AdamConfig& a, int t, int frozen_at) {

@@ -84,6 +84,8 @@ class GptStageCuda {
   /// about to use it); release_block frees it in order behind those kernels.
   void take_block(int block);
   void release_block(int block);
+  /// Releases every block an op still holds (one that ended by an error half-way).
+  void release_held();
   /// Called before and after forward and input-gradient backward use a block's weights,
   /// with its local index; empty functions: none.
   void set_block_hooks(std::function<void(int)> begin, std::function<void(int)> end);
@@ -105,8 +107,6 @@ class GptStageCuda {
   /// contract); the bf16 copy of the weights follows. Throws naming a missing or mis-sized
   /// tensor.
   void load_state(const cpu::ParamMap& params, const cpu::ParamMap& m1, const cpu::ParamMap& m2);
-  /// Device bytes of weights, gradients and Adam state.
-  std::int64_t state_bytes() const;
 
  private:
   struct Impl;

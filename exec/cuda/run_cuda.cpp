@@ -821,7 +821,13 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   }
   result.state.params = result.weights;
   result.state.steps_done = rs.end;
-  result.param_state_peak_bytes = {compute.param_state_peak_bytes()};  // this process's rank
+  {
+    // Every process's device peak, by world rank (as the loopback run reports them).
+    std::vector<double> peaks(static_cast<std::size_t>(launch.world), 0.0);
+    peaks[static_cast<std::size_t>(world_rank)] = static_cast<double>(compute.param_state_peak_bytes());
+    peaks = world->world_reduce_all(std::move(peaks), ncclSum, "the device peaks' gather");
+    for (double b : peaks) result.param_state_peak_bytes.push_back(static_cast<std::int64_t>(b));
+  }
   out.weights_l2 = std::sqrt(world->world_sum(ss, "the weight norm sum"));
 
   // Times are relative to each process's own origin (recorded after the step's barrier).

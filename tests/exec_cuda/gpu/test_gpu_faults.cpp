@@ -63,6 +63,38 @@ TEST_CASE("CUDA loopback: a killed rank, a hung rank and a failed checkpoint are
   CHECK(got.run.trace.metadata.at("restarts") == "2");
 }
 
+TEST_CASE("CUDA loopback with parameter offload and 2 replicas: a killed rank is recovered from a checkpoint "
+          "bit-identically",
+          "[gpu][faults][offload]") {
+  // The checkpoint holds the blocks' state from pinned host memory and the restore puts
+  // it back there (download_flat / upload_flat); the gradient buckets start inside the
+  // chunk's last backward (overlap_grad_reduce, several buckets a chunk).
+  ir::Scenario sc = cuda::test::tiny_scenario(2, 2, 2);
+  sc.model.layers = 8;
+  sc.parallel.bucket_mb = 0.004;
+  const ir::Plan resident = planner::build_plan(sc, "1f1b").lowered;
+  sc.parallel.param_offload = "layers";
+  const ir::Plan plan = planner::build_plan(sc, "1f1b").lowered;
+  cuda::CudaRunOptions o;
+  o.train = cuda::test::train_options(3);
+  o.watchdog_seconds = 60;
+  const cuda::CudaRunResult clean = cuda::run_cuda(plan, o);
+  require_identical(clean.run, cuda::run_cuda(resident, o).run);
+  CHECK(clean.run.replica_divergence == 0.0);
+
+  TempDir dir;
+  o.faults.checkpoint_dir = dir.path;
+  o.faults.checkpoint_every = 1;
+  o.faults.heartbeat_period = 0.05;
+  o.faults.heartbeat_timeout = 0.5;
+  o.faults.inject.push_back(parse_fault_spec("kill:rank=1,step=2,op=BW0"));
+  const cuda::CudaRunResult got = cuda::run_cuda(plan, o);
+  require_identical(got.run, clean.run);
+  CHECK(got.run.restarts == 1);
+  REQUIRE(got.run.faults.size() == 1);
+  CHECK(got.run.faults[0].restart_from == 2);
+}
+
 TEST_CASE("CUDA loopback: a run resumes from its checkpoint after the process ended", "[gpu][faults]") {
   const ir::Plan plan = planner::build_plan(cuda::test::tiny_scenario(2, 1, 4), "zb-h1").lowered;
   cuda::CudaRunOptions o;
