@@ -228,16 +228,10 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
   if (op.kind == ir::OpKind::OPT && op.gate) {
     // Parameter offload: each block's state arrives by its LOAD, is stepped on the device
     // and written back by its OFFLOAD (after the step's kernels); the rest is resident.
-    int segment = 0;
-    for (int c = 0; c < chunks(); ++c) {
-      GptStageCuda& s = chunk_stage(c);
-      for (int b = 0; b < s.blocks(); ++b) {
-        op.gate->acquire(segment, c, b);
-        s.adam_block(options_.adam, step_ + 1, b);
-        op.gate->release(segment++);
-      }
-      s.adam_resident(options_.adam, step_ + 1);
-    }
+    step_gated_blocks(
+        *op.gate, chunks(), [&](int c) { return chunk_stage(c).blocks(); },
+        [&](int c, int b) { chunk_stage(c).adam_block(options_.adam, step_ + 1, b); },
+        [&](int c) { chunk_stage(c).adam_resident(options_.adam, step_ + 1); });
     wait_stream(stream, control_);
     return {};
   }

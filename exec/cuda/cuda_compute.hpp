@@ -3,8 +3,8 @@
 // GptStageCuda; every op runs on the rank's compute stream and is waited for
 // before run() returns, as backend.hpp requires. A chunk's last W/BW reports its
 // gradients final part by part as it issues them (ComputeOp::progress), marked by an
-// event each, and a bucket that starts inside the op waits for its part's event. CudaClock timestamps with CUDA
-// events on the op's stream, relative to one origin event.
+// event each, and a bucket that starts inside the op waits for its part's event.
+// CudaClock timestamps with CUDA events on the op's stream, relative to one origin event.
 #pragma once
 
 #include <map>

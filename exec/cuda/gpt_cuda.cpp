@@ -4,13 +4,13 @@
 #include "gpt_cuda.hpp"
 
 #include <algorithm>
-#include <utility>
 #include <cmath>
-#include <string>
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "check.hpp"
@@ -53,9 +53,6 @@ struct SliceSaved {
 struct KvSaved {
   DeviceMemory k, v, dk, dv;  // [b·H, seq, dh]; k, v bf16, gradients fp32
 };
-// Parameter offload: one block's parameters on the device, brought by a LOAD — for an
-// F/B/BW its fp32 weights (LayerNorm, biases) and their bf16 copy (GEMMs); for OPT its
-// fp32 weights and both Adam moments.
 // An event owned by one object (moves leave none behind).
 struct OwnedEvent {
   cudaEvent_t e = nullptr;
@@ -69,6 +66,9 @@ struct OwnedEvent {
     if (e) cudaEventDestroy(e);
   }
 };
+// Parameter offload: one block's parameters on the device, brought by a LOAD — for an
+// F/B/BW its fp32 weights (LayerNorm, biases) and their bf16 copy (GEMMs); for OPT its
+// fp32 weights and both Adam moments.
 struct BlockCopy {
   DeviceMemory master, wbf, m1, m2;
   std::int64_t bytes = 0;
@@ -146,13 +146,17 @@ struct GptStageCuda::Impl {
   }
   // The whole flat vector of the weights (which = 0) or an Adam moment (1, 2): the
   // resident part from the device, the offloaded blocks from their host copy.
-  std::vector<float> flat(int which) const {
-    const DeviceMemory& d = which == 0 ? master : which == 1 ? m1 : m2;
-    std::vector<float> out(static_cast<std::size_t>(resident()));
+  // `n` floats of device memory `d`, downloaded.
+  std::vector<float> fetch(const DeviceMemory& d, std::int64_t n) const {
+    std::vector<float> out(static_cast<std::size_t>(n));
     if (!out.empty()) {
       TDPIPE_CUDA_CHECK(cudaMemcpyAsync(out.data(), d.get(), out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
       TDPIPE_CUDA_CHECK(cudaStreamSynchronize(stream));
     }
+    return out;
+  }
+  std::vector<float> flat(int which) const {
+    std::vector<float> out = fetch(which == 0 ? master : which == 1 ? m1 : m2, resident());
     if (offload) {
       const PinnedFloats& home = which == 0 ? home_master : which == 1 ? home_m1 : home_m2;
       out.insert(out.begin() + bstart, home.begin(), home.end());
@@ -630,13 +634,11 @@ void GptStageCuda::adam(const cpu::AdamConfig& a, int t, std::int64_t first, std
 }
 
 int GptStageCuda::blocks() const { return static_cast<int>(impl_->block_range.size()); }
-bool GptStageCuda::offloaded() const { return impl_->offload; }
 
 void GptStageCuda::set_block_hooks(std::function<void(int)> begin, std::function<void(int)> end) {
   impl_->block_begin = std::move(begin);
   impl_->block_end = std::move(end);
 }
-
 
 void GptStageCuda::load_block(int block, bool state, cudaStream_t copy) {
   Impl& I = *impl_;
@@ -803,16 +805,7 @@ void GptStageCuda::upload_flat(int which, const std::vector<double>& values) {
 }
 
 cpu::ParamMap GptStageCuda::named_params() const { return by_name(impl_->specs, impl_->flat(0)); }
-cpu::ParamMap GptStageCuda::named_grads() const {
-  const Impl& I = *impl_;
-  std::vector<float> host(static_cast<std::size_t>(I.total));
-  if (!host.empty()) {
-    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(host.data(), I.grad.get(), host.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                                      I.stream));
-    TDPIPE_CUDA_CHECK(cudaStreamSynchronize(I.stream));
-  }
-  return by_name(I.specs, host);
-}
+cpu::ParamMap GptStageCuda::named_grads() const { return by_name(impl_->specs, impl_->fetch(impl_->grad, impl_->total)); }
 cpu::ParamMap GptStageCuda::named_moments(int which) const {
   if (which != 1 && which != 2) throw Error("named_moments(" + std::to_string(which) + "): expected 1 or 2");
   return by_name(impl_->specs, impl_->flat(which));

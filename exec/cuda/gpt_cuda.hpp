@@ -76,7 +76,6 @@ class GptStageCuda {
 
   /// Parameter offload (see the constructor). Local decoder blocks of this stage.
   int blocks() const;
-  bool offloaded() const;
   /// On the copy stream, and returns once done: a device copy of block `block`'s weights
   /// (with `state`: its fp32 weights and Adam moments, for OPT) from host memory.
   void load_block(int block, bool state, cudaStream_t copy);

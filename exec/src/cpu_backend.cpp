@@ -281,16 +281,14 @@ Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
   if (op.kind == ir::OpKind::OPT && op.gate) {
     // Parameter offload: the blocks' state arrives chunk by chunk, layer by layer; each
     // is stepped on the device and written back by its OFFLOAD. The rest is resident.
-    int segment = 0;
-    for (int c = 0; c < chunks(); ++c) {
-      GptStage& s = chunk_stage(c);
-      for (int b = 0; b < s.blocks(); ++b) {
-        op.gate->acquire(segment, c, b);
-        if (!skip) s.adam_block(options_.adam, t, b);
-        op.gate->release(segment++);
-      }
-      if (!skip) s.adam_resident(options_.adam, t);
-    }
+    step_gated_blocks(
+        *op.gate, chunks(), [&](int c) { return chunk_stage(c).blocks(); },
+        [&](int c, int b) {
+          if (!skip) chunk_stage(c).adam_block(options_.adam, t, b);
+        },
+        [&](int c) {
+          if (!skip) chunk_stage(c).adam_resident(options_.adam, t);
+        });
     return {};
   }
   if (op.kind == ir::OpKind::OPT) {

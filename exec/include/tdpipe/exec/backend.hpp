@@ -63,6 +63,22 @@ struct WeightGate {
   std::function<void(int segment)> release;
 };
 
+/// An OPT under parameter offload, in the order its LOADs bring the state (the
+/// lowering's): chunk by chunk, each chunk's blocks in order — step(chunk, block) between
+/// that block's acquire and release — then resident(chunk) for the chunk's embedding/head.
+template <class BlocksOf, class Step, class Resident>
+void step_gated_blocks(const WeightGate& gate, int chunks, BlocksOf blocks_of, Step step, Resident resident) {
+  int segment = 0;
+  for (int c = 0; c < chunks; ++c) {
+    for (int b = 0; b < blocks_of(c); ++b) {
+      gate.acquire(segment, c, b);
+      step(c, b);
+      gate.release(segment++);
+    }
+    resident(c);
+  }
+}
+
 /// A LOAD or OFFLOAD of parameter offload, as the backend sees it: layer `layer` of local
 /// chunk `chunk`; `state`: the block's optimizer state too (OPT's copies), else its
 /// weights only (a LOAD for an F, B or BW).
