@@ -1,7 +1,8 @@
 // bench_exec.cpp — the CPU executor's own cost: (1) runtime overhead per op with a
 // compute that does nothing (interpreter waits + rendezvous transport), (2) measured
 // iteration time of the tiny scenario against the time its schedule implies for the
-// measured op durations (ir::replay: sum of op times + the schedule's inherent bubble).
+// measured op durations (ir::replay: sum of op times + the schedule's inherent bubble);
+// both with a thread per stream (Runtime::threaded) and the cooperative runtime.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -45,15 +46,9 @@ class NullCompute final : public exec::Compute {
   int last_;
 };
 
-void bench_overhead(const ir::Scenario& base, const std::string& schedule, int p, int m) {
-  ir::Scenario sc = base;
-  sc.parallel.pipeline = p;
-  sc.parallel.global_batch = m * sc.parallel.micro_batch;
-  sc.model.layers = 8;
-  const auto built = planner::build_plan(sc, schedule, 0);
-  const ir::Plan& plan = built.lowered;
-  std::size_t ops = 0;
-  for (const auto& r : plan.ranks) ops = std::max(ops, r.size());
+// The median iteration of `plan` with the null compute over 30 steps, in seconds.
+double null_iteration(const ir::Plan& plan, exec::Runtime runtime) {
+  const int p = plan.num_ranks();
   exec::RunControl control;
   exec::cpu::CpuFabric fabric(control);
   exec::cpu::CpuClock clock(std::chrono::steady_clock::now());
@@ -69,21 +64,38 @@ void bench_overhead(const ir::Scenario& base, const std::string& schedule, int p
     std::vector<std::thread> threads;
     for (int r = 0; r < p; ++r)
       threads.emplace_back([&, r] {
-        exec::Backend b{computes[r].get(), transports[r].get(), &clock};
+        exec::Backend b{computes[r].get(), transports[r].get(), &clock, nullptr, nullptr, runtime};
         exec::run_rank_step(plan, r, r, step, b, control);
       });
     for (auto& t : threads) t.join();
     iters.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  const double it = median(iters);
-  fmt::print("  {:<12} p={} m={:<3} ops/rank {:>4}  iteration {:8.3f} ms  per op {:6.2f} us\n", schedule, p, m,
-             ops, it * 1e3, it / static_cast<double>(ops) * 1e6);
+  return median(iters);
 }
 
-void bench_iteration(const ir::Scenario& sc, const std::string& schedule, int slices) {
-  const auto built = planner::build_plan(sc, schedule, slices);
+void bench_overhead(const ir::Scenario& base, const std::string& schedule, int p, int m) {
+  ir::Scenario sc = base;
+  sc.parallel.pipeline = p;
+  sc.parallel.global_batch = m * sc.parallel.micro_batch;
+  sc.model.layers = 8;
+  const auto built = planner::build_plan(sc, schedule, 0);
   const ir::Plan& plan = built.lowered;
+  std::size_t ops = 0;
+  for (const auto& r : plan.ranks) ops = std::max(ops, r.size());
+  const double threaded = null_iteration(plan, exec::Runtime::threaded);
+  const double coop = null_iteration(plan, exec::Runtime::cooperative);
+  const double n = static_cast<double>(ops);
+  fmt::print("  {:<12} p={} m={:<3} ops/rank {:>4}  per op: threaded {:6.2f} us  cooperative {:6.2f} us  ({:.2f}x)\n",
+             schedule, p, m, ops, threaded / n * 1e6, coop / n * 1e6, threaded / coop);
+}
+
+struct IterationFigures {
+  double measured = 0, implied = 0, overhead = 0;  // s, s, ratio − 1
+};
+
+IterationFigures measure_iteration(const ir::Plan& plan, exec::Runtime runtime) {
   exec::cpu::CpuRunOptions opt;
+  opt.runtime = runtime;
   opt.train.steps = 8;
   opt.keep_step_traces = true;
   const auto r = exec::cpu::run_cpu(plan, opt);
@@ -107,8 +119,16 @@ void bench_iteration(const ir::Scenario& sc, const std::string& schedule, int sl
     implied.push_back(static_cast<double>(rep.makespan_ns) * 1e-9);
     ratio.push_back(static_cast<double>(end) / static_cast<double>(rep.makespan_ns));
   }
-  fmt::print("  {:<12} S={}  measured {:8.3f} ms  ops+bubble {:8.3f} ms  overhead {:+6.1f} %\n", schedule,
-             plan.slices, median(measured) * 1e3, median(implied) * 1e3, (median(ratio) - 1) * 100);
+  return {median(measured), median(implied), median(ratio) - 1};
+}
+
+void bench_iteration(const ir::Scenario& sc, const std::string& schedule, int slices) {
+  const auto built = planner::build_plan(sc, schedule, slices);
+  const IterationFigures t = measure_iteration(built.lowered, exec::Runtime::threaded);
+  const IterationFigures c = measure_iteration(built.lowered, exec::Runtime::cooperative);
+  fmt::print("  {:<12} S={}  threaded {:8.3f} ms ({:+6.1f} % over {:7.3f})  cooperative {:8.3f} ms ({:+6.1f} % over "
+             "{:7.3f})\n", schedule, built.lowered.slices, t.measured * 1e3, t.overhead * 100, t.implied * 1e3,
+             c.measured * 1e3, c.overhead * 100, c.implied * 1e3);
 }
 
 }  // namespace
@@ -119,7 +139,8 @@ int main(int argc, char** argv) {
   double load = 0;
   if (std::ifstream in("/proc/loadavg"); in) in >> load;
   fmt::print("bench_exec: {} hardware threads, load average {:.2f}\n", std::thread::hardware_concurrency(), load);
-  fmt::print("(1) runtime overhead per op (compute does nothing; interpreter + rendezvous transport)\n");
+  fmt::print("(1) runtime overhead per op (compute does nothing; interpreter + rendezvous transport), "
+             "today's thread per stream beside the cooperative runtime\n");
   for (const char* s : {"1f1b", "zb-h1", "interleaved"}) {
     try {
       bench_overhead(sc, s, 2, 16);
@@ -129,7 +150,8 @@ int main(int argc, char** argv) {
     }
   }
   fmt::print("(2) tiny-gpt-cpu: measured iteration vs sum of op times + inherent bubble (ir::replay of "
-             "the measured op durations, free communication); median of steps 2-7\n");
+             "the measured op durations, free communication); median of steps 2-7; each runtime against "
+             "its own op times\n");
   for (auto [s, S] : std::vector<std::pair<const char*, int>>{
            {"gpipe", 1}, {"1f1b", 1}, {"interleaved", 1}, {"zb-h1", 1}, {"zb-h2", 1}, {"zb-v", 1},
            {"tdpipe", 2}, {"tdpipe", 4}}) {

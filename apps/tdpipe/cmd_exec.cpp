@@ -38,6 +38,7 @@ struct ExecArgs {
   bool json = false;
   bool check = false;
   bool pin = false;                    // cpu backend
+  std::string runtime = "cooperative";  // cpu backend
   std::string rank_speed;              // "r:speed,…"
   int balance_every = 0;               // re-balance every K steps (0: never)
   double balance_alpha = 0.3;
@@ -128,6 +129,7 @@ void run_exec(const ExecArgs& a) {
   opt.train = train_options(a.steps, a.lr, a.seed, a.corpus);
   opt.watchdog_seconds = a.watchdog;
   opt.pin_threads = a.pin;
+  opt.runtime = a.runtime == "threaded" ? exec::Runtime::threaded : exec::Runtime::cooperative;
   opt.train.rank_speed = parse_rank_speed(a.rank_speed, plan.num_ranks());
   opt.train.inject_overflow = parse_injection(a.inject_overflow);
   opt.faults = faults;
@@ -201,6 +203,10 @@ void add_exec_command(CLI::App& app) {
   cmd->add_option("--device", args->device, "cuda backend, loopback: GPU index");
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
   cmd->add_flag("--pin", args->pin, "Pin rank w's threads to core w mod cores");
+  cmd->add_option("--runtime", args->runtime,
+                  "CPU backend: cooperative (a rank's compute and p2p streams on one thread) or threaded (a "
+                  "thread per stream)")
+      ->check(CLI::IsMember({"cooperative", "threaded"}));
   cmd->add_option("--balance-every", args->balance_every,
                   "Every K steps, re-partition the layers by the measured stage times (tdpipe balance) and "
                   "continue from the same weights and Adam state (cuda backend: loopback transport)")

@@ -92,6 +92,10 @@ void Transport::all_to_all(const Buffer&, const Buffer&, int) {
   throw Error("this transport does not implement the all-to-all of 1-bit Adam's compressed all-reduce");
 }
 
+std::unique_ptr<P2PRequest> Transport::start(std::span<P2POp>, std::function<void()>) {
+  throw Error("this transport cannot start a batch without waiting; the interpreter runs it with a thread per stream");
+}
+
 void Transport::agree_overflow(std::span<std::uint8_t>, int) {
   throw Error("this transport does not implement fp16 training's overflow agreement (model.dtype: fp16 loss "
               "scaling); run it on the CPU backend, or with model.dtype: bf16");

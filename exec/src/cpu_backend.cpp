@@ -437,19 +437,37 @@ void CpuCompute::onebit_expand(int chunk, int index, int count, int members, con
 
 struct CpuFabric::Pending {
   P2POp* op = nullptr;
+  Batch* batch = nullptr;  ///< its poster's
   int self = 0;
   bool done = false;  ///< a SEND: acknowledged; a RECV: received and its checksum checked
+  std::chrono::steady_clock::time_point done_at;
   // A SEND:
   std::uint32_t crc = 0;    ///< of the payload, by the sender
   int message = 0;          ///< its number on its channel this step (1-based)
   int attempts = 0;         ///< deliveries so far
-  Pending* to = nullptr;    ///< the RECV it was matched with
+  Pending* to = nullptr;    ///< the RECV it was matched with, until acknowledged
   bool resend = false;      ///< the last delivery failed: deliver again at resend_at
   std::chrono::steady_clock::time_point failed_at, resend_at;
   std::string why;          ///< of the failure: "lost", "corrupt"
   // A RECV:
-  Pending* from = nullptr;  ///< the SEND it was matched with
+  Pending* from = nullptr;  ///< the SEND it was matched with, until acknowledged
   bool delivered = false;   ///< payload in the buffer, checksum not yet checked
+  bool checking = false;    ///< a poster checks the checksum, outside the lock
+};
+
+/// One posted batch: its ops and their Pendings (stable addresses while posted).
+struct CpuFabric::Batch {
+  int comm = 0, self = 0;
+  std::span<P2POp> ops;
+  std::vector<Pending> mine;
+  std::function<void()> wake;  ///< called under the lock when the batch may have progressed
+  std::chrono::steady_clock::time_point completed;
+
+  Batch(int comm_, int self_, std::span<P2POp> ops_, std::function<void()> wake_)
+      : comm(comm_), self(self_), ops(ops_), mine(ops_.size()), wake(std::move(wake_)) {}
+  void notify() const {
+    if (wake) wake();
+  }
 };
 
 namespace {
@@ -473,150 +491,240 @@ std::vector<RetryRecord> CpuFabric::take_retries() {
 }
 
 // Under the lock: one delivery of `s` to its matched RECV, as the (injected) wire does it.
-void CpuFabric::deliver(int comm, Pending& s, std::chrono::steady_clock::time_point now) {
+void CpuFabric::deliver(Pending& s, std::chrono::steady_clock::time_point now) {
   Pending& r = *s.to;
   ++s.attempts;
   const FaultSpec* f = faults_ ? faults_->at_delivery(s.self, r.self, step_, s.message, s.attempts) : nullptr;
-  if (f && f->kind == FaultSpec::Kind::Drop) {  // lost on the wire: the sender sees no acknowledgement
+  if (f && f->kind == FaultSpec::Kind::Drop) {  // lost on the wire: nobody sees an acknowledgement
     s.resend = true;
     s.why = "lost";
     s.failed_at = now;
     s.resend_at = now + backoff(s.attempts);
-    wake_[{comm, s.self}].notify_all();
-    return;
+  } else {
+    const auto bytes = static_cast<std::size_t>(s.op->buffer.bytes());
+    std::memcpy(r.op->buffer.data.get(), s.op->buffer.data.get(), bytes);
+    if (f && f->kind == FaultSpec::Kind::Corrupt && bytes > 0)  // one bit flipped in flight
+      static_cast<std::uint8_t*>(r.op->buffer.data.get())[(static_cast<std::size_t>(s.message) * 7919) % bytes] ^= 0x10;
+    moved_[s.batch->comm] += s.op->buffer.bytes();
+    r.delivered = true;
   }
-  const auto bytes = static_cast<std::size_t>(s.op->buffer.bytes());
-  std::memcpy(r.op->buffer.data.get(), s.op->buffer.data.get(), bytes);
-  if (f && f->kind == FaultSpec::Kind::Corrupt && bytes > 0)  // one bit flipped in flight
-    static_cast<std::uint8_t*>(r.op->buffer.data.get())[(static_cast<std::size_t>(s.message) * 7919) % bytes] ^= 0x10;
-  moved_[comm] += s.op->buffer.bytes();
-  r.delivered = true;
-  wake_[{comm, r.self}].notify_all();
+  s.batch->notify();
+  r.batch->notify();
 }
 
-void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
-  if (comm < kP2P || comm > kWorld) throw Error(fmt::format("fabric: no communicator {}", comm));
-  std::vector<Pending> mine(ops.size());
-  for (std::size_t i = 0; i < ops.size(); ++i) {
-    mine[i].op = &ops[i];
-    mine[i].self = self;
-    if (ops[i].kind == ir::OpKind::SEND) mine[i].crc = crc32_of(ops[i].buffer);  // before the lock
-  }
-  std::vector<std::tuple<int, int, int>> touched;
-  std::unique_lock lock(control_->mutex());
+// Under the lock: registers the batch's ops on their channels and matches the heads of
+// each touched channel in posting order (NCCL: per peer, FIFO), delivering each match.
+void CpuFabric::enter(Batch& b) {
+  if (b.comm < kP2P || b.comm > kWorld) throw Error(fmt::format("fabric: no communicator {}", b.comm));
   if (control_->failed()) throw Aborted{};
-  for (std::size_t i = 0; i < ops.size(); ++i) {
-    P2POp& op = ops[i];
+  std::vector<std::tuple<int, int, int>> touched;
+  for (std::size_t i = 0; i < b.ops.size(); ++i) {
+    P2POp& op = b.ops[i];
+    Pending& p = b.mine[i];
     if (op.kind == ir::OpKind::SEND) {
-      auto key = std::make_tuple(comm, self, op.peer);
-      mine[i].message = ++sent_[key];
-      sends_[key].push_back(&mine[i]);
+      auto key = std::make_tuple(b.comm, b.self, op.peer);
+      p.message = ++sent_[key];
+      sends_[key].push_back(&p);
       touched.push_back(key);
     } else if (op.kind == ir::OpKind::RECV) {
-      auto key = std::make_tuple(comm, op.peer, self);
-      recvs_[key].push_back(&mine[i]);
+      auto key = std::make_tuple(b.comm, op.peer, b.self);
+      recvs_[key].push_back(&p);
       touched.push_back(key);
     } else {
       throw Error(fmt::format("transport: {} is not SEND or RECV", ir::to_string(op.kind)));
     }
   }
-  // On leaving early (a mismatch, an escalated transfer, an abort): nothing may point at
-  // this frame's Pendings any more; a peer left matched with them waits for the abort.
-  auto forget_mine = [&] {
-    auto is_mine = [&](const Pending* p) { return p >= mine.data() && p < mine.data() + mine.size(); };
-    for (auto* table : {&sends_, &recvs_})
-      for (auto& [key, queue] : *table) std::erase_if(queue, is_mine);
-    for (Pending& p : mine) {  // (an acknowledged pair is unlinked already: its peer may be gone)
-      if (p.to) p.to->from = nullptr;
-      if (p.from) p.from->to = nullptr;
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& key : touched) {
+    auto& sq = sends_[key];
+    auto& rq = recvs_[key];
+    while (!sq.empty() && !rq.empty()) {
+      Pending* s = sq.front();
+      Pending* r = rq.front();
+      const P2POp& so = *s->op;
+      P2POp& ro = *r->op;
+      if (!(so.key == ro.key) || so.buffer.bytes() != ro.buffer.bytes() || so.buffer.dtype != ro.buffer.dtype)
+        throw Error(fmt::format(
+            "rank {} {} ({} bytes) was matched with rank {} {} ({} bytes): the k-th SEND "
+            "between two ranks must carry the tensor of the k-th RECV",
+            s->self, so.label, so.buffer.bytes(), r->self, ro.label, ro.buffer.bytes()));
+      s->to = r;
+      r->from = s;
+      sq.erase(sq.begin());
+      rq.erase(rq.begin());
+      deliver(*s, now);
     }
-  };
+  }
+}
+
+// Under the lock (released while checksums are computed): does the work due on the
+// batch's unacknowledged pairs — a retry whose time came, the checksum of a delivered
+// payload — whichever side of the pair this poster is. True once all of it completed.
+bool CpuFabric::progress(Batch& b, std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point& next) {
+  if (control_->failed()) throw Aborted{};
   auto escalate = [&](const Pending& s) {
     throw RankFault(fmt::format("transfer {} from rank {} to rank {} ({} bytes) failed {} times ({}): more than {} "
                                 "retries, given up", s.op->label, s.self, s.op->peer, s.op->buffer.bytes(),
                                 s.attempts, s.why, max_retries_));
   };
-  try {
-    // Match heads of each touched channel in posting order (NCCL: per peer, FIFO).
-    const auto now = std::chrono::steady_clock::now();
-    for (const auto& key : touched) {
-      auto& sq = sends_[key];
-      auto& rq = recvs_[key];
-      while (!sq.empty() && !rq.empty()) {
-        Pending* s = sq.front();
-        Pending* r = rq.front();
-        const P2POp& so = *s->op;
-        P2POp& ro = *r->op;
-        if (!(so.key == ro.key) || so.buffer.bytes() != ro.buffer.bytes() ||
-            so.buffer.dtype != ro.buffer.dtype)
-          throw Error(fmt::format(
-              "rank {} {} ({} bytes) was matched with rank {} {} ({} bytes): the k-th SEND "
-              "between two ranks must carry the tensor of the k-th RECV",
-              s->self, so.label, so.buffer.bytes(), r->self, ro.label, ro.buffer.bytes()));
-        s->to = r;
-        r->from = s;
-        sq.erase(sq.begin());
-        rq.erase(rq.begin());
-        deliver(comm, *s, now);
-      }
-    }
-    auto& cv = wake_[{comm, self}];
-    std::vector<Pending*> check;
-    while (true) {
-      if (control_->failed()) throw Aborted{};
-      const auto t = std::chrono::steady_clock::now();
-      auto next = t + std::chrono::milliseconds(RunControl::kAbortPollMs);
-      check.clear();
-      bool all_done = true;
-      for (Pending& p : mine) {
-        all_done = all_done && p.done;
-        if (p.op->kind == ir::OpKind::SEND && p.to && p.resend) {
-          if (p.attempts > max_retries_) escalate(p);
-          if (t >= p.resend_at) {
-            p.resend = false;
-            retries_.push_back({comm, self, p.to->self, step_, p.attempts, p.why, p.op->label, p.op->buffer.bytes(),
-                                p.failed_at, t});
-            deliver(comm, p, t);
-          } else {
-            next = std::min(next, p.resend_at);
-          }
-        } else if (p.op->kind == ir::OpKind::RECV && p.delivered && !p.done) {
-          check.push_back(&p);
-        }
-      }
-      if (all_done) break;
-      if (!check.empty()) {  // the receiver checks the checksums, outside the lock
-        std::vector<std::uint32_t> got(check.size());
-        lock.unlock();
-        for (std::size_t i = 0; i < check.size(); ++i) got[i] = crc32_of(check[i]->op->buffer);
-        lock.lock();
-        const auto seen = std::chrono::steady_clock::now();
-        for (std::size_t i = 0; i < check.size(); ++i) {
-          Pending& r = *check[i];
-          r.delivered = false;
-          if (!r.from) continue;  // the sender left (the run is stopping)
-          Pending& s = *r.from;
-          if (got[i] == s.crc) {
-            r.done = s.done = true;  // acknowledged: either side may now return and free its Pending
-            r.from = nullptr;
-            s.to = nullptr;
-          } else {
-            s.why = "corrupt";
-            s.resend = true;
-            s.failed_at = seen;
-            s.resend_at = seen + backoff(s.attempts);
-            if (s.attempts > max_retries_) escalate(s);
-          }
-          wake_[{comm, s.self}].notify_all();
-        }
+  const auto t = std::chrono::steady_clock::now();
+  std::vector<Pending*> check;  // RECVs whose payload this poster checks
+  const Pending* failed = nullptr;  // a transfer out of retries (thrown once no check is claimed)
+  for (Pending& p : b.mine) {
+    if (p.done) continue;
+    Pending* s = p.op->kind == ir::OpKind::SEND ? (p.to ? &p : nullptr) : p.from;  // the pair's SEND, once matched
+    if (!s) continue;
+    if (s->resend) {
+      if (s->attempts > max_retries_) {
+        if (!failed) failed = s;
         continue;
       }
+      if (t >= s->resend_at) {
+        s->resend = false;
+        retries_.push_back({b.comm, s->self, s->to->self, step_, s->attempts, s->why, s->op->label,
+                            s->op->buffer.bytes(), s->failed_at, t});
+        deliver(*s, t);
+      } else {
+        next = std::min(next, s->resend_at);
+      }
+    }
+    Pending* r = s->to;
+    if (r->delivered && !r->checking) {
+      r->delivered = false;
+      r->checking = true;
+      check.push_back(r);
+    }
+  }
+  if (!check.empty()) {
+    std::vector<std::uint32_t> got(check.size());
+    lock.unlock();
+    for (std::size_t i = 0; i < check.size(); ++i) got[i] = crc32_of(check[i]->op->buffer);
+    lock.lock();
+    const auto seen = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < check.size(); ++i) {
+      Pending& r = *check[i];
+      r.checking = false;
+      if (!r.from) continue;  // the sender withdrew (the run is stopping)
+      Pending& s = *r.from;
+      if (got[i] == s.crc) {
+        r.done = s.done = true;  // acknowledged: either side may now return and free its Pending
+        r.done_at = s.done_at = seen;
+        r.from = nullptr;
+        s.to = nullptr;
+      } else {
+        s.why = "corrupt";
+        s.resend = true;
+        s.failed_at = seen;
+        s.resend_at = seen + backoff(s.attempts);
+        next = std::min(next, s.resend_at);
+        if (s.attempts > max_retries_ && !failed) failed = &s;
+      }
+      s.batch->notify();
+      r.batch->notify();
+    }
+    checked_.notify_all();
+  }
+  if (failed) escalate(*failed);
+  for (const Pending& p : b.mine)
+    if (!p.done) return false;
+  b.completed = std::chrono::steady_clock::time_point::min();
+  for (const Pending& p : b.mine) b.completed = std::max(b.completed, p.done_at);
+  return true;
+}
+
+// Under the lock, on leaving early (a mismatch, an escalated transfer, an abort): nothing
+// may point at the batch's Pendings any more; a peer left matched with them waits for
+// the abort.
+void CpuFabric::withdraw(Batch& b, std::unique_lock<std::mutex>& lock) {
+  auto checking = [&] {
+    return std::any_of(b.mine.begin(), b.mine.end(), [](const Pending& p) { return p.checking; });
+  };
+  while (checking()) checked_.wait(lock);  // another poster reads one of our buffers
+  auto is_mine = [&](const Pending* p) { return p >= b.mine.data() && p < b.mine.data() + b.mine.size(); };
+  for (auto* table : {&sends_, &recvs_})
+    for (auto& [key, queue] : *table) std::erase_if(queue, is_mine);
+  for (Pending& p : b.mine) {  // (an acknowledged pair is unlinked already: its peer may be gone)
+    if (p.to) p.to->from = nullptr;
+    if (p.from) p.from->to = nullptr;
+    p.to = p.from = nullptr;
+  }
+}
+
+namespace {
+// Fills in each Pending of `b` (before the lock: the SENDs' checksums).
+template <class B>
+void prepare(B& b) {
+  for (std::size_t i = 0; i < b.ops.size(); ++i) {
+    b.mine[i].op = &b.ops[i];
+    b.mine[i].batch = &b;
+    b.mine[i].self = b.self;
+    if (b.ops[i].kind == ir::OpKind::SEND) b.mine[i].crc = crc32_of(b.ops[i].buffer);
+  }
+}
+}  // namespace
+
+void CpuFabric::post(int comm, int self, std::span<P2POp> ops) {
+  std::condition_variable cv;
+  Batch b(comm, self, ops, [&cv] { cv.notify_all(); });
+  prepare(b);
+  std::unique_lock lock(control_->mutex());
+  try {
+    enter(b);
+    while (true) {
+      auto next = std::chrono::steady_clock::now() + std::chrono::milliseconds(RunControl::kAbortPollMs);
+      if (progress(b, lock, next)) return;
       cv.wait_until(lock, next);
     }
   } catch (...) {
-    forget_mine();
+    withdraw(b, lock);
     throw;
   }
+}
+
+class CpuFabric::Request final : public P2PRequest {
+ public:
+  Request(CpuFabric& fabric, int comm, int self, std::vector<P2POp> ops, std::function<void()> wake)
+      : fabric_(&fabric), owned_(std::move(ops)), b_(comm, self, owned_, std::move(wake)) {
+    prepare(b_);
+    std::unique_lock lock(fabric_->control_->mutex());
+    try {
+      fabric_->enter(b_);
+      auto next = std::chrono::steady_clock::time_point::max();
+      done_ = fabric_->progress(b_, lock, next);  // the checksums of what the posting delivered
+    } catch (...) {
+      fabric_->withdraw(b_, lock);
+      withdrawn_ = true;
+      throw;
+    }
+  }
+  ~Request() override {
+    if (done_ || withdrawn_) return;
+    std::unique_lock lock(fabric_->control_->mutex());
+    fabric_->withdraw(b_, lock);
+  }
+  bool test(std::chrono::steady_clock::time_point& next) override {
+    if (done_) return true;
+    std::unique_lock lock(fabric_->control_->mutex());
+    try {
+      done_ = fabric_->progress(b_, lock, next);
+    } catch (...) {
+      fabric_->withdraw(b_, lock);
+      withdrawn_ = true;
+      throw;
+    }
+    return done_;
+  }
+  std::chrono::steady_clock::time_point completed_at() const override { return b_.completed; }
+
+ private:
+  CpuFabric* fabric_;
+  std::vector<P2POp> owned_;
+  Batch b_;
+  bool done_ = false, withdrawn_ = false;
+};
+
+std::unique_ptr<P2PRequest> CpuFabric::start(int comm, int self, std::vector<P2POp> ops, std::function<void()> wake) {
+  return std::make_unique<Request>(*this, comm, self, std::move(ops), std::move(wake));
 }
 
 std::int64_t CpuFabric::bytes_moved(int comm) {
@@ -630,6 +738,13 @@ void CpuTransport::post(std::span<P2POp> batch) {
   for (const auto& op : world) check_p2p_op(op, stages_);  // all checked before any is posted
   for (auto& op : world) op.peer = replica_ * stages_ + op.peer;
   fabric_->post(CpuFabric::kP2P, replica_ * stages_ + rank_, world);
+}
+
+std::unique_ptr<P2PRequest> CpuTransport::start(std::span<P2POp> batch, std::function<void()> wake) {
+  std::vector<P2POp> world(batch.begin(), batch.end());
+  for (const auto& op : world) check_p2p_op(op, stages_);  // all checked before any is posted
+  for (auto& op : world) op.peer = replica_ * stages_ + op.peer;
+  return fabric_->start(CpuFabric::kP2P, replica_ * stages_ + rank_, std::move(world), std::move(wake));
 }
 
 void CpuTransport::all_reduce(const Buffer& buffer, int tag) {

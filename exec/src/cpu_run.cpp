@@ -134,6 +134,7 @@ struct World {
   std::vector<std::unique_ptr<CpuTransport>> transports;
   CpuClock* clock = nullptr;
   bool pin_threads = false;
+  Runtime runtime = Runtime::cooperative;
   std::int64_t wire_before = 0;
 
   // recovery.hpp's World.
@@ -160,7 +161,7 @@ std::int64_t World::run_step(int step, FaultInjector& injector, Heartbeats* hear
   for (int w = 0; w < ranks; ++w)
     threads.emplace_back([&, w] {
       Backend backend{computes[static_cast<std::size_t>(w)].get(), transports[static_cast<std::size_t>(w)].get(), clock,
-                      &injector, heartbeats};
+                      &injector, heartbeats, runtime};
       if (pin_threads) pin_to_core(w);
       try {
         outs[static_cast<std::size_t>(w)] = run_rank_step(*plan, w % p, w, step, backend, control);
@@ -210,6 +211,7 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
     auto w = std::make_unique<World>(config, plan, corpus, options, injector);
     w->clock = &clock;
     w->pin_threads = options.pin_threads;
+    w->runtime = options.runtime;
     load_world_state(w->computes, fo.checkpoint_dir, from, options.start);
     return w;
   };

@@ -1,5 +1,6 @@
-// interpreter.cpp — one rank's lowered ops, one host thread per stream, waits on
-// data (tensors present), explicit deps and gradient completeness; records events.
+// interpreter.cpp — one rank's lowered ops on host threads (one per stream, or the
+// compute and p2p streams cooperating on one), waits on data (tensors present),
+// explicit deps and gradient completeness; records events.
 #include "tdpipe/exec/interpreter.hpp"
 
 #include <algorithm>
@@ -133,10 +134,17 @@ class RankRun {
 
   RankStepResult run() {
     backend_.compute->begin_step(step_);
+    agrees_ = !backend_.compute->overflow_flags().empty();
+    // Cooperative: the compute and p2p streams share this thread (their batches start
+    // without waiting); the dp and copy streams keep threads of their own.
+    const bool cooperative = backend_.runtime == Runtime::cooperative && backend_.transport->can_start();
     std::array<std::thread, ir::kStreamCount> threads;
-    for (int s = 1; s < ir::kStreamCount; ++s)
+    for (int s = cooperative ? 2 : 1; s < ir::kStreamCount; ++s)
       if (!items_[static_cast<std::size_t>(s)].empty()) threads[static_cast<std::size_t>(s)] = std::thread([this, s] { worker(s); });
-    worker(0);
+    if (cooperative)
+      cooperate();
+    else
+      worker(0);
     for (auto& t : threads)
       if (t.joinable()) t.join();
     if (control_.failed()) throw Aborted{};
@@ -208,12 +216,21 @@ class RankRun {
     return fmt::format("rank {}", trace_rank_ - rank_ + peer);
   }
 
-  void wait_for(std::unique_lock<std::mutex>& lock, ir::Stream stream, const std::string& what,
-                const std::function<bool()>& ready) {
+  // Under control_.mutex(): wakes this rank's waiters (its stream threads, or its
+  // cooperative thread) after a change they may be waiting for.
+  void notify() {
+    wakes_.fetch_add(1, std::memory_order_release);
+    cv_.notify_all();
+  }
+
+  // Waits (under `lock`) until ready(); `what` names the wait, formatted only if a
+  // watchdog report asks.
+  template <class Ready>
+  void wait_for(std::unique_lock<std::mutex>& lock, ir::Stream stream, RunControl::Describe what, Ready ready) {
     if (ready()) return;
-    control_.set_waiting(trace_rank_, stream, what);
+    control_.set_waiting(trace_rank_, stream, std::move(what));
     control_.wait(lock, cv_, ready);
-    control_.set_waiting(trace_rank_, stream, "");
+    control_.set_waiting(trace_rank_, stream, RunControl::Describe{});
   }
 
   void record(int i, std::int64_t start, std::int64_t end) {
@@ -233,37 +250,226 @@ class RankRun {
     std::lock_guard lock(control_.mutex());
     for (int i = item.first; i < item.last; ++i) done_[static_cast<std::size_t>(i)] = 1;
     control_.progress();
-    cv_.notify_all();  // only this rank's stream threads wait on its ops and tensors
+    notify();  // only this rank's streams wait on its ops and tensors
   }
 
+  // ---- what each op waits for (under control_.mutex()), and how a wait reads ----
+
+  bool ready(const Item& item) const {
+    const Op& op = ops_[static_cast<std::size_t>(item.first)];
+    if (ir::is_compute(op.kind)) {
+      const auto in_key = op.kind == OpKind::OPT ? std::nullopt : input_key(op);
+      return deps_done(op) && (!in_key || tensors_.count(*in_key)) &&
+             (op.kind != OpKind::OPT || all_done(reduce_ops_));
+    }
+    if (ir::is_p2p(op.kind)) {
+      for (int i = item.first; i < item.last; ++i) {
+        const Op& o = ops_[static_cast<std::size_t>(i)];
+        if (!deps_done(o) || (o.kind == OpKind::SEND && !tensors_.count(comm_key(o)))) return false;
+      }
+      return true;
+    }
+    if (ir::is_gradient_reduction(op.kind))
+      return bucket_ready(op, reduce_index_.at(item.first), reduce_count_[static_cast<std::size_t>(op.chunk)]);
+    if (op.kind == OpKind::ALL_GATHER) return deps_done(op) && (opt_ < 0 || done_[static_cast<std::size_t>(opt_)]);
+    if (op.kind == OpKind::LOAD || op.kind == OpKind::OFFLOAD) {
+      const bool part = partial_copy(op);
+      return deps_done(op, part ? 1 : 0) && (!part || released(op));
+    }
+    return deps_done(op);  // CKPT: activations stay in host memory
+  }
+
+  std::string batch_label(const Item& item) const {
+    std::string label;
+    for (int i = item.first; i < item.last; ++i)
+      label += (label.empty() ? "" : "+") + op_label(ops_[static_cast<std::size_t>(i)]);
+    return label;
+  }
+
+  // Reads only the plan: a watchdog report may call it while the stream goes on.
+  std::string waiting_text(const Item& item) const {
+    const Op& op = ops_[static_cast<std::size_t>(item.first)];
+    if (ir::is_compute(op.kind)) {
+      std::string what = fmt::format("{} waiting for", op_label(op));
+      if (const auto in_key = op.kind == OpKind::OPT ? std::nullopt : input_key(op)) what += " the " + key_text(*in_key);
+      if (!op.deps.empty()) what += " its deps";
+      if (op.kind == OpKind::OPT) what += " every gradient reduction";
+      return what;
+    }
+    if (ir::is_p2p(op.kind)) return batch_label(item) + " waiting for the tensors it sends / its deps";
+    if (ir::is_gradient_reduction(op.kind))
+      return fmt::format("{} waiting for the gradients of chunk {}", op_label(op), op.chunk);
+    if (op.kind == OpKind::ALL_GATHER) return fmt::format("{} waiting for OPT", op_label(op));
+    if (op.kind == OpKind::LOAD || op.kind == OpKind::OFFLOAD)
+      return fmt::format("{} waiting for the block it replaces", op_label(op));
+    return op_label(op) + " waiting for its deps";
+  }
+
+  std::string transport_text(const Item& item) const {
+    std::string peers;
+    for (int i = item.first; i < item.last; ++i)
+      peers += (peers.empty() ? "" : ", ") + peer_text(ops_[static_cast<std::size_t>(i)].peer);
+    return fmt::format("{} blocked in transport, waiting for peer {}", batch_label(item), peers);
+  }
+
+  // Runs a ready item to its end (a p2p batch through Transport::post).
+  void execute(const Item& item, ir::Stream stream) {
+    const Op& op = ops_[static_cast<std::size_t>(item.first)];
+    if (ir::is_compute(op.kind)) {
+      run_compute(item.first, stream);
+    } else if (ir::is_p2p(op.kind)) {
+      Flight f = begin_batch(item, stream);
+      control_.set_waiting(trace_rank_, stream, [this, &item] { return transport_text(item); });
+      backend_.transport->post(f.batch);
+      control_.set_waiting(trace_rank_, stream, RunControl::Describe{});
+      end_batch(f, backend_.clock->now_ns(stream));
+    } else if (ir::is_gradient_reduction(op.kind)) {
+      run_reduce(item.first, stream);
+    } else if (op.kind == OpKind::ALL_GATHER) {
+      run_gather(item.first, stream);
+    } else if (op.kind == OpKind::LOAD || op.kind == OpKind::OFFLOAD) {
+      run_copy(item.first, stream);
+    } else {
+      const std::int64_t t = backend_.clock->now_ns(stream);
+      finish(item, t, t);
+    }
+  }
+
+  void fail_in(ir::Stream stream, const Item* item, const std::exception& e) {
+    control_.fail(fmt::format("rank {} ({} stream) failed in {}: {}", trace_rank_, ir::to_string(stream),
+                              item ? op_label(ops_[static_cast<std::size_t>(item->first)]) : std::string(), e.what()),
+                  dynamic_cast<const RankFault*>(&e) != nullptr);
+  }
+
+  // Threaded: a stream's items in order on its own thread, each waited for, then run.
   void worker(int s) {
     const auto stream = static_cast<ir::Stream>(s);
-    std::string current;
+    const Item* current = nullptr;
     try {
       for (const Item& item : items_[static_cast<std::size_t>(s)]) {
-        const Op& op = ops_[static_cast<std::size_t>(item.first)];
-        current = op_label(op);
-        if (backend_.faults && !backend_.faults->empty()) fault_point(op, stream);
-        if (ir::is_compute(op.kind))
-          run_compute(item.first, stream);
-        else if (ir::is_p2p(op.kind))
-          run_batch(item, stream);
-        else if (ir::is_gradient_reduction(op.kind))
-          run_reduce(item.first, stream);
-        else if (op.kind == OpKind::ALL_GATHER)
-          run_gather(item.first, stream);
-        else if (op.kind == OpKind::LOAD || op.kind == OpKind::OFFLOAD)
-          run_copy(item.first, stream);
-        else
-          run_noop(item, stream);  // CKPT: activations stay in host memory
+        current = &item;
+        if (backend_.faults && !backend_.faults->empty()) fault_point(ops_[static_cast<std::size_t>(item.first)], stream);
+        {
+          std::unique_lock lock(control_.mutex());
+          wait_for(lock, stream, [this, &item] { return waiting_text(item); }, [&] { return ready(item); });
+        }
+        execute(item, stream);
       }
     } catch (const Aborted&) {
     } catch (const std::exception& e) {
-      control_.fail(fmt::format("rank {} ({} stream) failed in {}: {}", trace_rank_,
-                                ir::to_string(stream), current, e.what()),
-                    dynamic_cast<const RankFault*>(&e) != nullptr);
+      fail_in(stream, current, e);
     }
     control_.set_waiting(trace_rank_, stream, "");
+  }
+
+  // Cooperative: the compute and p2p streams' items in their orders on this one thread.
+  // Each turn starts the p2p stream's next batch once it is ready (Transport::start:
+  // without waiting for the peer), tests the batch in flight, and runs the compute
+  // stream's next op once it is ready; with nothing to do it spins briefly (yielding the
+  // core), then parks until a peer, another stream or a retry's deadline wakes it. A
+  // stream keeps its order and one batch in flight, as with a thread per stream, so the
+  // plans that complete there complete here.
+  void cooperate() {
+    constexpr auto kCompute = ir::Stream::Compute, kP2P = ir::Stream::P2P;
+    const auto& compute = items_[static_cast<std::size_t>(kCompute)];
+    const auto& p2p = items_[static_cast<std::size_t>(kP2P)];
+    std::size_t next_compute = 0, next_p2p = 0;
+    std::optional<Flight> flight;
+    std::unique_ptr<P2PRequest> request;
+    const Item* current = nullptr;
+    ir::Stream current_stream = kCompute;
+    const bool faults = backend_.faults && !backend_.faults->empty();
+    auto wake = [this] { notify(); };  // the transport calls it under control_.mutex()
+    try {
+      while (next_compute < compute.size() || next_p2p < p2p.size()) {
+        if (control_.failed()) throw Aborted{};
+        const std::uint64_t seen = wakes_.load(std::memory_order_acquire);
+        auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(RunControl::kAbortPollMs);
+        bool moved = false;
+        if (request) {
+          current = &p2p[next_p2p];
+          current_stream = kP2P;
+          if (request->test(deadline)) {
+            const auto late = std::chrono::steady_clock::now() - request->completed_at();
+            request.reset();
+            end_batch(*flight, backend_.clock->now_ns(kP2P) -
+                                   std::chrono::duration_cast<std::chrono::nanoseconds>(late).count());
+            flight.reset();
+            ++next_p2p;
+            moved = true;
+          }
+        }
+        bool p2p_ready = false, compute_ready = false;
+        {
+          std::lock_guard lock(control_.mutex());
+          p2p_ready = !request && next_p2p < p2p.size() && ready(p2p[next_p2p]);
+          compute_ready = next_compute < compute.size() && ready(compute[next_compute]);
+          // An OPT that agrees on overflow flags blocks until every rank reaches it: first
+          // let the transfers before it end, so no peer waits for one of them meanwhile.
+          if (compute_ready && agrees_ && compute[next_compute].first == opt_)
+            compute_ready = next_p2p == p2p.size() || p2p[next_p2p].first > opt_;
+        }
+        if (p2p_ready) {
+          const Item& item = p2p[next_p2p];
+          current = &item;
+          current_stream = kP2P;
+          if (faults) fault_point(ops_[static_cast<std::size_t>(item.first)], kP2P);
+          if (ir::is_p2p(ops_[static_cast<std::size_t>(item.first)].kind)) {
+            flight = begin_batch(item, kP2P);
+            request = backend_.transport->start(flight->batch, wake);
+          } else {
+            execute(item, kP2P);
+            ++next_p2p;
+          }
+          moved = true;
+        }
+        if (compute_ready) {
+          const Item& item = compute[next_compute];
+          current = &item;
+          current_stream = kCompute;
+          if (faults) fault_point(ops_[static_cast<std::size_t>(item.first)], kCompute);
+          if (ir::is_p2p(ops_[static_cast<std::size_t>(item.first)].kind))
+            throw Error(fmt::format("rank {}: {} is on the compute stream; the lowering puts SEND and RECV on the "
+                                    "p2p stream", rank_, op_label(ops_[static_cast<std::size_t>(item.first)])));
+          execute(item, kCompute);
+          ++next_compute;
+          moved = true;
+        }
+        if (!moved) park(seen, deadline, next_compute < compute.size() ? &compute[next_compute] : nullptr,
+                         next_p2p < p2p.size() ? &p2p[next_p2p] : nullptr, request != nullptr);
+      }
+    } catch (const Aborted&) {
+    } catch (const std::exception& e) {
+      fail_in(current_stream, current, e);
+    }
+    request.reset();  // withdraws a batch left in flight (the run is stopping)
+    control_.set_waiting(trace_rank_, kCompute, "");
+    control_.set_waiting(trace_rank_, kP2P, "");
+  }
+
+  // Nothing to do since wake count `seen`: spin a little, yielding the core (a peer's
+  // hand-off often comes within microseconds), then sleep until woken or `deadline`,
+  // saying what each stream waits for.
+  void park(std::uint64_t seen, std::chrono::steady_clock::time_point deadline, const Item* compute,
+            const Item* p2p, bool in_flight) {
+    constexpr auto kSpin = std::chrono::microseconds(50);
+    const auto until = std::min(deadline, std::chrono::steady_clock::now() + kSpin);
+    while (wakes_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+    if (wakes_.load(std::memory_order_acquire) != seen) return;
+    if (compute)
+      control_.set_waiting(trace_rank_, ir::Stream::Compute, [this, compute] { return waiting_text(*compute); });
+    if (p2p)
+      control_.set_waiting(trace_rank_, ir::Stream::P2P, [this, p2p, in_flight] {
+        return in_flight ? transport_text(*p2p) : waiting_text(*p2p);
+      });
+    {
+      std::unique_lock lock(control_.mutex());
+      cv_.wait_until(lock, deadline,
+                     [&] { return wakes_.load(std::memory_order_relaxed) != seen || control_.failed(); });
+    }
+    if (compute) control_.set_waiting(trace_rank_, ir::Stream::Compute, RunControl::Describe{});
+    if (p2p) control_.set_waiting(trace_rank_, ir::Stream::P2P, RunControl::Describe{});
   }
 
   // An injected kill or hang at `op` (or an earlier one on another stream of this rank):
@@ -306,7 +512,7 @@ class RankRun {
         std::lock_guard lock(control_.mutex());
         tail_done_[static_cast<std::size_t>(c)] = tail;
         tail_total_[static_cast<std::size_t>(c)] = total;
-        cv_.notify_all();
+        notify();
       };
       cop.progress = &progress;
     }
@@ -326,34 +532,23 @@ class RankRun {
                                   "brings chunk {} layer {}", rank_, op_label(op), chunk, layer, k, k, load.chunk,
                                   load.tag));
         std::unique_lock lock(control_.mutex());
-        wait_for(lock, stream, fmt::format("{} waiting for {}", op_label(op), op_label(load)),
+        wait_for(lock, stream, [&op, &load] { return fmt::format("{} waiting for {}", op_label(op), op_label(load)); },
                  [&] { return done_[static_cast<std::size_t>(loads[static_cast<std::size_t>(k)])] != 0; });
         acquired = k + 1;
       };
       gate.release = [this, i](int k) {
         std::lock_guard lock(control_.mutex());
         segments_[static_cast<std::size_t>(i)] = k + 1;
-        cv_.notify_all();  // a copy waits for this block's slot
+        notify();  // a copy waits for this block's slot
       };
       cop.gate = &gate;
     }
-    const auto in_key = op.kind == OpKind::OPT ? std::nullopt : input_key(op);
     Buffer input;
-    {
-      std::unique_lock lock(control_.mutex());
-      std::string what = fmt::format("{} waiting for", op_label(op));
-      if (in_key) what += " the " + key_text(*in_key);
-      if (!op.deps.empty()) what += " its deps";
-      if (op.kind == OpKind::OPT) what += " every gradient reduction";
-      wait_for(lock, stream, what, [&] {
-        return deps_done(op) && (!in_key || tensors_.count(*in_key)) &&
-               (op.kind != OpKind::OPT || all_done(reduce_ops_));
-      });
-      if (in_key) {
-        auto it = tensors_.find(*in_key);
-        input = std::move(it->second);
-        tensors_.erase(it);
-      }
+    if (const auto in_key = op.kind == OpKind::OPT ? std::nullopt : input_key(op)) {
+      std::lock_guard lock(control_.mutex());
+      auto it = tensors_.find(*in_key);
+      input = std::move(it->second);
+      tensors_.erase(it);
     }
     // fp16 training: OPT steps only if no rank's stores overflowed in any slice. The
     // agreement waits for every rank to reach its OPT: a wait, before OPT's interval.
@@ -387,10 +582,17 @@ class RankRun {
     finish({i, i + 1}, start, end, layers_ns < 0 ? -1 : std::min(layers_ns, end - start));
   }
 
-  void run_batch(const Item& item, ir::Stream stream) {
+  // A p2p batch between its start and its end.
+  struct Flight {
+    Item item;
     std::vector<P2POp> batch;
-    std::string label;
-    std::vector<TensorKey> sends;
+    std::int64_t start = 0;
+  };
+
+  // A ready batch's ops: the SENDs' tensors, fresh RECV buffers; the batch starts now.
+  Flight begin_batch(const Item& item, ir::Stream stream) {
+    Flight f{item, {}, 0};
+    f.batch.reserve(static_cast<std::size_t>(item.last - item.first));
     for (int i = item.first; i < item.last; ++i) {
       const Op& op = ops_[static_cast<std::size_t>(i)];
       P2POp p;
@@ -398,43 +600,32 @@ class RankRun {
       p.peer = op.peer;
       p.key = comm_key(op);
       p.label = op_label(op);
-      label += (label.empty() ? "" : "+") + p.label;
-      if (op.kind == OpKind::SEND) sends.push_back(p.key);
-      batch.push_back(std::move(p));
+      f.batch.push_back(std::move(p));
     }
-    {
-      std::unique_lock lock(control_.mutex());
-      wait_for(lock, stream, label + " waiting for the tensors it sends / its deps", [&] {
-        for (int i = item.first; i < item.last; ++i)
-          if (!deps_done(ops_[static_cast<std::size_t>(i)])) return false;
-        for (const auto& k : sends)
-          if (!tensors_.count(k)) return false;
-        return true;
-      });
-      for (auto& p : batch)
-        if (p.kind == OpKind::SEND) p.buffer = tensors_.at(p.key);
-    }
-    for (auto& p : batch)
-      if (p.kind == OpKind::RECV) p.buffer = backend_.compute->allocate(p.key);
-    std::string peers;
-    for (const auto& p : batch) peers += (peers.empty() ? "" : ", ") + peer_text(p.peer);
-    control_.set_waiting(trace_rank_, stream,
-                         fmt::format("{} blocked in transport, waiting for peer {}", label, peers));
-    const std::int64_t start = backend_.clock->now_ns(stream);
-    control_.progress();
-    backend_.transport->post(batch);
-    const std::int64_t end = backend_.clock->now_ns(stream);
-    control_.set_waiting(trace_rank_, stream, "");
     {
       std::lock_guard lock(control_.mutex());
-      for (auto& p : batch) {
+      for (auto& p : f.batch)
+        if (p.kind == OpKind::SEND) p.buffer = tensors_.at(p.key);
+    }
+    for (auto& p : f.batch)
+      if (p.kind == OpKind::RECV) p.buffer = backend_.compute->allocate(p.key);
+    f.start = backend_.clock->now_ns(stream);
+    control_.progress();
+    return f;
+  }
+
+  // The batch completed at `end`: the SENDs' tensors go, the RECVs' arrive.
+  void end_batch(Flight& f, std::int64_t end) {
+    {
+      std::lock_guard lock(control_.mutex());
+      for (auto& p : f.batch) {
         if (p.kind == OpKind::SEND)
           tensors_.erase(p.key);
         else
           tensors_[p.key] = std::move(p.buffer);
       }
     }
-    finish(item, start, end);
+    finish(f.item, f.start, std::max(end, f.start));
   }
 
   // Bucket `index` of `count` of a chunk is its part count − 1 − index: bucket 0 holds the
@@ -465,18 +656,12 @@ class RankRun {
     return tail_done_[c] >= tail_total_[c] - first;
   }
 
-  // ALLREDUCE, REDUCE_SCATTER or COMPRESSED_ALLREDUCE of a gradient bucket.
+  // ALLREDUCE, REDUCE_SCATTER or COMPRESSED_ALLREDUCE of a ready gradient bucket.
   void run_reduce(int i, ir::Stream stream) {
     const Op& op = ops_[static_cast<std::size_t>(i)];
     const int index = reduce_index_.at(i), count = reduce_count_[static_cast<std::size_t>(op.chunk)];
-    {
-      std::unique_lock lock(control_.mutex());
-      wait_for(lock, stream, fmt::format("{} waiting for the gradients of chunk {}", op_label(op), op.chunk),
-               [&] { return bucket_ready(op, index, count); });
-    }
     Buffer bucket = backend_.compute->grad_bucket(op.chunk, part_of(index, count), count);
-    control_.set_waiting(trace_rank_, stream,
-                         fmt::format("{} blocked in the data-parallel ring", op_label(op)));
+    control_.set_waiting(trace_rank_, stream, [&op] { return fmt::format("{} blocked in the data-parallel ring", op_label(op)); });
     const std::int64_t start = backend_.clock->now_ns(stream);
     control_.progress();
     std::int64_t payload = bucket.bytes();
@@ -497,7 +682,7 @@ class RankRun {
       payload = m.gathered.bytes();
     }
     const std::int64_t end = backend_.clock->now_ns(stream);
-    control_.set_waiting(trace_rank_, stream, "");
+    control_.set_waiting(trace_rank_, stream, RunControl::Describe{});
     record(i, start, end);
     // What a compressed bucket really carried, in this backend: its packed message, or in
     // the warm-up its gradients (the plan's bytes are the message's; other collectives
@@ -509,20 +694,14 @@ class RankRun {
   // ALL_GATHER of a bucket's parameters, once this rank's (sharded) OPT stepped its part.
   void run_gather(int i, ir::Stream stream) {
     const Op& op = ops_[static_cast<std::size_t>(i)];
-    {
-      std::unique_lock lock(control_.mutex());
-      wait_for(lock, stream, fmt::format("{} waiting for OPT", op_label(op)),
-               [&] { return deps_done(op) && (opt_ < 0 || done_[static_cast<std::size_t>(opt_)]); });
-    }
     const int count = gather_count_[static_cast<std::size_t>(op.chunk)];
     Buffer bucket = backend_.compute->param_bucket(op.chunk, part_of(gather_index_.at(i), count), count);
-    control_.set_waiting(trace_rank_, stream,
-                         fmt::format("{} blocked in the data-parallel ring", op_label(op)));
+    control_.set_waiting(trace_rank_, stream, [&op] { return fmt::format("{} blocked in the data-parallel ring", op_label(op)); });
     const std::int64_t start = backend_.clock->now_ns(stream);
     control_.progress();
     backend_.transport->all_gather(bucket, op.tag);
     const std::int64_t end = backend_.clock->now_ns(stream);
-    control_.set_waiting(trace_rank_, stream, "");
+    control_.set_waiting(trace_rank_, stream, RunControl::Describe{});
     finish({i, i + 1}, start, end);
   }
 
@@ -535,17 +714,15 @@ class RankRun {
     if (it == gates_.end()) return false;
     return segments_[static_cast<std::size_t>(dep)] > ir::gate_segment(copy.ready_after, static_cast<int>(it->second.size()));
   }
+  // Does the copy wait for only part of its first dependency (a block's release)?
+  bool partial_copy(const Op& op) const {
+    return op.ready_after < 1.0f && !op.deps.empty() && op.deps[0].rank == rank_ && op.deps[0].index >= 0 &&
+           op.deps[0].index < static_cast<int>(ops_.size());
+  }
 
   // LOAD / OFFLOAD of parameter offload, on the copy stream.
   void run_copy(int i, ir::Stream stream) {
     const Op& op = ops_[static_cast<std::size_t>(i)];
-    const bool part = op.ready_after < 1.0f && !op.deps.empty() && op.deps[0].rank == rank_ &&
-                      op.deps[0].index >= 0 && op.deps[0].index < static_cast<int>(ops_.size());
-    {
-      std::unique_lock lock(control_.mutex());
-      wait_for(lock, stream, fmt::format("{} waiting for the block it replaces", op_label(op)),
-               [&] { return deps_done(op, part ? 1 : 0) && (!part || released(op)); });
-    }
     const auto consumer = consumer_.find(i);
     const bool state = op.kind == OpKind::OFFLOAD ||
                        (consumer != consumer_.end() && ops_[static_cast<std::size_t>(consumer->second)].kind == OpKind::OPT);
@@ -554,16 +731,6 @@ class RankRun {
     backend_.compute->copy(CopyOp{op.kind, op.chunk, op.tag, state});
     const std::int64_t end = backend_.clock->now_ns(stream);
     finish({i, i + 1}, start, end);
-  }
-
-  void run_noop(const Item& item, ir::Stream stream) {
-    {
-      std::unique_lock lock(control_.mutex());
-      const Op& op = ops_[static_cast<std::size_t>(item.first)];
-      wait_for(lock, stream, op_label(op) + " waiting for its deps", [&] { return deps_done(op); });
-    }
-    const std::int64_t t = backend_.clock->now_ns(stream);
-    finish(item, t, t);
   }
 
   const ir::Plan& plan_;
@@ -576,6 +743,7 @@ class RankRun {
   RunControl& control_;
   std::array<std::vector<Item>, ir::kStreamCount> items_;
   std::condition_variable cv_;                  // this rank's stream threads wait here
+  std::atomic<std::uint64_t> wakes_{0};         // notify()s so far (changed under control_.mutex())
   std::vector<char> done_;                      // guarded by control_.mutex()
   std::map<TensorKey, Buffer> tensors_;         // guarded by control_.mutex()
   std::vector<std::vector<int>> grad_ops_;      // per chunk: its last gradient ops
@@ -585,6 +753,7 @@ class RankRun {
   std::vector<int> gather_count_;               // per chunk: ALL_GATHER ops
   std::map<int, int> gather_index_;             // op index → bucket index in its chunk
   int opt_ = -1;                                // the OPT's index, if any
+  bool agrees_ = false;                         // fp16: OPT agrees on overflow flags with every rank
   bool sharded_ = false;                        // REDUCE_SCATTER buckets: OPT steps shard_ only
   bool compressed_ = false;                     // COMPRESSED_ALLREDUCE buckets past the warm-up
   OptimizerShard shard_;

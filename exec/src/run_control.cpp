@@ -24,20 +24,24 @@ std::string RunControl::failure() const {
 }
 
 void RunControl::set_waiting(int rank, ir::Stream stream, std::string what) {
-  std::lock_guard lock(info_mu_);
-  const auto key = std::make_pair(rank, static_cast<int>(stream));
   if (what.empty())
-    waiting_.erase(key);
+    set_waiting(rank, stream, Describe{});
   else
-    waiting_[key] = std::move(what);
+    set_waiting(rank, stream, Describe([w = std::move(what)] { return w; }));
+}
+
+void RunControl::set_waiting(int rank, ir::Stream stream, Describe what) {
+  std::lock_guard lock(info_mu_);
+  waiting_[std::make_pair(rank, static_cast<int>(stream))] = std::move(what);
 }
 
 std::string RunControl::waiting_report() const {
   std::lock_guard lock(info_mu_);
   std::string out;
   for (const auto& [key, what] : waiting_)
-    out += fmt::format("  rank {} ({} stream): {}\n", key.first,
-                       ir::to_string(static_cast<ir::Stream>(key.second)), what);
+    if (what)
+      out += fmt::format("  rank {} ({} stream): {}\n", key.first,
+                         ir::to_string(static_cast<ir::Stream>(key.second)), what());
   return out;
 }
 

@@ -27,7 +27,10 @@ struct Layout {
 
 }  // namespace
 
+// Both runtimes (a thread per stream; one thread per rank with cooperative streams).
 TEST_CASE("every schedule matches the single-device run for 3 Adam steps", "[exec][equivalence]") {
+  const std::vector<std::pair<Runtime, const char*>> runtimes = {{Runtime::cooperative, "cooperative"},
+                                                                 {Runtime::threaded, "threaded"}};
   const std::vector<Layout> layouts = {{2, 1, 4, 1}, {4, 1, 8, 1}, {2, 2, 4, 2}};
   const std::vector<std::pair<std::string, int>> schedules = {
       {"gpipe", 1}, {"1f1b", 1}, {"interleaved", 1}, {"zb-h1", 1}, {"zb-h2", 1},
@@ -37,29 +40,33 @@ TEST_CASE("every schedule matches the single-device run for 3 Adam steps", "[exe
     const ir::Scenario sc = test::small_scenario(L.p, L.d, L.m, L.b);
     const cpu::RunResult ref = cpu::run_reference(sc, L.d, L.m, test::train_options(kSteps));
     REQUIRE(ref.loss_per_step.size() == kSteps);
-    for (const auto& [name, slices] : schedules) DYNAMIC_SECTION(
-        fmt::format("{} S={} on p={} d={} m={} b={}", name, slices, L.p, L.d, L.m, L.b)) {
-      const auto built = planner::build_plan(sc, name, slices);
-      REQUIRE(built.lowered.lowered);
-      REQUIRE(built.lowered.slices == slices);
-      cpu::CpuRunOptions opt;
-      opt.train = test::train_options(kSteps);
-      const cpu::RunResult got = cpu::run_cpu(built.lowered, opt);
-      REQUIRE(got.loss_per_step.size() == kSteps);
-      for (int s = 0; s < kSteps; ++s) {
-        INFO("step " << s << " loss " << got.loss_per_step[s] << " vs " << ref.loss_per_step[s]);
-        CHECK(std::abs(got.loss_per_step[s] - ref.loss_per_step[s]) <=
-              1e-5 * std::abs(ref.loss_per_step[s]));
+    for (const auto& [runtime, runtime_name] : runtimes) {
+      for (const auto& [name, slices] : schedules) DYNAMIC_SECTION(
+          fmt::format("{} S={} on p={} d={} m={} b={}, {} runtime", name, slices, L.p, L.d, L.m, L.b,
+                      runtime_name)) {
+        const auto built = planner::build_plan(sc, name, slices);
+        REQUIRE(built.lowered.lowered);
+        REQUIRE(built.lowered.slices == slices);
+        cpu::CpuRunOptions opt;
+        opt.train = test::train_options(kSteps);
+        opt.runtime = runtime;
+        const cpu::RunResult got = cpu::run_cpu(built.lowered, opt);
+        REQUIRE(got.loss_per_step.size() == kSteps);
+        for (int s = 0; s < kSteps; ++s) {
+          INFO("step " << s << " loss " << got.loss_per_step[s] << " vs " << ref.loss_per_step[s]);
+          CHECK(std::abs(got.loss_per_step[s] - ref.loss_per_step[s]) <=
+                1e-5 * std::abs(ref.loss_per_step[s]));
+        }
+        std::string worst;
+        const double grad_err = max_rel_error(got.grads, ref.grads, &worst);
+        INFO("worst gradient " << worst << " rel " << grad_err);
+        CHECK(grad_err <= 1e-5);
+        const double weight_err = max_rel_error(got.weights, ref.weights, &worst);
+        INFO("worst weight " << worst << " rel " << weight_err);
+        CHECK(weight_err <= 1e-5);
+        // Ring all-reduce forms each sum once: replicas stay bit-identical.
+        CHECK(got.replica_divergence == 0.0);
       }
-      std::string worst;
-      const double grad_err = max_rel_error(got.grads, ref.grads, &worst);
-      INFO("worst gradient " << worst << " rel " << grad_err);
-      CHECK(grad_err <= 1e-5);
-      const double weight_err = max_rel_error(got.weights, ref.weights, &worst);
-      INFO("worst weight " << worst << " rel " << weight_err);
-      CHECK(weight_err <= 1e-5);
-      // Ring all-reduce forms each sum once: replicas stay bit-identical.
-      CHECK(got.replica_divergence == 0.0);
     }
   }
 }

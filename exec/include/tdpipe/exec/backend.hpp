@@ -1,15 +1,18 @@
 // backend.hpp — what the interpreter needs from a device: compute, transport, clock.
 //
 // The interpreter (interpreter.hpp) executes one rank's lowered-plan ops in plan
-// order, one host thread per stream (compute, p2p, dp), and calls these three parts.
+// order per stream (compute, p2p, dp, copy) on host threads (Runtime), and calls these
+// three parts.
 // Every call returns when its op is complete (a CUDA backend synchronizes its
 // device stream before returning), so the interpreter orders ops across streams
 // with host-side waits only. Calls on one part come from one stream thread at a
 // time, except where noted; different parts are called concurrently.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <utility>
 #include <vector>
@@ -223,6 +226,21 @@ struct P2POp {
   std::string label;  ///< op text for diagnostics, e.g. "SEND(F0.c1:s2>r1)"
 };
 
+/// A batch of point-to-point ops started without waiting (Transport::start). Destroying
+/// an unfinished one withdraws it (the run is stopping); a peer matched with it then
+/// waits for the abort.
+class P2PRequest {
+ public:
+  virtual ~P2PRequest() = default;
+  /// Progresses the batch without blocking (a transfer's checksum, a retry that is due);
+  /// true once every op completed and the RECV buffers are filled. Throws as
+  /// Transport::post does. Lowers `next` to the latest time by which to test again even
+  /// if not woken (a retry's deadline).
+  virtual bool test(std::chrono::steady_clock::time_point& next) = 0;
+  /// When the last op completed; valid once test() returned true.
+  virtual std::chrono::steady_clock::time_point completed_at() const = 0;
+};
+
 /// Throws tdpipe::Error unless `op` is a SEND or RECV whose peer is a pipeline rank
 /// (0 … stages − 1): what every Transport::post checks of each op before posting any.
 void check_p2p_op(const P2POp& op, int stages);
@@ -239,6 +257,14 @@ class Transport {
   /// them completed. RECV buffers are filled in place. Throws tdpipe::Error on a
   /// key or size mismatch with the peer's op, or when the run is aborted.
   virtual void post(std::span<P2POp> batch) = 0;
+
+  /// Can this transport start() batches? The cooperative runtime (interpreter.hpp) needs it.
+  virtual bool can_start() const { return false; }
+  /// Posts the batch as post() does but returns at once; `batch` must outlive the
+  /// request. `wake` is called whenever the batch may have progressed (a peer matched,
+  /// delivered or acknowledged it), with RunControl::mutex() held so that a waiter on that
+  /// mutex misses no wake-up; it must not block. Throws tdpipe::Error unless can_start().
+  virtual std::unique_ptr<P2PRequest> start(std::span<P2POp> batch, std::function<void()> wake);
 
   /// Sums `buffer` in place over this rank's data-parallel group (the same pipeline
   /// rank of every replica); every member calls it with the same `tag` in the same
@@ -283,6 +309,14 @@ class Clock {
 class FaultInjector;  // exec/faults.hpp
 class Heartbeats;
 
+/// How the interpreter gives a rank's streams host threads. `threaded`: a thread per
+/// stream, each blocking in its op's waits and transport calls. `cooperative`: the
+/// compute and p2p streams take turns on one thread, p2p batches started without waiting
+/// (Transport::start), so a hand-off from compute to p2p costs no thread switch; the dp
+/// and copy streams keep their own threads. Cooperative needs Transport::can_start() and
+/// falls back to threaded without it (the CUDA transports).
+enum class Runtime { threaded, cooperative };
+
 struct Backend {
   Compute* compute = nullptr;
   Transport* transport = nullptr;
@@ -292,6 +326,7 @@ struct Backend {
   /// Where a killed or hung rank stops beating, for the others to notice; null: it
   /// reports itself (RankFault) at once.
   Heartbeats* heartbeats = nullptr;
+  Runtime runtime = Runtime::cooperative;
 };
 
 }  // namespace tdpipe::exec

@@ -1,7 +1,10 @@
 // interpreter.hpp — executes one rank's ops of a lowered plan over a Backend.
 //
-// Nothing schedule-specific: each stream's ops run in plan order on their own host
-// thread. An op starts once the previous op of its stream ended and
+// Nothing schedule-specific: each stream's ops run in plan order, on a host thread of
+// their own or (Backend::runtime, cooperative) the compute and p2p streams taking turns
+// on one thread with p2p batches in flight while compute runs; a stream's order and its
+// one op (batch) at a time are the same either way. An op starts once the previous op
+// of its stream ended and
 //  - its explicit `deps` ended;
 //  - compute: its input tensor is present (produced locally or received);
 //  - SEND: the tensor it sends was produced; consecutive comm ops with one `batch`

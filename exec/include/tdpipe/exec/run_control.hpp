@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -38,6 +39,11 @@ class RunControl {
   /// What thread (rank, stream) is blocked on now, e.g. "SEND(F0>r1) waiting for
   /// rank 1"; "" when it is not blocked.
   void set_waiting(int rank, ir::Stream stream, std::string what);
+  /// The same, described only if a report asks (waits are many, reports rare); `what`
+  /// must read only what does not change while it is set, and is called under a lock of
+  /// this RunControl's own, never with mutex() held. Null: not blocked.
+  using Describe = std::function<std::string()>;
+  void set_waiting(int rank, ir::Stream stream, Describe what);
   /// One line per blocked thread: "rank R (stream): what".
   std::string waiting_report() const;
 
@@ -71,7 +77,7 @@ class RunControl {
   std::atomic<std::uint64_t> progress_{0};
   mutable std::mutex info_mu_;
   std::string failure_;
-  std::map<std::pair<int, int>, std::string> waiting_;
+  std::map<std::pair<int, int>, Describe> waiting_;  ///< cleared entries stay, empty
 };
 
 }  // namespace tdpipe::exec

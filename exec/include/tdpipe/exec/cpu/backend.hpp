@@ -5,8 +5,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <vector>
@@ -145,6 +147,9 @@ class CpuFabric {
   /// blocks until all completed. Throws tdpipe::Error on a mismatch, RankFault when a
   /// transfer failed more than max_retries times, Aborted on abort.
   void post(int comm, int self, std::span<P2POp> ops);
+  /// post() without the wait (Transport::start): the request owns `ops`, whose RECV
+  /// buffers share their memory with the caller's.
+  std::unique_ptr<P2PRequest> start(int comm, int self, std::vector<P2POp> ops, std::function<void()> wake);
   /// Bytes delivered on communicator `comm` so far (every delivery's payload, retries included).
   std::int64_t bytes_moved(int comm);
   /// Called between steps (no post in flight): messages of step `step` follow; their
@@ -154,8 +159,16 @@ class CpuFabric {
   std::vector<RetryRecord> take_retries();
 
  private:
+  // A transfer completes when both sides are posted, the payload delivered and its
+  // checksum checked; either poster does the work as it posts or progresses (a retry
+  // too), so a rank busy computing does not hold up its peer.
   struct Pending;
-  void deliver(int comm, Pending& send, std::chrono::steady_clock::time_point now);
+  struct Batch;
+  class Request;
+  void enter(Batch& b);
+  bool progress(Batch& b, std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point& next);
+  void withdraw(Batch& b, std::unique_lock<std::mutex>& lock);
+  void deliver(Pending& send, std::chrono::steady_clock::time_point now);
   std::chrono::steady_clock::duration backoff(int attempt) const;
   RunControl* control_;
   FaultInjector* faults_;
@@ -166,8 +179,8 @@ class CpuFabric {
   std::map<std::tuple<int, int, int>, std::vector<Pending*>> sends_, recvs_;
   std::map<std::tuple<int, int, int>, int> sent_;  ///< messages posted this step per channel
   std::vector<RetryRecord> retries_;
-  /// One condition per (communicator, world rank): a match wakes its two posters only.
-  std::map<std::pair<int, int>, std::condition_variable> wake_;
+  /// A checksum check of another poster's RECV ended (withdraw waits for those).
+  std::condition_variable checked_;
 };
 
 /// Transport of one (replica, pipeline rank) over a CpuFabric.
@@ -176,6 +189,8 @@ class CpuTransport final : public Transport {
   CpuTransport(CpuFabric& fabric, int replica, int rank, int stages, int data)
       : fabric_(&fabric), replica_(replica), rank_(rank), stages_(stages), data_(data) {}
   void post(std::span<P2POp> batch) override;
+  bool can_start() const override { return true; }
+  std::unique_ptr<P2PRequest> start(std::span<P2POp> batch, std::function<void()> wake) override;
   /// Ring all-reduce (reduce-scatter then all-gather, d − 1 steps each) over the
   /// replicas of this pipeline rank; every element's sum is formed once, so all
   /// replicas end bit-identical.

@@ -1,5 +1,5 @@
-// run.hpp — train a lowered plan on the CPU backend (one thread per rank and
-// stream, a watchdog), and the single-device reference run of the same model/data.
+// run.hpp — train a lowered plan on the CPU backend (a thread per rank, and per
+// dp/copy stream, a watchdog), and the single-device reference run of the same model/data.
 #pragma once
 
 #include <optional>
@@ -55,6 +55,9 @@ struct CpuRunOptions {
   /// Pin rank w's threads to core w mod cores. Helps when each rank has a core of its
   /// own; hurts when ranks outnumber cores or the machine is shared, hence off.
   bool pin_threads = false;
+  /// How each rank's streams get threads (Backend::runtime): cooperative (the default)
+  /// puts its compute and p2p streams on one thread.
+  Runtime runtime = Runtime::cooperative;
   /// Also keep every step's timeline in RunResult::step_traces (calibration).
   bool keep_step_traces = false;
   /// Injected faults, heartbeats, retries, checkpoints and resume (exec/faults.hpp). With
