@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "tdpipe/exec/cpu/backend.hpp"
 #include "tdpipe/exec/cpu/run.hpp"
 #include "tdpipe/exec/interpreter.hpp"
+#include "tdpipe/ir/plan_io.hpp"
 #include "tdpipe/ir/replay.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
@@ -96,8 +98,9 @@ struct IterationFigures {
 IterationFigures measure_iteration(const ir::Plan& plan, exec::Runtime runtime) {
   exec::cpu::CpuRunOptions opt;
   opt.runtime = runtime;
-  opt.train.steps = 8;
+  opt.train.steps = std::getenv("STEPS") ? std::atoi(std::getenv("STEPS")) : 8;
   opt.keep_step_traces = true;
+  opt.pin_threads = std::getenv("PIN") != nullptr;
   const auto r = exec::cpu::run_cpu(plan, opt);
   std::vector<double> ratio, measured, implied;
   for (int step = 2; step < opt.train.steps; ++step) {
@@ -119,7 +122,56 @@ IterationFigures measure_iteration(const ir::Plan& plan, exec::Runtime runtime) 
     implied.push_back(static_cast<double>(rep.makespan_ns) * 1e-9);
     ratio.push_back(static_cast<double>(end) / static_cast<double>(rep.makespan_ns));
   }
+  if (std::getenv("PERSTEP")) {
+    for (double x : ratio) fmt::print(" {:+.1f}", (x - 1) * 100);
+    fmt::print("\n");
+  }
   return {median(measured), median(implied), median(ratio) - 1};
+}
+
+// Why a schedule's measured step is longer than its replay: for one step, each op's
+// lateness (measured start − replayed start, with the measured compute durations), op
+// by op in measured order per (rank, stream). Where lateness grows, the runtime (or the
+// transfer) added time. `bench_exec --explain SCHEDULE [SLICES]`.
+void explain(const ir::Scenario& sc, const std::string& schedule, int slices, exec::Runtime runtime) {
+  const auto built = planner::build_plan(sc, schedule, slices);
+  const ir::Plan& plan = built.lowered;
+  exec::cpu::CpuRunOptions opt;
+  opt.runtime = runtime;
+  opt.train.steps = 5;
+  opt.keep_step_traces = true;
+  opt.pin_threads = std::getenv("PIN") != nullptr;
+  const auto r = exec::cpu::run_cpu(plan, opt);
+  const traces::Trace& t = r.step_traces.back();
+  std::map<std::pair<int, std::string>, const traces::TraceEvent*> by_name;
+  for (const auto& e : t.events) by_name[{e.rank, e.name}] = &e;
+  auto measured = [&](const ir::Op& op, int rank) -> const traces::TraceEvent* {
+    auto it = by_name.find({rank, ir::op_to_text(op)});
+    return it == by_name.end() ? nullptr : it->second;
+  };
+  const auto rep = ir::replay(plan, [&](const ir::Op& op, int rank) -> std::int64_t {
+    if (!ir::is_compute(op.kind)) return 0;
+    const auto* e = measured(op, rank);
+    return e ? e->dur_ns : 0;
+  });
+  std::int64_t end = 0;
+  for (const auto& e : t.events) end = std::max(end, e.end_ns());
+  fmt::print("{} S={} step {}: measured {:.3f} ms, replay {:.3f} ms\n", schedule, plan.slices,
+             r.step_traces.size() - 1, end * 1e-6, rep.makespan_ns * 1e-6);
+  for (int rank = 0; rank < plan.num_ranks(); ++rank)
+    for (int s = 0; s < 2; ++s) {
+      fmt::print(" rank {} {} stream: op, measured start..end, replayed start..end, lateness (ms)\n", rank,
+                 s == 0 ? "compute" : "p2p");
+      for (std::size_t i = 0; i < plan.ranks[static_cast<std::size_t>(rank)].size(); ++i) {
+        const ir::Op& op = plan.ranks[static_cast<std::size_t>(rank)][i];
+        if (static_cast<int>(op.stream) != s) continue;
+        const auto* e = measured(op, rank);
+        const auto& tm = rep.timing[static_cast<std::size_t>(rank)][i];
+        if (!e) continue;
+        fmt::print("   {:<22} {:8.3f}..{:8.3f}  {:8.3f}..{:8.3f}  {:+7.3f}\n", ir::op_to_text(op), e->start_ns * 1e-6,
+                   e->end_ns() * 1e-6, tm.start_ns * 1e-6, tm.end_ns * 1e-6, (e->start_ns - tm.start_ns) * 1e-6);
+      }
+    }
 }
 
 void bench_iteration(const ir::Scenario& sc, const std::string& schedule, int slices) {
@@ -134,8 +186,13 @@ void bench_iteration(const ir::Scenario& sc, const std::string& schedule, int sl
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string root = argc > 1 ? argv[1] : TDPIPE_SOURCE_DIR;
+  const std::string root = argc > 1 && argv[1][0] != '-' ? argv[1] : TDPIPE_SOURCE_DIR;
   const ir::Scenario sc = ir::load_scenario(root + "/scenarios/tiny-gpt-cpu.yaml");
+  if (argc > 2 && std::string(argv[1]) == "--explain") {
+    explain(sc, argv[2], argc > 3 ? std::stoi(argv[3]) : 1,
+            argc > 4 && std::string(argv[4]) == "threaded" ? exec::Runtime::threaded : exec::Runtime::cooperative);
+    return 0;
+  }
   double load = 0;
   if (std::ifstream in("/proc/loadavg"); in) in >> load;
   fmt::print("bench_exec: {} hardware threads, load average {:.2f}\n", std::thread::hardware_concurrency(), load);

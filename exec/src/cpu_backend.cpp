@@ -461,7 +461,6 @@ struct CpuFabric::Batch {
   std::span<P2POp> ops;
   std::vector<Pending> mine;
   std::function<void()> wake;  ///< called under the lock when the batch may have progressed
-  std::chrono::steady_clock::time_point completed;
 
   Batch(int comm_, int self_, std::span<P2POp> ops_, std::function<void()> wake_)
       : comm(comm_), self(self_), ops(ops_), mine(ops_.size()), wake(std::move(wake_)) {}
@@ -625,11 +624,7 @@ bool CpuFabric::progress(Batch& b, std::unique_lock<std::mutex>& lock, std::chro
     checked_.notify_all();
   }
   if (failed) escalate(*failed);
-  for (const Pending& p : b.mine)
-    if (!p.done) return false;
-  b.completed = std::chrono::steady_clock::time_point::min();
-  for (const Pending& p : b.mine) b.completed = std::max(b.completed, p.done_at);
-  return true;
+  return std::all_of(b.mine.begin(), b.mine.end(), [](const Pending& p) { return p.done; });
 }
 
 // Under the lock, on leaving early (a mismatch, an escalated transfer, an abort): nothing
@@ -691,6 +686,7 @@ class CpuFabric::Request final : public P2PRequest {
       fabric_->enter(b_);
       auto next = std::chrono::steady_clock::time_point::max();
       done_ = fabric_->progress(b_, lock, next);  // the checksums of what the posting delivered
+      snapshot();
     } catch (...) {
       fabric_->withdraw(b_, lock);
       withdrawn_ = true;
@@ -707,6 +703,7 @@ class CpuFabric::Request final : public P2PRequest {
     std::unique_lock lock(fabric_->control_->mutex());
     try {
       done_ = fabric_->progress(b_, lock, next);
+      snapshot();
     } catch (...) {
       fabric_->withdraw(b_, lock);
       withdrawn_ = true;
@@ -714,12 +711,26 @@ class CpuFabric::Request final : public P2PRequest {
     }
     return done_;
   }
-  std::chrono::steady_clock::time_point completed_at() const override { return b_.completed; }
+  bool op_done(std::size_t k, std::chrono::steady_clock::time_point& at) const override {
+    if (!seen_[k]) return false;
+    at = at_[k];
+    return true;
+  }
 
  private:
+  // Under the lock: which pairs test() found acknowledged, and when.
+  void snapshot() {
+    for (std::size_t k = 0; k < b_.mine.size(); ++k)
+      if (b_.mine[k].done && !seen_[k]) {
+        seen_[k] = 1;
+        at_[k] = b_.mine[k].done_at;
+      }
+  }
   CpuFabric* fabric_;
   std::vector<P2POp> owned_;
   Batch b_;
+  std::vector<char> seen_ = std::vector<char>(owned_.size(), 0);
+  std::vector<std::chrono::steady_clock::time_point> at_ = std::vector<std::chrono::steady_clock::time_point>(owned_.size());
   bool done_ = false, withdrawn_ = false;
 };
 

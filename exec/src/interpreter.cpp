@@ -312,7 +312,7 @@ class RankRun {
     return fmt::format("{} blocked in transport, waiting for peer {}", batch_label(item), peers);
   }
 
-  // Runs a ready item to its end (a p2p batch through Transport::post).
+  // Runs a ready item to its end (a p2p batch through Transport::start, or post).
   void execute(const Item& item, ir::Stream stream) {
     const Op& op = ops_[static_cast<std::size_t>(item.first)];
     if (ir::is_compute(op.kind)) {
@@ -320,9 +320,22 @@ class RankRun {
     } else if (ir::is_p2p(op.kind)) {
       Flight f = begin_batch(item, stream);
       control_.set_waiting(trace_rank_, stream, [this, &item] { return transport_text(item); });
-      backend_.transport->post(f.batch);
+      if (backend_.transport->can_start()) {
+        // Started, then tested as it progresses: each pair ends on its own.
+        const auto request = backend_.transport->start(f.batch, [this] { notify(); });
+        while (true) {
+          const std::uint64_t seen = wakes_.load(std::memory_order_acquire);
+          auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(RunControl::kAbortPollMs);
+          if (advance(f, *request, deadline, stream)) break;
+          std::unique_lock lock(control_.mutex());
+          cv_.wait_until(lock, deadline,
+                         [&] { return wakes_.load(std::memory_order_relaxed) != seen || control_.failed(); });
+        }
+      } else {
+        backend_.transport->post(f.batch);  // one NCCL group: it ends as a whole
+        end_batch(f, backend_.clock->now_ns(stream));
+      }
       control_.set_waiting(trace_rank_, stream, RunControl::Describe{});
-      end_batch(f, backend_.clock->now_ns(stream));
     } else if (ir::is_gradient_reduction(op.kind)) {
       run_reduce(item.first, stream);
     } else if (op.kind == OpKind::ALL_GATHER) {
@@ -389,14 +402,14 @@ class RankRun {
         if (request) {
           current = &p2p[next_p2p];
           current_stream = kP2P;
-          if (request->test(deadline)) {
-            const auto late = std::chrono::steady_clock::now() - request->completed_at();
+          const std::size_t ended = flight->ended;
+          if (advance(*flight, *request, deadline, kP2P)) {
             request.reset();
-            end_batch(*flight, backend_.clock->now_ns(kP2P) -
-                                   std::chrono::duration_cast<std::chrono::nanoseconds>(late).count());
             flight.reset();
             ++next_p2p;
             moved = true;
+          } else if (flight->ended != ended) {
+            moved = true;  // a RECV's consumer may be ready
           }
         }
         bool p2p_ready = false, compute_ready = false;
@@ -587,11 +600,13 @@ class RankRun {
     Item item;
     std::vector<P2POp> batch;
     std::int64_t start = 0;
+    std::vector<char> done;  // [op of the batch] ended (started batches: each on its own)
+    std::size_t ended = 0;
   };
 
   // A ready batch's ops: the SENDs' tensors, fresh RECV buffers; the batch starts now.
   Flight begin_batch(const Item& item, ir::Stream stream) {
-    Flight f{item, {}, 0};
+    Flight f{item, {}, 0, {}, 0};
     f.batch.reserve(static_cast<std::size_t>(item.last - item.first));
     for (int i = item.first; i < item.last; ++i) {
       const Op& op = ops_[static_cast<std::size_t>(i)];
@@ -610,11 +625,46 @@ class RankRun {
     for (auto& p : f.batch)
       if (p.kind == OpKind::RECV) p.buffer = backend_.compute->allocate(p.key);
     f.start = backend_.clock->now_ns(stream);
+    f.done.assign(f.batch.size(), 0);
     control_.progress();
     return f;
   }
 
-  // The batch completed at `end`: the SENDs' tensors go, the RECVs' arrive.
+  // Tests a started batch: each op that completed since ends at its own time (its
+  // event, its tensor, its done flag), so a RECV's consumer starts without waiting for
+  // the rest of the batch. True once all ended.
+  bool advance(Flight& f, P2PRequest& request, std::chrono::steady_clock::time_point& deadline,
+               ir::Stream stream) {
+    const bool all = request.test(deadline);
+    const auto now = std::chrono::steady_clock::now();
+    const std::int64_t now_ns = backend_.clock->now_ns(stream);
+    std::vector<std::size_t> fresh;
+    for (std::size_t k = 0; k < f.batch.size(); ++k) {
+      std::chrono::steady_clock::time_point at;
+      if (f.done[k] || !request.op_done(k, at)) continue;
+      f.done[k] = 1;
+      ++f.ended;
+      const std::int64_t end = now_ns - std::chrono::duration_cast<std::chrono::nanoseconds>(now - at).count();
+      record(f.item.first + static_cast<int>(k), f.start, std::max(end, f.start));
+      fresh.push_back(k);
+    }
+    if (!fresh.empty()) {
+      std::lock_guard lock(control_.mutex());
+      for (std::size_t k : fresh) {
+        P2POp& p = f.batch[k];
+        if (p.kind == OpKind::SEND)
+          tensors_.erase(p.key);
+        else
+          tensors_[p.key] = std::move(p.buffer);
+        done_[static_cast<std::size_t>(f.item.first) + k] = 1;
+      }
+      control_.progress();
+      notify();
+    }
+    return all && f.ended == f.batch.size();
+  }
+
+  // The batch completed at `end` (Transport::post): the SENDs' tensors go, the RECVs' arrive.
   void end_batch(Flight& f, std::int64_t end) {
     {
       std::lock_guard lock(control_.mutex());

@@ -237,8 +237,11 @@ class P2PRequest {
   /// Transport::post does. Lowers `next` to the latest time by which to test again even
   /// if not woken (a retry's deadline).
   virtual bool test(std::chrono::steady_clock::time_point& next) = 0;
-  /// When the last op completed; valid once test() returned true.
-  virtual std::chrono::steady_clock::time_point completed_at() const = 0;
+  /// Had op k of the batch completed by the last test() (its pair acknowledged: a
+  /// RECV's buffer filled and checked, a SEND's tensor free)? If so, `at` is when. Each
+  /// pair completes on its own, as in the plan's semantics (ir/replay.hpp): a RECV's
+  /// consumer need not wait for the rest of its batch.
+  virtual bool op_done(std::size_t k, std::chrono::steady_clock::time_point& at) const = 0;
 };
 
 /// Throws tdpipe::Error unless `op` is a SEND or RECV whose peer is a pipeline rank
