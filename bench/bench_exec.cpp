@@ -2,11 +2,12 @@
 // compute that does nothing (interpreter waits + rendezvous transport), (2) measured
 // iteration time of the tiny scenario against the time its schedule implies for the
 // measured op durations (ir::replay: sum of op times + the schedule's inherent bubble);
-// both with a thread per stream (Runtime::threaded) and the cooperative runtime.
+// with a thread per stream (Runtime::threaded), the cooperative runtime, and the
+// cooperative runtime with a core per rank. `--explain SCHEDULE …` prints one step op by
+// op beside its replay: where the measured step falls behind the schedule.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -95,12 +96,14 @@ struct IterationFigures {
   double measured = 0, implied = 0, overhead = 0;  // s, s, ratio − 1
 };
 
-IterationFigures measure_iteration(const ir::Plan& plan, exec::Runtime runtime) {
+using Pinning = exec::cpu::CpuRunOptions::Pinning;
+
+IterationFigures measure_iteration(const ir::Plan& plan, exec::Runtime runtime, Pinning pinning) {
   exec::cpu::CpuRunOptions opt;
   opt.runtime = runtime;
-  opt.train.steps = std::getenv("STEPS") ? std::atoi(std::getenv("STEPS")) : 8;
+  opt.train.steps = 12;
   opt.keep_step_traces = true;
-  opt.pin_threads = std::getenv("PIN") != nullptr;
+  opt.pinning = pinning;
   const auto r = exec::cpu::run_cpu(plan, opt);
   std::vector<double> ratio, measured, implied;
   for (int step = 2; step < opt.train.steps; ++step) {
@@ -122,25 +125,22 @@ IterationFigures measure_iteration(const ir::Plan& plan, exec::Runtime runtime) 
     implied.push_back(static_cast<double>(rep.makespan_ns) * 1e-9);
     ratio.push_back(static_cast<double>(end) / static_cast<double>(rep.makespan_ns));
   }
-  if (std::getenv("PERSTEP")) {
-    for (double x : ratio) fmt::print(" {:+.1f}", (x - 1) * 100);
-    fmt::print("\n");
-  }
   return {median(measured), median(implied), median(ratio) - 1};
 }
 
 // Why a schedule's measured step is longer than its replay: for one step, each op's
 // lateness (measured start − replayed start, with the measured compute durations), op
 // by op in measured order per (rank, stream). Where lateness grows, the runtime (or the
-// transfer) added time. `bench_exec --explain SCHEDULE [SLICES]`.
-void explain(const ir::Scenario& sc, const std::string& schedule, int slices, exec::Runtime runtime) {
+// transfer) added time. `bench_exec --explain SCHEDULE [SLICES [threaded|cooperative [pin|no-pin]]]`.
+void explain(const ir::Scenario& sc, const std::string& schedule, int slices, exec::Runtime runtime,
+             Pinning pinning) {
   const auto built = planner::build_plan(sc, schedule, slices);
   const ir::Plan& plan = built.lowered;
   exec::cpu::CpuRunOptions opt;
   opt.runtime = runtime;
   opt.train.steps = 5;
   opt.keep_step_traces = true;
-  opt.pin_threads = std::getenv("PIN") != nullptr;
+  opt.pinning = pinning;
   const auto r = exec::cpu::run_cpu(plan, opt);
   const traces::Trace& t = r.step_traces.back();
   std::map<std::pair<int, std::string>, const traces::TraceEvent*> by_name;
@@ -176,11 +176,14 @@ void explain(const ir::Scenario& sc, const std::string& schedule, int slices, ex
 
 void bench_iteration(const ir::Scenario& sc, const std::string& schedule, int slices) {
   const auto built = planner::build_plan(sc, schedule, slices);
-  const IterationFigures t = measure_iteration(built.lowered, exec::Runtime::threaded);
-  const IterationFigures c = measure_iteration(built.lowered, exec::Runtime::cooperative);
-  fmt::print("  {:<12} S={}  threaded {:8.3f} ms ({:+6.1f} % over {:7.3f})  cooperative {:8.3f} ms ({:+6.1f} % over "
-             "{:7.3f})\n", schedule, built.lowered.slices, t.measured * 1e3, t.overhead * 100, t.implied * 1e3,
-             c.measured * 1e3, c.overhead * 100, c.implied * 1e3);
+  fmt::print("  {:<12} S={}", schedule, built.lowered.slices);
+  for (auto [runtime, pinning] : {std::pair{exec::Runtime::threaded, Pinning::off},
+                                  std::pair{exec::Runtime::cooperative, Pinning::off},
+                                  std::pair{exec::Runtime::cooperative, Pinning::on}}) {
+    const IterationFigures f = measure_iteration(built.lowered, runtime, pinning);
+    fmt::print("  {:7.2f} ms {:+5.1f} % over {:6.2f}", f.measured * 1e3, f.overhead * 100, f.implied * 1e3);
+  }
+  fmt::print("\n");
 }
 
 }  // namespace
@@ -190,7 +193,8 @@ int main(int argc, char** argv) {
   const ir::Scenario sc = ir::load_scenario(root + "/scenarios/tiny-gpt-cpu.yaml");
   if (argc > 2 && std::string(argv[1]) == "--explain") {
     explain(sc, argv[2], argc > 3 ? std::stoi(argv[3]) : 1,
-            argc > 4 && std::string(argv[4]) == "threaded" ? exec::Runtime::threaded : exec::Runtime::cooperative);
+            argc > 4 && std::string(argv[4]) == "threaded" ? exec::Runtime::threaded : exec::Runtime::cooperative,
+            argc > 5 && std::string(argv[5]) == "pin" ? Pinning::on : Pinning::off);
     return 0;
   }
   double load = 0;
@@ -207,8 +211,9 @@ int main(int argc, char** argv) {
     }
   }
   fmt::print("(2) tiny-gpt-cpu: measured iteration vs sum of op times + inherent bubble (ir::replay of "
-             "the measured op durations, free communication); median of steps 2-7; each runtime against "
-             "its own op times\n");
+             "the measured op durations, free communication); median of steps 2-11; each runtime against "
+             "its own op times; columns: thread per stream, cooperative, cooperative with a core per rank (--pin, "
+             "the default where ranks <= cores)\n");
   for (auto [s, S] : std::vector<std::pair<const char*, int>>{
            {"gpipe", 1}, {"1f1b", 1}, {"interleaved", 1}, {"zb-h1", 1}, {"zb-h2", 1}, {"zb-v", 1},
            {"tdpipe", 2}, {"tdpipe", 4}}) {

@@ -37,7 +37,7 @@ struct ExecArgs {
   std::string trace_out;
   bool json = false;
   bool check = false;
-  bool pin = false;                    // cpu backend
+  bool pin = false, no_pin = false;    // cpu backend
   std::string runtime = "cooperative";  // cpu backend
   std::string rank_speed;              // "r:speed,…"
   int balance_every = 0;               // re-balance every K steps (0: never)
@@ -128,7 +128,9 @@ void run_exec(const ExecArgs& a) {
   exec::cpu::CpuRunOptions opt;
   opt.train = train_options(a.steps, a.lr, a.seed, a.corpus);
   opt.watchdog_seconds = a.watchdog;
-  opt.pin_threads = a.pin;
+  opt.pinning = a.pin ? exec::cpu::CpuRunOptions::Pinning::on
+                      : a.no_pin ? exec::cpu::CpuRunOptions::Pinning::off
+                                 : exec::cpu::CpuRunOptions::Pinning::automatic;
   opt.runtime = a.runtime == "threaded" ? exec::Runtime::threaded : exec::Runtime::cooperative;
   opt.train.rank_speed = parse_rank_speed(a.rank_speed, plan.num_ranks());
   opt.train.inject_overflow = parse_injection(a.inject_overflow);
@@ -202,7 +204,9 @@ void add_exec_command(CLI::App& app) {
       ->check(CLI::IsMember({"loopback", "nccl"}));
   cmd->add_option("--device", args->device, "cuda backend, loopback: GPU index");
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
-  cmd->add_flag("--pin", args->pin, "Pin rank w's threads to core w mod cores");
+  auto* pin = cmd->add_flag("--pin", args->pin,
+                            "Pin rank w's threads to core w mod cores (default: when every rank has a core)");
+  cmd->add_flag("--no-pin", args->no_pin, "Never pin threads (a machine shared with other busy work)")->excludes(pin);
   cmd->add_option("--runtime", args->runtime,
                   "CPU backend: cooperative (a rank's compute and p2p streams on one thread) or threaded (a "
                   "thread per stream)")

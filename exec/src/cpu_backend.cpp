@@ -119,25 +119,28 @@ void stretch_to_speed(std::chrono::steady_clock::duration work, double speed) {
 }
 
 namespace {
-// Parameter offload: while an F, B or BW runs, each block waits at the gate for its LOAD
-// and its device copy is dropped when the block is done (the weights did not change).
+// While an F, B or BW runs, before each block: the runtime's poll (ComputeOp::poll), and
+// with parameter offload the wait at the gate for the block's LOAD, whose device copy is
+// dropped when the block is done (the weights did not change).
 class GatedBlocks {
  public:
   GatedBlocks(const ComputeOp& op, GptStage& st) : st_(st) {
-    if (!op.gate) return;
+    if (!op.gate && !op.poll) return;
     st.set_block_hooks(
-        [gate = op.gate, chunk = op.chunk, this](int b) {
+        [gate = op.gate, poll = op.poll, chunk = op.chunk, this](int b) {
           const auto t0 = std::chrono::steady_clock::now();
-          gate->acquire(next_++, chunk, b);
+          if (poll) (*poll)();
+          if (gate) gate->acquire(next_++, chunk, b);
           waited_ += std::chrono::steady_clock::now() - t0;
         },
         [gate = op.gate, &st, this](int b) {
+          if (!gate) return;
           st.release_block(b);
           gate->release(next_ - 1);
         });
   }
   ~GatedBlocks() { st_.set_block_hooks({}, {}); }
-  /// Time spent waiting for LOADs: not the op's work (nor the layers').
+  /// Time spent waiting for LOADs and in the runtime's poll: not the op's work (nor the layers').
   std::chrono::steady_clock::duration waited() const { return waited_; }
   GatedBlocks(const GatedBlocks&) = delete;
   GatedBlocks& operator=(const GatedBlocks&) = delete;

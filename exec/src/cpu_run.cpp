@@ -210,7 +210,9 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   auto build = [&](const std::optional<CheckpointManifest>& from) {
     auto w = std::make_unique<World>(config, plan, corpus, options, injector);
     w->clock = &clock;
-    w->pin_threads = options.pin_threads;
+    const bool own_cores = p * d <= static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    w->pin_threads = options.pinning == CpuRunOptions::Pinning::on ||
+                     (options.pinning == CpuRunOptions::Pinning::automatic && own_cores);
     w->runtime = options.runtime;
     load_world_state(w->computes, fo.checkpoint_dir, from, options.start);
     return w;

@@ -393,48 +393,64 @@ class RankRun {
     ir::Stream current_stream = kCompute;
     const bool faults = backend_.faults && !backend_.faults->empty();
     auto wake = [this] { notify(); };  // the transport calls it under control_.mutex()
+    // The p2p stream's turn: tests the batch in flight, starts the next one once ready
+    // (and, between compute ops, runs a non-transfer item of the stream). True if it moved.
+    auto p2p_turn = [&](std::chrono::steady_clock::time_point& deadline, bool in_compute) {
+      bool moved = false;
+      if (request) {
+        const std::size_t ended = flight->ended;
+        if (advance(*flight, *request, deadline, kP2P)) {
+          request.reset();
+          flight.reset();
+          ++next_p2p;
+          moved = true;
+        } else if (flight->ended != ended) {
+          moved = true;  // a RECV's consumer may be ready
+        }
+      }
+      bool p2p_ready = false;
+      {
+        std::lock_guard lock(control_.mutex());
+        p2p_ready = !request && next_p2p < p2p.size() && ready(p2p[next_p2p]);
+      }
+      if (!p2p_ready) return moved;
+      const Item& item = p2p[next_p2p];
+      const bool transfer = ir::is_p2p(ops_[static_cast<std::size_t>(item.first)].kind);
+      if (in_compute && !transfer) return moved;
+      if (faults) fault_point(ops_[static_cast<std::size_t>(item.first)], kP2P);
+      if (transfer) {
+        flight = begin_batch(item, kP2P);
+        request = backend_.transport->start(flight->batch, wake);
+      } else {
+        current = &item;
+        current_stream = kP2P;
+        execute(item, kP2P);
+        ++next_p2p;
+      }
+      return true;
+    };
+    // Called by the compute backend between a long op's layer blocks: the transfers keep
+    // posting and completing while it runs, as on a device with a stream for each.
+    const std::function<void()> poll = [&] {
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(RunControl::kAbortPollMs);
+      p2p_turn(deadline, true);
+    };
     try {
       while (next_compute < compute.size() || next_p2p < p2p.size()) {
         if (control_.failed()) throw Aborted{};
         const std::uint64_t seen = wakes_.load(std::memory_order_acquire);
         auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(RunControl::kAbortPollMs);
-        bool moved = false;
-        if (request) {
-          current = &p2p[next_p2p];
-          current_stream = kP2P;
-          const std::size_t ended = flight->ended;
-          if (advance(*flight, *request, deadline, kP2P)) {
-            request.reset();
-            flight.reset();
-            ++next_p2p;
-            moved = true;
-          } else if (flight->ended != ended) {
-            moved = true;  // a RECV's consumer may be ready
-          }
-        }
-        bool p2p_ready = false, compute_ready = false;
+        current = next_p2p < p2p.size() ? &p2p[next_p2p] : nullptr;
+        current_stream = kP2P;
+        bool moved = p2p_turn(deadline, false);
+        bool compute_ready = false;
         {
           std::lock_guard lock(control_.mutex());
-          p2p_ready = !request && next_p2p < p2p.size() && ready(p2p[next_p2p]);
           compute_ready = next_compute < compute.size() && ready(compute[next_compute]);
           // An OPT that agrees on overflow flags blocks until every rank reaches it: first
           // let the transfers before it end, so no peer waits for one of them meanwhile.
           if (compute_ready && agrees_ && compute[next_compute].first == opt_)
             compute_ready = next_p2p == p2p.size() || p2p[next_p2p].first > opt_;
-        }
-        if (p2p_ready) {
-          const Item& item = p2p[next_p2p];
-          current = &item;
-          current_stream = kP2P;
-          if (faults) fault_point(ops_[static_cast<std::size_t>(item.first)], kP2P);
-          if (ir::is_p2p(ops_[static_cast<std::size_t>(item.first)].kind)) {
-            flight = begin_batch(item, kP2P);
-            request = backend_.transport->start(flight->batch, wake);
-          } else {
-            execute(item, kP2P);
-            ++next_p2p;
-          }
-          moved = true;
         }
         if (compute_ready) {
           const Item& item = compute[next_compute];
@@ -444,7 +460,9 @@ class RankRun {
           if (ir::is_p2p(ops_[static_cast<std::size_t>(item.first)].kind))
             throw Error(fmt::format("rank {}: {} is on the compute stream; the lowering puts SEND and RECV on the "
                                     "p2p stream", rank_, op_label(ops_[static_cast<std::size_t>(item.first)])));
+          poll_ = &poll;
           execute(item, kCompute);
+          poll_ = nullptr;
           ++next_compute;
           moved = true;
         }
@@ -556,6 +574,7 @@ class RankRun {
       };
       cop.gate = &gate;
     }
+    if (op.kind != OpKind::OPT) cop.poll = poll_;
     Buffer input;
     if (const auto in_key = op.kind == OpKind::OPT ? std::nullopt : input_key(op)) {
       std::lock_guard lock(control_.mutex());
@@ -793,6 +812,7 @@ class RankRun {
   RunControl& control_;
   std::array<std::vector<Item>, ir::kStreamCount> items_;
   std::condition_variable cv_;                  // this rank's stream threads wait here
+  const std::function<void()>* poll_ = nullptr;  // cooperative: the compute op's ComputeOp::poll
   std::atomic<std::uint64_t> wakes_{0};         // notify()s so far (changed under control_.mutex())
   std::vector<char> done_;                      // guarded by control_.mutex()
   std::map<TensorKey, Buffer> tensors_;         // guarded by control_.mutex()

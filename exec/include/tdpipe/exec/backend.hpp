@@ -119,6 +119,10 @@ struct ComputeOp {
   /// any rank's stores overflowed this step, as every rank agreed (Transport::agree_overflow).
   /// Any set: the step is skipped (no parameter changes) and the loss scales move.
   const std::vector<std::uint8_t>* overflow = nullptr;
+  /// Cooperative runtime (Runtime::cooperative): call it between the op's layer blocks,
+  /// on run()'s thread, so the rank's p2p stream posts and completes its transfers while
+  /// a long op runs; its time is the runtime's, not the op's work. Null: nothing to call.
+  const std::function<void()>* poll = nullptr;
 };
 
 /// The buffers of one bucket's 1-bit all-reduce, each in the backend's memory and
