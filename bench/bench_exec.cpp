@@ -98,32 +98,48 @@ struct IterationFigures {
 
 using Pinning = exec::cpu::CpuRunOptions::Pinning;
 
-IterationFigures measure_iteration(const ir::Plan& plan, exec::Runtime runtime, Pinning pinning) {
+exec::cpu::RunResult run_traced(const ir::Plan& plan, exec::Runtime runtime, Pinning pinning, int steps) {
   exec::cpu::CpuRunOptions opt;
   opt.runtime = runtime;
-  opt.train.steps = 12;
+  opt.train.steps = steps;
   opt.keep_step_traces = true;
   opt.pinning = pinning;
-  const auto r = exec::cpu::run_cpu(plan, opt);
-  std::vector<double> ratio, measured, implied;
-  for (int step = 2; step < opt.train.steps; ++step) {
-    const traces::Trace& t = r.step_traces[static_cast<std::size_t>(step)];
-    // Measured duration of each compute op, by (rank, kind, mb, chunk, slice).
-    std::map<std::tuple<int, int, int, int, int>, std::int64_t> dur;
-    std::int64_t end = 0;
+  return exec::cpu::run_cpu(plan, opt);
+}
+
+// A step's measured events by (rank, op text), and the plan replayed with their compute
+// durations (free communication): the time the schedule implies for those op times.
+struct Measured {
+  std::map<std::pair<int, std::string>, const traces::TraceEvent*> by_name;
+  std::int64_t end = 0;
+  ir::ReplayResult replay;
+
+  Measured(const ir::Plan& plan, const traces::Trace& t) {
     for (const auto& e : t.events) {
+      by_name[{e.rank, e.name}] = &e;
       end = std::max(end, e.end_ns());
-      if (e.kind && ir::is_compute(*e.kind))
-        dur[{e.rank, static_cast<int>(*e.kind), e.mb, e.chunk, e.slice}] = e.dur_ns;
     }
-    const auto rep = ir::replay(plan, [&](const ir::Op& op, int rank) -> std::int64_t {
+    replay = ir::replay(plan, [&](const ir::Op& op, int rank) -> std::int64_t {
       if (!ir::is_compute(op.kind)) return 0;
-      auto it = dur.find({rank, static_cast<int>(op.kind), op.mb, op.chunk, op.slice});
-      return it == dur.end() ? 0 : it->second;
+      const auto* e = event(op, rank);
+      return e ? e->dur_ns : 0;
     });
-    measured.push_back(static_cast<double>(end) * 1e-9);
-    implied.push_back(static_cast<double>(rep.makespan_ns) * 1e-9);
-    ratio.push_back(static_cast<double>(end) / static_cast<double>(rep.makespan_ns));
+  }
+  const traces::TraceEvent* event(const ir::Op& op, int rank) const {
+    auto it = by_name.find({rank, ir::op_to_text(op)});
+    return it == by_name.end() ? nullptr : it->second;
+  }
+};
+
+IterationFigures measure_iteration(const ir::Plan& plan, exec::Runtime runtime, Pinning pinning) {
+  constexpr int kSteps = 12;
+  const auto r = run_traced(plan, runtime, pinning, kSteps);
+  std::vector<double> ratio, measured, implied;
+  for (int step = 2; step < kSteps; ++step) {
+    const Measured m(plan, r.step_traces[static_cast<std::size_t>(step)]);
+    measured.push_back(static_cast<double>(m.end) * 1e-9);
+    implied.push_back(static_cast<double>(m.replay.makespan_ns) * 1e-9);
+    ratio.push_back(static_cast<double>(m.end) / static_cast<double>(m.replay.makespan_ns));
   }
   return {median(measured), median(implied), median(ratio) - 1};
 }
@@ -136,28 +152,11 @@ void explain(const ir::Scenario& sc, const std::string& schedule, int slices, ex
              Pinning pinning) {
   const auto built = planner::build_plan(sc, schedule, slices);
   const ir::Plan& plan = built.lowered;
-  exec::cpu::CpuRunOptions opt;
-  opt.runtime = runtime;
-  opt.train.steps = 5;
-  opt.keep_step_traces = true;
-  opt.pinning = pinning;
-  const auto r = exec::cpu::run_cpu(plan, opt);
-  const traces::Trace& t = r.step_traces.back();
-  std::map<std::pair<int, std::string>, const traces::TraceEvent*> by_name;
-  for (const auto& e : t.events) by_name[{e.rank, e.name}] = &e;
-  auto measured = [&](const ir::Op& op, int rank) -> const traces::TraceEvent* {
-    auto it = by_name.find({rank, ir::op_to_text(op)});
-    return it == by_name.end() ? nullptr : it->second;
-  };
-  const auto rep = ir::replay(plan, [&](const ir::Op& op, int rank) -> std::int64_t {
-    if (!ir::is_compute(op.kind)) return 0;
-    const auto* e = measured(op, rank);
-    return e ? e->dur_ns : 0;
-  });
-  std::int64_t end = 0;
-  for (const auto& e : t.events) end = std::max(end, e.end_ns());
+  const auto r = run_traced(plan, runtime, pinning, 5);
+  const Measured m(plan, r.step_traces.back());
+  const auto& rep = m.replay;
   fmt::print("{} S={} step {}: measured {:.3f} ms, replay {:.3f} ms\n", schedule, plan.slices,
-             r.step_traces.size() - 1, end * 1e-6, rep.makespan_ns * 1e-6);
+             r.step_traces.size() - 1, m.end * 1e-6, rep.makespan_ns * 1e-6);
   for (int rank = 0; rank < plan.num_ranks(); ++rank)
     for (int s = 0; s < 2; ++s) {
       fmt::print(" rank {} {} stream: op, measured start..end, replayed start..end, lateness (ms)\n", rank,
@@ -165,7 +164,7 @@ void explain(const ir::Scenario& sc, const std::string& schedule, int slices, ex
       for (std::size_t i = 0; i < plan.ranks[static_cast<std::size_t>(rank)].size(); ++i) {
         const ir::Op& op = plan.ranks[static_cast<std::size_t>(rank)][i];
         if (static_cast<int>(op.stream) != s) continue;
-        const auto* e = measured(op, rank);
+        const auto* e = m.event(op, rank);
         const auto& tm = rep.timing[static_cast<std::size_t>(rank)][i];
         if (!e) continue;
         fmt::print("   {:<22} {:8.3f}..{:8.3f}  {:8.3f}..{:8.3f}  {:+7.3f}\n", ir::op_to_text(op), e->start_ns * 1e-6,

@@ -443,6 +443,7 @@ class RankRun {
         current = next_p2p < p2p.size() ? &p2p[next_p2p] : nullptr;
         current_stream = kP2P;
         bool moved = p2p_turn(deadline, false);
+        if (moved) undescribe();
         bool compute_ready = false;
         {
           std::lock_guard lock(control_.mutex());
@@ -460,6 +461,7 @@ class RankRun {
           if (ir::is_p2p(ops_[static_cast<std::size_t>(item.first)].kind))
             throw Error(fmt::format("rank {}: {} is on the compute stream; the lowering puts SEND and RECV on the "
                                     "p2p stream", rank_, op_label(ops_[static_cast<std::size_t>(item.first)])));
+          undescribe();
           poll_ = &poll;
           execute(item, kCompute);
           poll_ = nullptr;
@@ -488,19 +490,27 @@ class RankRun {
     while (wakes_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)
       std::this_thread::yield();
     if (wakes_.load(std::memory_order_acquire) != seen) return;
-    if (compute)
-      control_.set_waiting(trace_rank_, ir::Stream::Compute, [this, compute] { return waiting_text(*compute); });
-    if (p2p)
-      control_.set_waiting(trace_rank_, ir::Stream::P2P, [this, p2p, in_flight] {
-        return in_flight ? transport_text(*p2p) : waiting_text(*p2p);
-      });
-    {
-      std::unique_lock lock(control_.mutex());
-      cv_.wait_until(lock, deadline,
-                     [&] { return wakes_.load(std::memory_order_relaxed) != seen || control_.failed(); });
+    // Said once per wait, however many parks it takes (and kept across the spins between
+    // them, so that a watchdog report never finds it blank): undescribe() clears it once
+    // the rank moves.
+    if (!described_) {
+      described_ = true;
+      if (compute)
+        control_.set_waiting(trace_rank_, ir::Stream::Compute, [this, compute] { return waiting_text(*compute); });
+      if (p2p)
+        control_.set_waiting(trace_rank_, ir::Stream::P2P, [this, p2p, in_flight] {
+          return in_flight ? transport_text(*p2p) : waiting_text(*p2p);
+        });
     }
-    if (compute) control_.set_waiting(trace_rank_, ir::Stream::Compute, RunControl::Describe{});
-    if (p2p) control_.set_waiting(trace_rank_, ir::Stream::P2P, RunControl::Describe{});
+    std::unique_lock lock(control_.mutex());
+    cv_.wait_until(lock, deadline,
+                   [&] { return wakes_.load(std::memory_order_relaxed) != seen || control_.failed(); });
+  }
+  void undescribe() {
+    if (!described_) return;
+    described_ = false;
+    control_.set_waiting(trace_rank_, ir::Stream::Compute, RunControl::Describe{});
+    control_.set_waiting(trace_rank_, ir::Stream::P2P, RunControl::Describe{});
   }
 
   // An injected kill or hang at `op` (or an earlier one on another stream of this rank):
@@ -812,7 +822,8 @@ class RankRun {
   RunControl& control_;
   std::array<std::vector<Item>, ir::kStreamCount> items_;
   std::condition_variable cv_;                  // this rank's stream threads wait here
-  const std::function<void()>* poll_ = nullptr;  // cooperative: the compute op's ComputeOp::poll
+  const std::function<void()>* poll_ = nullptr;
+  bool described_ = false;  // cooperative: park() said what the rank's streams wait for  // cooperative: the compute op's ComputeOp::poll
   std::atomic<std::uint64_t> wakes_{0};         // notify()s so far (changed under control_.mutex())
   std::vector<char> done_;                      // guarded by control_.mutex()
   std::map<TensorKey, Buffer> tensors_;         // guarded by control_.mutex()

@@ -265,7 +265,8 @@ class Transport {
   /// key or size mismatch with the peer's op, or when the run is aborted.
   virtual void post(std::span<P2POp> batch) = 0;
 
-  /// Can this transport start() batches? The cooperative runtime (interpreter.hpp) needs it.
+  /// Can this transport start() batches? The cooperative runtime (interpreter.hpp) needs
+  /// it; both runtimes use it where it can, so that each pair of a batch ends on its own.
   virtual bool can_start() const { return false; }
   /// Posts the batch as post() does but returns at once; `batch` must outlive the
   /// request. `wake` is called whenever the batch may have progressed (a peer matched,

@@ -2,13 +2,16 @@
 //
 // Nothing schedule-specific: each stream's ops run in plan order, on a host thread of
 // their own or (Backend::runtime, cooperative) the compute and p2p streams taking turns
-// on one thread with p2p batches in flight while compute runs; a stream's order and its
-// one op (batch) at a time are the same either way. An op starts once the previous op
-// of its stream ended and
+// on one thread with p2p batches in flight while compute runs (and tested between its
+// layer blocks: ComputeOp::poll); a stream's order and its one op (batch) at a time are
+// the same either way. A started batch's SEND/RECVs each end when their own pair
+// completed (P2PRequest::op_done), as in the plan's semantics (ir/replay.hpp); a batch
+// through Transport::post (CUDA: one NCCL group) ends as a whole. An op starts once the
+// previous op of its stream (batch) ended and
 //  - its explicit `deps` ended;
 //  - compute: its input tensor is present (produced locally or received);
 //  - SEND: the tensor it sends was produced; consecutive comm ops with one `batch`
-//    id are posted together (Transport::post);
+//    id are posted together (Transport::start, or post);
 //  - ALLREDUCE (or REDUCE_SCATTER) of chunk c: every W/BW of chunk c on this rank
 //    ended; the rank's ALLREDUCEs of chunk c split its gradients into that many
 //    contiguous buckets (Compute::grad_bucket), bucket 0 the chunk's last parameters.
