@@ -115,6 +115,15 @@ PY
     "$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --engine analytic --schedule zb-h1 --trace-out "$work/pred.json" >/dev/null || fail "sim exited $?"
     out=$("$tdpipe" compare "$work/pred.json" "$work/meas.json") || fail "compare exited $?"
     expect "$out" 'ops matched [0-9]+, only predicted 0, only measured 0' "every op pairs up"
+    # Both runtimes, pinned or not, train bit-identically; --pin and --no-pin exclude each other.
+    "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --runtime threaded --no-pin --json > "$work/thr.json" \
+      || fail "exec --runtime threaded exited $?"
+    "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --runtime cooperative --pin --json > "$work/coop.json" \
+      || fail "exec --runtime cooperative exited $?"
+    python3 -c 'import json,sys; a,b=(json.load(open(f))["loss_per_step"] for f in sys.argv[1:]); assert a==b, (a,b)' \
+      "$work/thr.json" "$work/coop.json" || fail "threaded and cooperative runs differ"
+    err=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 1 --pin --no-pin 2>&1) && fail "--pin --no-pin accepted"
+    expect "$err" 'excludes' "--pin with --no-pin"
     ;;
   exec-offload)
     # Parameter offload executed: 8 layers on 2 stages (4 blocks per rank), two blocks on
