@@ -564,21 +564,24 @@ void CpuFabric::enter(Batch& b) {
 // payload — whichever side of the pair this poster is. True once all of it completed.
 bool CpuFabric::progress(Batch& b, std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point& next) {
   if (control_->failed()) throw Aborted{};
-  auto escalate = [&](const Pending& s) {
-    throw RankFault(fmt::format("transfer {} from rank {} to rank {} ({} bytes) failed {} times ({}): more than {} "
-                                "retries, given up", s.op->label, s.self, s.op->peer, s.op->buffer.bytes(),
-                                s.attempts, s.why, max_retries_));
+  // A transfer out of retries, said while the lock is held (the SEND may be the peer's,
+  // gone once the lock is released) and thrown once no check is claimed.
+  std::string failed;
+  auto give_up = [&](const Pending& s) {
+    if (failed.empty())
+      failed = fmt::format("transfer {} from rank {} to rank {} ({} bytes) failed {} times ({}): more than {} "
+                           "retries, given up", s.op->label, s.self, s.op->peer, s.op->buffer.bytes(), s.attempts,
+                           s.why, max_retries_);
   };
   const auto t = std::chrono::steady_clock::now();
   std::vector<Pending*> check;  // RECVs whose payload this poster checks
-  const Pending* failed = nullptr;  // a transfer out of retries (thrown once no check is claimed)
   for (Pending& p : b.mine) {
     if (p.done) continue;
     Pending* s = p.op->kind == ir::OpKind::SEND ? (p.to ? &p : nullptr) : p.from;  // the pair's SEND, once matched
     if (!s) continue;
     if (s->resend) {
       if (s->attempts > max_retries_) {
-        if (!failed) failed = s;
+        give_up(*s);
         continue;
       }
       if (t >= s->resend_at) {
@@ -619,14 +622,14 @@ bool CpuFabric::progress(Batch& b, std::unique_lock<std::mutex>& lock, std::chro
         s.failed_at = seen;
         s.resend_at = seen + backoff(s.attempts);
         next = std::min(next, s.resend_at);
-        if (s.attempts > max_retries_ && !failed) failed = &s;
+        if (s.attempts > max_retries_) give_up(s);
       }
       s.batch->notify();
       r.batch->notify();
     }
     checked_.notify_all();
   }
-  if (failed) escalate(*failed);
+  if (!failed.empty()) throw RankFault(failed);
   return std::all_of(b.mine.begin(), b.mine.end(), [](const Pending& p) { return p.done; });
 }
 

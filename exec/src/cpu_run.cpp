@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <thread>
+#include <vector>
 
 #include <pthread.h>
 #include <sched.h>
@@ -24,13 +25,26 @@
 namespace tdpipe::exec::cpu {
 namespace {
 
-// The stream threads a rank starts inherit this mask.
-void pin_to_core(int w) {
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+// The cores this process may run on (its affinity mask: taskset, a cgroup's cpuset).
+std::vector<int> allowed_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  CPU_SET(static_cast<unsigned>(w) % cores, &set);
-  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  std::vector<int> cores;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cores.push_back(c);
+  return cores;
+}
+
+// Pins the calling thread to the (w mod n)-th allowed core; the stream threads a rank
+// starts inherit the mask. Pinning is a placement hint: where it fails, the thread stays
+// where the kernel puts it.
+void pin_to_core(int w, const std::vector<int>& cores) {
+  if (cores.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cores[static_cast<std::size_t>(w) % cores.size()], &set);
+  (void)pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
 /// Bytes the CPU backend holds for `plan` (all ranks and replicas in this process), in
@@ -133,7 +147,7 @@ struct World {
   std::vector<std::unique_ptr<CpuCompute>> computes;
   std::vector<std::unique_ptr<CpuTransport>> transports;
   CpuClock* clock = nullptr;
-  bool pin_threads = false;
+  std::vector<int> pin_cores;  ///< rank w's threads on pin_cores[w mod size]; empty: unpinned
   Runtime runtime = Runtime::cooperative;
   std::int64_t wire_before = 0;
 
@@ -162,7 +176,7 @@ std::int64_t World::run_step(int step, FaultInjector& injector, Heartbeats* hear
     threads.emplace_back([&, w] {
       Backend backend{computes[static_cast<std::size_t>(w)].get(), transports[static_cast<std::size_t>(w)].get(), clock,
                       &injector, heartbeats, runtime};
-      if (pin_threads) pin_to_core(w);
+      if (!pin_cores.empty()) pin_to_core(w, pin_cores);
       try {
         outs[static_cast<std::size_t>(w)] = run_rank_step(*plan, w % p, w, step, backend, control);
       } catch (const Aborted&) {
@@ -210,9 +224,11 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   auto build = [&](const std::optional<CheckpointManifest>& from) {
     auto w = std::make_unique<World>(config, plan, corpus, options, injector);
     w->clock = &clock;
-    const bool own_cores = p * d <= static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    w->pin_threads = options.pinning == CpuRunOptions::Pinning::on ||
-                     (options.pinning == CpuRunOptions::Pinning::automatic && own_cores);
+    std::vector<int> cores = allowed_cores();
+    const bool own_cores = p * d <= static_cast<int>(cores.size());
+    if (options.pinning == CpuRunOptions::Pinning::on ||
+        (options.pinning == CpuRunOptions::Pinning::automatic && own_cores))
+      w->pin_cores = std::move(cores);
     w->runtime = options.runtime;
     load_world_state(w->computes, fo.checkpoint_dir, from, options.start);
     return w;

@@ -396,8 +396,20 @@ class RankRun {
     // The p2p stream's turn: tests the batch in flight, starts the next one once ready
     // (and, between compute ops, runs a non-transfer item of the stream). True if it moved.
     auto p2p_turn = [&](std::chrono::steady_clock::time_point& deadline, bool in_compute) {
+      // An error in here is the p2p stream's, with the item it was at (also inside a poll).
+      const Item* const outer = current;
+      const ir::Stream outer_stream = current_stream;
+      auto at = [&](const Item* item) {
+        current = item;
+        current_stream = kP2P;
+      };
+      auto back = [&] {
+        current = outer;
+        current_stream = outer_stream;
+      };
       bool moved = false;
       if (request) {
+        at(&p2p[next_p2p]);
         const std::size_t ended = flight->ended;
         if (advance(*flight, *request, deadline, kP2P)) {
           request.reset();
@@ -413,20 +425,22 @@ class RankRun {
         std::lock_guard lock(control_.mutex());
         p2p_ready = !request && next_p2p < p2p.size() && ready(p2p[next_p2p]);
       }
-      if (!p2p_ready) return moved;
-      const Item& item = p2p[next_p2p];
-      const bool transfer = ir::is_p2p(ops_[static_cast<std::size_t>(item.first)].kind);
-      if (in_compute && !transfer) return moved;
-      if (faults) fault_point(ops_[static_cast<std::size_t>(item.first)], kP2P);
+      const Item* item = p2p_ready ? &p2p[next_p2p] : nullptr;
+      const bool transfer = item && ir::is_p2p(ops_[static_cast<std::size_t>(item->first)].kind);
+      if (!item || (in_compute && !transfer)) {
+        back();
+        return moved;
+      }
+      at(item);
+      if (faults) fault_point(ops_[static_cast<std::size_t>(item->first)], kP2P);
       if (transfer) {
-        flight = begin_batch(item, kP2P);
+        flight = begin_batch(*item, kP2P);
         request = backend_.transport->start(flight->batch, wake);
       } else {
-        current = &item;
-        current_stream = kP2P;
-        execute(item, kP2P);
+        execute(*item, kP2P);
         ++next_p2p;
       }
+      back();
       return true;
     };
     // Called by the compute backend between a long op's layer blocks: the transfers keep
@@ -440,8 +454,6 @@ class RankRun {
         if (control_.failed()) throw Aborted{};
         const std::uint64_t seen = wakes_.load(std::memory_order_acquire);
         auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(RunControl::kAbortPollMs);
-        current = next_p2p < p2p.size() ? &p2p[next_p2p] : nullptr;
-        current_stream = kP2P;
         bool moved = p2p_turn(deadline, false);
         if (moved) undescribe();
         bool compute_ready = false;
@@ -584,7 +596,7 @@ class RankRun {
       };
       cop.gate = &gate;
     }
-    if (op.kind != OpKind::OPT) cop.poll = poll_;
+    if (op.kind != OpKind::OPT && stream == ir::Stream::Compute) cop.poll = poll_;
     Buffer input;
     if (const auto in_key = op.kind == OpKind::OPT ? std::nullopt : input_key(op)) {
       std::lock_guard lock(control_.mutex());

@@ -52,11 +52,12 @@ struct CpuRunOptions {
   double watchdog_seconds = 30;
   /// Step whose timeline goes into RunResult::trace (−1: the last).
   int trace_step = -1;
-  /// Pin rank w's threads to core w mod cores: `automatic` pins when every rank has a
-  /// core of its own (p × d ≤ cores). Pinned, the kernel cannot put two busy ranks on
-  /// one core while the other idles (bench_exec: the cost over the schedule's own time
-  /// falls from 3–9 % to 1–3 % on 2 cores); on a machine shared with other busy work a
-  /// pinned rank cannot move away from it (`off`).
+  /// Pin rank w's threads to the (w mod n)-th of the n cores the process may use (its
+  /// affinity mask): `automatic` pins when every rank has a core of its own (p × d ≤ n).
+  /// Pinned, the kernel cannot put two busy ranks on one core while the other idles
+  /// (bench_exec: the cost over the schedule's own time falls from 3–9 % to 1–4 % on 2
+  /// cores). Each run pins from the first core of its mask: runs side by side on one
+  /// machine want a `taskset` each, or `off`, as does a machine shared with busy work.
   enum class Pinning { automatic, on, off };
   Pinning pinning = Pinning::automatic;
   /// How each rank's streams get threads (Backend::runtime): cooperative (the default)
