@@ -378,7 +378,8 @@ class RankRun {
   // Cooperative: the compute and p2p streams' items in their orders on this one thread.
   // Each turn starts the p2p stream's next batch once it is ready (Transport::start:
   // without waiting for the peer), tests the batch in flight, and runs the compute
-  // stream's next op once it is ready; with nothing to do it spins briefly (yielding the
+  // stream's next op once it is ready (which takes the p2p stream's turn between its
+  // layer blocks: ComputeOp::poll); with nothing to do it spins briefly (yielding the
   // core), then parks until a peer, another stream or a retry's deadline wakes it. A
   // stream keeps its order and one batch in flight, as with a thread per stream, so the
   // plans that complete there complete here.
