@@ -205,7 +205,7 @@ void add_exec_command(CLI::App& app) {
   cmd->add_option("--device", args->device, "cuda backend, loopback: GPU index");
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
   auto* pin = cmd->add_flag("--pin", args->pin,
-                            "Pin rank w's threads to core w mod cores (default: when every rank has a core)");
+                            "Pin rank w's threads to the w-th core the process may use (default: when every rank has one)");
   cmd->add_flag("--no-pin", args->no_pin, "Never pin threads (a machine shared with other busy work)")->excludes(pin);
   cmd->add_option("--runtime", args->runtime,
                   "CPU backend: cooperative (a rank's compute and p2p streams on one thread) or threaded (a "

@@ -688,16 +688,8 @@ class CpuFabric::Request final : public P2PRequest {
       : fabric_(&fabric), owned_(std::move(ops)), b_(comm, self, owned_, std::move(wake)) {
     prepare(b_);
     std::unique_lock lock(fabric_->control_->mutex());
-    try {
-      fabric_->enter(b_);
-      auto next = std::chrono::steady_clock::time_point::max();
-      done_ = fabric_->progress(b_, lock, next);  // the checksums of what the posting delivered
-      snapshot();
-    } catch (...) {
-      fabric_->withdraw(b_, lock);
-      withdrawn_ = true;
-      throw;
-    }
+    auto next = std::chrono::steady_clock::time_point::max();
+    progress(lock, next, true);  // and the checksums of what the posting delivered
   }
   ~Request() override {
     if (done_ || withdrawn_) return;
@@ -707,14 +699,7 @@ class CpuFabric::Request final : public P2PRequest {
   bool test(std::chrono::steady_clock::time_point& next) override {
     if (done_) return true;
     std::unique_lock lock(fabric_->control_->mutex());
-    try {
-      done_ = fabric_->progress(b_, lock, next);
-      snapshot();
-    } catch (...) {
-      fabric_->withdraw(b_, lock);
-      withdrawn_ = true;
-      throw;
-    }
+    progress(lock, next, false);
     return done_;
   }
   bool op_done(std::size_t k, std::chrono::steady_clock::time_point& at) const override {
@@ -724,8 +709,18 @@ class CpuFabric::Request final : public P2PRequest {
   }
 
  private:
-  // Under the lock: which pairs test() found acknowledged, and when.
-  void snapshot() {
+  // Under the lock: (enters the batch, then) progresses it and notes which pairs are
+  // acknowledged, and when, for op_done to read without the lock; on an error the batch
+  // is withdrawn.
+  void progress(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point& next, bool enter) {
+    try {
+      if (enter) fabric_->enter(b_);
+      done_ = fabric_->progress(b_, lock, next);
+    } catch (...) {
+      fabric_->withdraw(b_, lock);
+      withdrawn_ = true;
+      throw;
+    }
     for (std::size_t k = 0; k < b_.mine.size(); ++k)
       if (b_.mine[k].done && !seen_[k]) {
         seen_[k] = 1;
@@ -750,18 +745,20 @@ std::int64_t CpuFabric::bytes_moved(int comm) {
   return moved_[comm];
 }
 
-void CpuTransport::post(std::span<P2POp> batch) {
+std::vector<P2POp> CpuTransport::world_ops(std::span<P2POp> batch) const {
   std::vector<P2POp> world(batch.begin(), batch.end());
   for (const auto& op : world) check_p2p_op(op, stages_);  // all checked before any is posted
   for (auto& op : world) op.peer = replica_ * stages_ + op.peer;
+  return world;
+}
+
+void CpuTransport::post(std::span<P2POp> batch) {
+  std::vector<P2POp> world = world_ops(batch);
   fabric_->post(CpuFabric::kP2P, replica_ * stages_ + rank_, world);
 }
 
 std::unique_ptr<P2PRequest> CpuTransport::start(std::span<P2POp> batch, std::function<void()> wake) {
-  std::vector<P2POp> world(batch.begin(), batch.end());
-  for (const auto& op : world) check_p2p_op(op, stages_);  // all checked before any is posted
-  for (auto& op : world) op.peer = replica_ * stages_ + op.peer;
-  return fabric_->start(CpuFabric::kP2P, replica_ * stages_ + rank_, std::move(world), std::move(wake));
+  return fabric_->start(CpuFabric::kP2P, replica_ * stages_ + rank_, world_ops(batch), std::move(wake));
 }
 
 void CpuTransport::all_reduce(const Buffer& buffer, int tag) {

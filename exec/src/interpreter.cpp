@@ -222,6 +222,16 @@ class RankRun {
     wakes_.fetch_add(1, std::memory_order_release);
     cv_.notify_all();
   }
+  // Sleeps until a notify() after wake count `seen`, a failure, or `deadline`.
+  void sleep_until_woken(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(control_.mutex());
+    cv_.wait_until(lock, deadline,
+                   [&] { return wakes_.load(std::memory_order_relaxed) != seen || control_.failed(); });
+  }
+  // The latest time a waiting stream looks again (an abort, a transport's retry).
+  static std::chrono::steady_clock::time_point turn_deadline() {
+    return std::chrono::steady_clock::now() + std::chrono::milliseconds(RunControl::kAbortPollMs);
+  }
 
   // Waits (under `lock`) until ready(); `what` names the wait, formatted only if a
   // watchdog report asks.
@@ -325,11 +335,9 @@ class RankRun {
         const auto request = backend_.transport->start(f.batch, [this] { notify(); });
         while (true) {
           const std::uint64_t seen = wakes_.load(std::memory_order_acquire);
-          auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(RunControl::kAbortPollMs);
+          auto deadline = turn_deadline();
           if (advance(f, *request, deadline, stream)) break;
-          std::unique_lock lock(control_.mutex());
-          cv_.wait_until(lock, deadline,
-                         [&] { return wakes_.load(std::memory_order_relaxed) != seen || control_.failed(); });
+          sleep_until_woken(seen, deadline);
         }
       } else {
         backend_.transport->post(f.batch);  // one NCCL group: it ends as a whole
@@ -447,14 +455,14 @@ class RankRun {
     // Called by the compute backend between a long op's layer blocks: the transfers keep
     // posting and completing while it runs, as on a device with a stream for each.
     const std::function<void()> poll = [&] {
-      auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(RunControl::kAbortPollMs);
+      auto deadline = turn_deadline();
       p2p_turn(deadline, true);
     };
     try {
       while (next_compute < compute.size() || next_p2p < p2p.size()) {
         if (control_.failed()) throw Aborted{};
         const std::uint64_t seen = wakes_.load(std::memory_order_acquire);
-        auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(RunControl::kAbortPollMs);
+        auto deadline = turn_deadline();
         bool moved = p2p_turn(deadline, false);
         if (moved) undescribe();
         bool compute_ready = false;
@@ -515,9 +523,7 @@ class RankRun {
           return in_flight ? transport_text(*p2p) : waiting_text(*p2p);
         });
     }
-    std::unique_lock lock(control_.mutex());
-    cv_.wait_until(lock, deadline,
-                   [&] { return wakes_.load(std::memory_order_relaxed) != seen || control_.failed(); });
+    sleep_until_woken(seen, deadline);
   }
   void undescribe() {
     if (!described_) return;
@@ -693,11 +699,7 @@ class RankRun {
     if (!fresh.empty()) {
       std::lock_guard lock(control_.mutex());
       for (std::size_t k : fresh) {
-        P2POp& p = f.batch[k];
-        if (p.kind == OpKind::SEND)
-          tensors_.erase(p.key);
-        else
-          tensors_[p.key] = std::move(p.buffer);
+        hand_over(f.batch[k]);
         done_[static_cast<std::size_t>(f.item.first) + k] = 1;
       }
       control_.progress();
@@ -706,16 +708,19 @@ class RankRun {
     return all && f.ended == f.batch.size();
   }
 
-  // The batch completed at `end` (Transport::post): the SENDs' tensors go, the RECVs' arrive.
+  // Under control_.mutex(), a transfer that ended: a SEND's tensor goes, a RECV's arrives.
+  void hand_over(P2POp& p) {
+    if (p.kind == OpKind::SEND)
+      tensors_.erase(p.key);
+    else
+      tensors_[p.key] = std::move(p.buffer);
+  }
+
+  // The batch completed at `end` (Transport::post) as a whole.
   void end_batch(Flight& f, std::int64_t end) {
     {
       std::lock_guard lock(control_.mutex());
-      for (auto& p : f.batch) {
-        if (p.kind == OpKind::SEND)
-          tensors_.erase(p.key);
-        else
-          tensors_[p.key] = std::move(p.buffer);
-      }
+      for (auto& p : f.batch) hand_over(p);
     }
     finish(f.item, f.start, std::max(end, f.start));
   }
@@ -835,8 +840,8 @@ class RankRun {
   RunControl& control_;
   std::array<std::vector<Item>, ir::kStreamCount> items_;
   std::condition_variable cv_;                  // this rank's stream threads wait here
-  const std::function<void()>* poll_ = nullptr;
-  bool described_ = false;  // cooperative: park() said what the rank's streams wait for  // cooperative: the compute op's ComputeOp::poll
+  const std::function<void()>* poll_ = nullptr;  // cooperative: the compute op's ComputeOp::poll
+  bool described_ = false;                      // cooperative: park() said what the streams wait for
   std::atomic<std::uint64_t> wakes_{0};         // notify()s so far (changed under control_.mutex())
   std::vector<char> done_;                      // guarded by control_.mutex()
   std::map<TensorKey, Buffer> tensors_;         // guarded by control_.mutex()

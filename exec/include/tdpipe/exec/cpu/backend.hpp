@@ -209,6 +209,8 @@ class CpuTransport final : public Transport {
  private:
   /// Ring steps [first, first + d − 1): reduce-scatter from step 0, all-gather from d − 1.
   void ring(const Buffer& buffer, int tag, bool reduce);
+  /// The batch checked (every op, before any is posted) and its peers as world ranks.
+  std::vector<P2POp> world_ops(std::span<P2POp> batch) const;
   CpuFabric* fabric_;
   int replica_, rank_, stages_, data_;
 };
