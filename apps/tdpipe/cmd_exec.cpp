@@ -45,7 +45,7 @@ struct ExecArgs {
   std::string transport = "loopback";  // cuda backend
   int device = -1;                     // cuda backend, loopback
   std::int64_t max_ops = 0;
-  std::string inject_overflow;         // "STEP:RANK:SLICE", cpu backend, fp16
+  std::string inject_overflow;         // "STEP:RANK:SLICE", fp16
   std::vector<std::string> inject;     // fault specs (exec/faults.hpp)
   exec::FaultOptions faults;           // both backends (cuda: kill, hang, slow, ckpt-fail)
   std::string resume;                  // checkpoint folder to resume from
@@ -90,8 +90,6 @@ exec::FaultOptions fault_options(const ExecArgs& a) {
 
 void run_exec(const ExecArgs& a) {
   const exec::FaultOptions faults = fault_options(a);
-  if (a.backend != "cpu" && !a.inject_overflow.empty())
-    throw Error("--inject-overflow is for the CPU backend: fp16 loss scaling is not built on the CUDA backend");
   if (a.check && !a.inject_overflow.empty())
     throw Error("--check with --inject-overflow: the single-device reference takes every step, so a skipped step "
                 "would show as a difference; drop one of them");
@@ -116,6 +114,7 @@ void run_exec(const ExecArgs& a) {
     c.balance_every = a.balance_every;
     c.balance_alpha = a.balance_alpha;
     c.faults = faults;
+    c.inject_overflow = parse_injection(a.inject_overflow);
     run_exec_cuda(c);
     return;
   }
@@ -221,7 +220,7 @@ void add_exec_command(CLI::App& app) {
                   "RANK:SPEED,… with SPEED in [0.01, 1] — stretch each F/B/W of those pipeline ranks to 1/SPEED of "
                   "its time, a slower device (see `tdpipe balance`)");
   cmd->add_option("--inject-overflow", args->inject_overflow,
-                  "STEP:RANK:SLICE — cpu backend, model.dtype fp16: world rank RANK stores an inf into a gradient of "
+                  "STEP:RANK:SLICE — model.dtype fp16: world rank RANK stores an inf into a gradient of "
                   "temporal slice SLICE at step STEP, to watch the per-slice loss scaler skip that step everywhere");
   cmd->add_option("--inject", args->inject,
                   "inject a fault (repeatable; cuda backend: kill, hang, slow and ckpt-fail) — kill:rank=R,step=S[,op=OP], hang:rank=R,step=S[,op=OP], "

@@ -36,6 +36,9 @@ void run_exec_cuda(const CudaExecRequest& a) {
   opt.watchdog_seconds = a.watchdog;
   opt.device = a.device;
   opt.faults = a.faults;
+  opt.train.inject_overflow = a.inject_overflow;
+  // Up front, for the whole run: --balance-every hands it to the one segment holding its step.
+  if (!a.faults.resume) exec::cpu::check_injection(opt.train.inject_overflow, plan, 0, a.steps);
   exec::cuda::CudaRunResult r;
   if (a.balance_every <= 0 || a.steps == 0) {
     r = exec::cuda::run_cuda(plan, opt);  // (which refuses --steps 0)
@@ -71,7 +74,8 @@ void run_exec_cuda(const CudaExecRequest& a) {
   if (a.check) {
     const auto ref = exec::cpu::run_reference(sc, plan.data, plan.microbatches, opt.train);
     add_reference_errors(j, r.run, ref, /*skip_missing=*/true);  // NCCL runs hold only this process's tensors
-    j["reference"]["note"] = "CPU fp64 single-device reference; the GPU computes GEMMs in bf16";
+    j["reference"]["note"] = fmt::format("CPU fp64 single-device reference; the GPU computes GEMMs in {}",
+                                         sc.model.dtype == "fp16" ? "fp16 (loss-scaled)" : "bf16");
   }
   if (a.json) {
     std::cout << j.dump(2) << "\n";

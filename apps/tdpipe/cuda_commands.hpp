@@ -21,6 +21,7 @@ struct CudaExecRequest {
   std::uint64_t seed = 7;
   bool json = false, check = false;
   exec::FaultOptions faults;  ///< --inject, checkpoints, resume
+  exec::cpu::TrainOptions::OverflowInjection inject_overflow;  ///< --inject-overflow (fp16)
 };
 /// Trains on GPUs and prints what the CPU backend prints (root process only).
 void run_exec_cuda(const CudaExecRequest& request);

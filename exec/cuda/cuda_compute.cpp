@@ -33,10 +33,11 @@ CudaCompute::CudaCompute(const cpu::GptConfig& config, const ir::Plan& plan, int
                 std::to_string(corpus.vocab()) + " characters");
   loss_scale_ = static_cast<float>(
       1.0 / (static_cast<double>(plan.data) * plan.microbatches * config.micro_batch * config.seq));
+  scaler_ = make_loss_scaler(plan, static_cast<int>(offsets_.size()) - 1);
   ctx.bind();
   for (int stage : plan.stage_of.at(static_cast<std::size_t>(rank)))
     stages_.emplace_back(config_, stage, plan.virtual_stages(), ctx.compute(), ctx.cublas(), &memory_,
-                         plan.scenario.parallel.offload());
+                         plan.scenario.parallel.offload(), scaler_.has_value());
   loss_ = DeviceMemory(sizeof(double), ctx.compute(), true);
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
   speed_ = cpu::rank_speed_of(options, rank);
@@ -77,6 +78,7 @@ RankCheckpoint CudaCompute::checkpoint() {
     out.arrays.emplace_back("c" + std::to_string(ch) + ".worker_error", errors(worker_error_, ch));
     out.arrays.emplace_back("c" + std::to_string(ch) + ".server_error", errors(server_error_, ch));
   }
+  if (scaler_) out.loss_scale = scaler_->state();
   return out;
 }
 
@@ -113,6 +115,7 @@ void CudaCompute::restore(const RankCheckpoint& state) {
       upload_floats(e.as<float>(), values, ctx_->dp());
     }
   }
+  if (scaler_ && !state.loss_scale.scales.empty()) scaler_->set_state(state.loss_scale);
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->compute()));
 }
 
@@ -202,10 +205,29 @@ void CudaCompute::begin_step(int step) {
   }
   for (auto& s : stages_) {
     if (gathered_) s.refresh_bf16_weights();  // the all-gather wrote other replicas' parts
+    if (scaler_) s.set_loss_scales(scaler_->scales());
     s.begin_step();
   }
   gathered_ = false;
+  const auto& inject = options_.inject_overflow;
+  if (inject.step == step && inject.rank == world_rank_ && !stages_.empty()) stages_.front().inject_overflow(inject.slice);
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->compute()));
+}
+
+std::vector<std::uint8_t> CudaCompute::overflow_flags() const {
+  if (!scaler_) return {};
+  ctx_->bind();
+  std::vector<std::uint8_t> flags(static_cast<std::size_t>(scaler_->slices()), 0);
+  for (const GptStageCuda& s : stages_) {
+    const std::vector<std::uint8_t> mine = s.overflowed();
+    for (std::size_t j = 0; j < flags.size() && j < mine.size(); ++j) flags[j] |= mine[j];
+  }
+  return flags;
+}
+
+void CudaCompute::set_loss_scale_state(const LossScaleState& state) {
+  if (!scaler_) throw Error("a loss scaler state to continue from, but the run is not fp16 (model.dtype)");
+  scaler_->set_state(state);
 }
 
 double CudaCompute::end_step() {
@@ -225,29 +247,42 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
   named.slice = op.slice;
   NvtxRange range(std::string("r") + std::to_string(rank_) + " " + trace_name(named));
   cudaStream_t stream = ctx_->compute();
+  // Adam's step count: the steps it took (skipped fp16 steps do not count).
+  const int t = step_ + 1 - (scaler_ ? scaler_->state().skipped : 0);
+  bool skip = false;
+  if (op.kind == ir::OpKind::OPT && scaler_) {
+    if (!op.overflow)
+      throw Error("OPT of step " + std::to_string(step_) + " on rank " + std::to_string(rank_) +
+                  ": fp16 training needs the overflow flags every rank agreed on");
+    skip = scaler_->update(*op.overflow);
+  }
   if (op.kind == ir::OpKind::OPT && op.gate) {
     // Parameter offload: each block's state arrives by its LOAD, is stepped on the device
     // and written back by its OFFLOAD (after the step's kernels); the rest is resident.
+    // A skipped step still takes each block (its OFFLOAD writes it back unchanged).
     step_gated_blocks(
         *op.gate, chunks(), [&](int c) { return chunk_stage(c).blocks(); },
-        [&](int c, int b) { chunk_stage(c).adam_block(options_.adam, step_ + 1, b); },
-        [&](int c) { chunk_stage(c).adam_resident(options_.adam, step_ + 1); });
+        [&](int c, int b) { chunk_stage(c).adam_block(options_.adam, t, b, skip); },
+        [&](int c) {
+          if (!skip) chunk_stage(c).adam_resident(options_.adam, t);
+        });
     wait_stream(stream, control_);
     return {};
   }
+  if (op.kind == ir::OpKind::OPT && skip) return {};
   if (op.kind == ir::OpKind::OPT) {
     for (int c = 0; c < chunks(); ++c) {
       GptStageCuda& s = chunk_stage(c);
       if (op.variance_frozen_at > 0) {
-        s.adam_frozen_variance(options_.adam, step_ + 1, op.variance_frozen_at);
+        s.adam_frozen_variance(options_.adam, t, op.variance_frozen_at);
         continue;
       }
       if (!op.shard) {
-        s.adam(options_.adam, step_ + 1);
+        s.adam(options_.adam, t);
         continue;
       }
       for (const auto& [b, e] : owned_ranges(s.parameter_count(), op.shard->buckets(c), *op.shard))
-        s.adam(options_.adam, step_ + 1, b, e);
+        s.adam(options_.adam, t, b, e);
       gathered_ = true;
     }
     wait_stream(stream, control_);

@@ -1,5 +1,5 @@
 // cuda_compute.hpp — internal to exec/cuda: Compute and Clock of one rank on its GPU.
-// CudaCompute mirrors cpu::CpuCompute (same data, slices, loss scale) over
+// CudaCompute mirrors cpu::CpuCompute (same data, slices, loss scale, fp16 loss scaler) over
 // GptStageCuda; every op runs on the rank's compute stream and is waited for
 // before run() returns, as backend.hpp requires. A chunk's last W/BW reports its
 // gradients final part by part as it issues them (ComputeOp::progress), marked by an
@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "device_context.hpp"
@@ -18,6 +19,7 @@
 #include "tdpipe/exec/backend.hpp"
 #include "tdpipe/exec/cpu/backend.hpp"
 #include "tdpipe/exec/cpu/corpus.hpp"
+#include "tdpipe/exec/loss_scale.hpp"
 #include "tdpipe/ir/plan.hpp"
 
 namespace tdpipe::exec::cuda {
@@ -54,8 +56,13 @@ class CudaCompute final : public Compute {
   /// Uploads a checkpoint() of the same rank of the same plan (the bf16 weights follow
   /// the master); throws tdpipe::Error naming a mismatched array.
   void restore(const RankCheckpoint& state);
-  /// bf16 training has no loss scaler (fp16 is refused on this backend).
-  const LossScaler* loss_scaler() const { return nullptr; }
+  /// fp16 training's per-slice loss scaler (null in bf16), as cpu::CpuCompute's.
+  const LossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
+  /// Continues the loss scaler from a run's state (TrainState::loss_scale); throws
+  /// tdpipe::Error without fp16 or for another number of slices.
+  void set_loss_scale_state(const LossScaleState& state);
+  /// fp16: per slice, whether this rank's stores overflowed this step (all its chunks).
+  std::vector<std::uint8_t> overflow_flags() const override;
 
   int chunks() const { return static_cast<int>(stages_.size()); }
   GptStageCuda& chunk_stage(int chunk) { return stages_.at(static_cast<std::size_t>(chunk)); }
@@ -80,6 +87,7 @@ class CudaCompute final : public Compute {
   int rank_, replica_, world_rank_, microbatches_;
   std::vector<int> offsets_;
   float loss_scale_;
+  std::optional<LossScaler> scaler_;  ///< model.dtype fp16
   cpu::DeviceMemory memory_;  ///< counts what stages_ hold on the device; before them
   std::vector<GptStageCuda> stages_;
   std::map<int, DeviceBatch> batches_;

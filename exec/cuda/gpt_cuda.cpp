@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <deque>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -49,9 +51,13 @@ struct SliceSaved {
   const int* tokens = nullptr;  // stage 0: the micro-batch's device ids (owned by the compute)
   DeviceMemory dx0;             // stage 0: gradient at the embedding output
   bool backward_done = false;
+  // fp16: one device int, set once this (mb, slice) read an inf/NaN another slice or
+  // stage stored (and was flagged for): its own stores then overflow by contagion, which
+  // is not charged to its scale (cpu_gpt.cpp's SliceState::tainted).
+  DeviceMemory taint;
 };
 struct KvSaved {
-  DeviceMemory k, v, dk, dv;  // [b·H, seq, dh]; k, v bf16, gradients fp32
+  DeviceMemory k, v, dk, dv;  // [b·H, seq, dh]; k, v 16-bit, gradients fp32
 };
 // An event owned by one object (moves leave none behind).
 struct OwnedEvent {
@@ -75,9 +81,15 @@ struct BlockCopy {
   OwnedEvent stepped;  // OPT's copy: recorded on the compute stream after its Adam
 };
 
-MatRef bf(const void* p, int ld, std::int64_t stride = 0) { return {p, CUDA_R_16BF, ld, stride}; }
+using kernels::half;
+// T16: the 16-bit type of GEMM inputs and stored activations (bf16, or half in fp16 training).
+template <class T16>
+constexpr cudaDataType kType16 = std::is_same_v<T16, half> ? CUDA_R_16F : CUDA_R_16BF;
+template <class T16>
+MatRef in16(const void* p, int ld, std::int64_t stride = 0) { return {p, kType16<T16>, ld, stride}; }
 MatOut out_f32(void* p, int ld, std::int64_t stride = 0) { return {p, CUDA_R_32F, ld, stride}; }
-MatOut out_bf(void* p, int ld, std::int64_t stride = 0) { return {p, CUDA_R_16BF, ld, stride}; }
+template <class T16>
+MatOut out16(void* p, int ld, std::int64_t stride = 0) { return {p, kType16<T16>, ld, stride}; }
 
 }  // namespace
 
@@ -110,6 +122,44 @@ struct GptStageCuda::Impl {
   std::vector<std::optional<BlockCopy>> state;  // [block] OPT's copy
   std::vector<std::optional<BlockCopy>> in_use;  // [block] the copy the running op reads (compute thread)
   std::function<void(int)> block_begin, block_end;
+  // fp16 training (model.dtype fp16): T16 is half, the loss scaled per slice (scales, set
+  // each step), and `flags` holds one device int per slice: this step's stores of the
+  // slice overflowed. `inject`: the slice whose next B starts from an inf (−1: none).
+  bool fp16 = false;
+  std::vector<float> scales;
+  DeviceMemory flags;
+  int inject = -1;
+
+  // Calls f(T16{}) with the stage's 16-bit type.
+  template <class F>
+  decltype(auto) with16(F&& f) {
+    return fp16 ? f(half{}) : f(bf16{});
+  }
+  // Bytes of one value of the 16-bit type (2 on a GPU; the exact emulation keeps bf16 in 4).
+  std::size_t bytes16() const { return fp16 ? sizeof(half) : sizeof(bf16); }
+  float grad_scale(int slice) const {
+    if (!fp16) return 1.f;
+    if (slice < 0 || slice >= static_cast<int>(scales.size()))
+      throw Error("CUDA GPT stage " + std::to_string(stage) + ": slice " + std::to_string(slice) +
+                  " has no loss scale (set_loss_scales gave " + std::to_string(scales.size()) + ")");
+    return scales[static_cast<std::size_t>(slice)];
+  }
+  // fp16: a store of the slice's activation or gradient (n values at p) overflowed →
+  // its flag, unless the slice is tainted (cpu_gpt.cpp's store()).
+  template <class T>
+  void stored(const T* p, std::int64_t n, int slice, const SliceSaved& st) {
+    if (fp16) k::flag_nonfinite(p, 1, n, n, flags.as<int>() + slice, st.taint.as<int>(), stream);
+  }
+  template <class T>
+  void stored(const DeviceMemory& m, int slice, const SliceSaved& st) {
+    stored(m.as<T>(), static_cast<std::int64_t>(m.bytes() / sizeof(T)), slice, st);
+  }
+  // fp16: the running op read `runs` runs of `len` values `stride` apart at p from another
+  // slice or stage: an inf or NaN in them taints the slice.
+  template <class T>
+  void read(const T* p, int runs, std::int64_t len, std::int64_t stride, const SliceSaved& st) {
+    if (fp16) k::flag_nonfinite(p, runs, len, stride, st.taint.as<int>(), nullptr, stream);
+  }
 
   std::int64_t resident_index(std::int64_t offset) const { return offset < bstart ? offset : offset - (bend - bstart); }
   std::int64_t resident() const { return total - (bend - bstart); }
@@ -133,10 +183,15 @@ struct GptStageCuda::Impl {
     return master.as<float>() + resident_index(s.offset);
   }
   float* G(const std::string& n) const { return grad.as<float>() + spec(n).offset; }
-  bf16* W(const std::string& n) const {
+  template <class T16>
+  T16* W(const std::string& n) const {
     const Spec& s = spec(n);
-    if (offload && s.block >= 0) return held(s).wbf.as<bf16>() + in_block(s);
-    return wbf.as<bf16>() + resident_index(s.offset);
+    if (offload && s.block >= 0) return held(s).wbf.as<T16>() + in_block(s);
+    return wbf.as<T16>() + resident_index(s.offset);
+  }
+  // The 16-bit weight copy of n values from the fp32 master, on `on`.
+  void cast16(const float* from, void* to, std::int64_t n, cudaStream_t on) {
+    with16([&](auto z) { k::to_16(from, static_cast<decltype(z)*>(to), n, on); });
   }
   void check_block(int block, const char* what) const {
     if (!offload || block < 0 || block >= static_cast<int>(block_range.size()))
@@ -174,7 +229,7 @@ struct GptStageCuda::Impl {
       TDPIPE_CUDA_CHECK(cudaMemcpyAsync(d.get(), values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice,
                                         stream));
     TDPIPE_CUDA_CHECK(cudaStreamSynchronize(stream));  // `values` dies here
-    if (which == 0) k::to_bf16(master.as<float>(), wbf.as<bf16>(), resident(), stream);
+    if (which == 0) cast16(master.as<float>(), wbf.get(), resident(), stream);
   }
   void begin_block(int l) {
     if (block_begin) block_begin(l - first_block);
@@ -232,8 +287,8 @@ struct GptStageCuda::Impl {
     auto [it, inserted] = kv.try_emplace({mb, l});
     if (inserted) {
       const std::size_t n = std::size_t(cfg.micro_batch) * cfg.seq * cfg.hidden;
-      it->second.k = DeviceMemory(n * sizeof(bf16), stream);
-      it->second.v = DeviceMemory(n * sizeof(bf16), stream);
+      it->second.k = DeviceMemory(n * bytes16(), stream);
+      it->second.v = DeviceMemory(n * bytes16(), stream);
       it->second.dk = DeviceMemory(n * sizeof(float), stream, true);
       it->second.dv = DeviceMemory(n * sizeof(float), stream, true);
     }
@@ -241,7 +296,9 @@ struct GptStageCuda::Impl {
   }
 
   // x (fp32 N×H, moved into the saved state) → returns the block's output (fp32 N×H).
-  DeviceMemory block_forward(int mb, int l, int t0, int t1, DeviceMemory x, BlockSaved& s) {
+  template <class T16>
+  DeviceMemory block_forward(int mb, int l, int slice, int t0, int t1, DeviceMemory x, BlockSaved& s,
+                             const SliceSaved& st) {
     const int b = cfg.micro_batch, T = t1 - t0, H = cfg.hidden, F = cfg.ffn;
     const int nh = cfg.heads, dh = H / nh, bh = b * nh, N = b * T, S = cfg.seq;
     const float eps = static_cast<float>(cfg.ln_eps);
@@ -250,108 +307,135 @@ struct GptStageCuda::Impl {
     s.x = std::move(x);
     s.mean1 = DeviceMemory(N * sizeof(float), stream);
     s.rstd1 = DeviceMemory(N * sizeof(float), stream);
-    s.h = DeviceMemory(nH * sizeof(bf16), stream);
-    k::layernorm_forward(s.x.as<float>(), P(bname(l, "ln1.g")), P(bname(l, "ln1.b")), s.h.as<bf16>(),
+    s.h = DeviceMemory(nH * sizeof(T16), stream);
+    k::layernorm_forward(s.x.as<float>(), P(bname(l, "ln1.g")), P(bname(l, "ln1.b")), s.h.as<T16>(),
                          s.mean1.as<float>(), s.rstd1.as<float>(), N, H, eps, stream);
+    stored<T16>(s.h, slice, st);
     // q, k, v: one batched GEMM over the three consecutive H×H weights.
-    DeviceMemory qkv(3 * nH * sizeof(bf16), stream);
-    gemm(cublas, false, false, N, H, H, 1.f, bf(s.h.get(), H, 0), bf(W(bname(l, "wq")), H, std::int64_t(H) * H),
-         0.f, out_bf(qkv.get(), H, std::int64_t(nH)), 3);
+    DeviceMemory qkv(3 * nH * sizeof(T16), stream);
+    gemm(cublas, false, false, N, H, H, 1.f, in16<T16>(s.h.get(), H, 0), in16<T16>(W<T16>(bname(l, "wq")), H, std::int64_t(H) * H),
+         0.f, out16<T16>(qkv.get(), H, std::int64_t(nH)), 3);
     KvSaved& cache = kv_of(mb, l);
-    s.q = DeviceMemory(nH * sizeof(bf16), stream);
-    k::split_qkv(qkv.as<bf16>(), s.q.as<bf16>(), cache.k.as<bf16>(), cache.v.as<bf16>(), b, T, S, t0, nh, dh,
+    s.q = DeviceMemory(nH * sizeof(T16), stream);
+    k::split_qkv(qkv.as<T16>(), s.q.as<T16>(), cache.k.as<T16>(), cache.v.as<T16>(), b, T, S, t0, nh, dh,
                  stream);
+    stored<T16>(qkv, slice, st);
     qkv.reset();
+    if (t0 > 0) {  // earlier slices' keys and values: rows [0, t0) of each (sequence, head)
+      read(cache.k.as<T16>(), bh, std::int64_t(t0) * dh, std::int64_t(S) * dh, st);
+      read(cache.v.as<T16>(), bh, std::int64_t(t0) * dh, std::int64_t(S) * dh, st);
+    }
     // Scores of this slice's queries against keys 0 … t1 − 1 of the sequence.
     DeviceMemory scores(std::size_t(bh) * T * t1 * sizeof(float), stream);
-    gemm(cublas, false, true, T, t1, dh, scale, bf(s.q.get(), dh, std::int64_t(T) * dh),
-         bf(cache.k.get(), dh, std::int64_t(S) * dh), 0.f, out_f32(scores.get(), t1, std::int64_t(T) * t1), bh);
-    s.p = DeviceMemory(std::size_t(bh) * T * t1 * sizeof(bf16), stream);
-    k::causal_softmax(scores.as<float>(), s.p.as<bf16>(), bh, T, t1, t0, stream);
+    gemm(cublas, false, true, T, t1, dh, scale, in16<T16>(s.q.get(), dh, std::int64_t(T) * dh),
+         in16<T16>(cache.k.get(), dh, std::int64_t(S) * dh), 0.f, out_f32(scores.get(), t1, std::int64_t(T) * t1), bh);
+    s.p = DeviceMemory(std::size_t(bh) * T * t1 * sizeof(T16), stream);
+    k::causal_softmax(scores.as<float>(), s.p.as<T16>(), bh, T, t1, t0, stream);
+    stored<T16>(s.p, slice, st);
     scores.reset();
-    DeviceMemory o(nH * sizeof(bf16), stream);
-    gemm(cublas, false, false, T, dh, t1, 1.f, bf(s.p.get(), t1, std::int64_t(T) * t1),
-         bf(cache.v.get(), dh, std::int64_t(S) * dh), 0.f, out_bf(o.get(), dh, std::int64_t(T) * dh), bh);
-    s.a = DeviceMemory(nH * sizeof(bf16), stream);
-    k::merge_heads(o.as<bf16>(), s.a.as<bf16>(), b, T, nh, dh, stream);
+    DeviceMemory o(nH * sizeof(T16), stream);
+    gemm(cublas, false, false, T, dh, t1, 1.f, in16<T16>(s.p.get(), t1, std::int64_t(T) * t1),
+         in16<T16>(cache.v.get(), dh, std::int64_t(S) * dh), 0.f, out16<T16>(o.get(), dh, std::int64_t(T) * dh), bh);
+    s.a = DeviceMemory(nH * sizeof(T16), stream);
+    k::merge_heads(o.as<T16>(), s.a.as<T16>(), b, T, nh, dh, stream);
+    stored<T16>(s.a, slice, st);
     o.reset();
     s.x2 = DeviceMemory(nH * sizeof(float), stream);
-    gemm(cublas, false, false, N, H, H, 1.f, bf(s.a.get(), H), bf(W(bname(l, "wo")), H), 0.f,
+    gemm(cublas, false, false, N, H, H, 1.f, in16<T16>(s.a.get(), H), in16<T16>(W<T16>(bname(l, "wo")), H), 0.f,
          out_f32(s.x2.get(), H));
     k::bias_residual_add(s.x2.as<float>(), s.x2.as<float>(), P(bname(l, "bo")), s.x.as<float>(), N, H, stream);
     s.mean2 = DeviceMemory(N * sizeof(float), stream);
     s.rstd2 = DeviceMemory(N * sizeof(float), stream);
-    s.h2 = DeviceMemory(nH * sizeof(bf16), stream);
-    k::layernorm_forward(s.x2.as<float>(), P(bname(l, "ln2.g")), P(bname(l, "ln2.b")), s.h2.as<bf16>(),
+    s.h2 = DeviceMemory(nH * sizeof(T16), stream);
+    k::layernorm_forward(s.x2.as<float>(), P(bname(l, "ln2.g")), P(bname(l, "ln2.b")), s.h2.as<T16>(),
                          s.mean2.as<float>(), s.rstd2.as<float>(), N, H, eps, stream);
-    s.u = DeviceMemory(nF * sizeof(bf16), stream);
-    gemm(cublas, false, false, N, F, H, 1.f, bf(s.h2.get(), H), bf(W(bname(l, "w1")), F), 0.f,
-         out_bf(s.u.get(), F));
-    k::bias_add(s.u.as<bf16>(), P(bname(l, "b1")), N, F, stream);
-    s.g = DeviceMemory(nF * sizeof(bf16), stream);
-    k::gelu_forward(s.u.as<bf16>(), s.g.as<bf16>(), std::int64_t(nF), stream);
+    stored<T16>(s.h2, slice, st);
+    s.u = DeviceMemory(nF * sizeof(T16), stream);
+    gemm(cublas, false, false, N, F, H, 1.f, in16<T16>(s.h2.get(), H), in16<T16>(W<T16>(bname(l, "w1")), F), 0.f,
+         out16<T16>(s.u.get(), F));
+    k::bias_add(s.u.as<T16>(), P(bname(l, "b1")), N, F, stream);
+    s.g = DeviceMemory(nF * sizeof(T16), stream);
+    k::gelu_forward(s.u.as<T16>(), s.g.as<T16>(), std::int64_t(nF), stream);
+    stored<T16>(s.u, slice, st);
+    stored<T16>(s.g, slice, st);
     DeviceMemory out(nH * sizeof(float), stream);
-    gemm(cublas, false, false, N, H, F, 1.f, bf(s.g.get(), F), bf(W(bname(l, "w2")), H), 0.f,
+    gemm(cublas, false, false, N, H, F, 1.f, in16<T16>(s.g.get(), F), in16<T16>(W<T16>(bname(l, "w2")), H), 0.f,
          out_f32(out.get(), H));
     k::bias_residual_add(out.as<float>(), out.as<float>(), P(bname(l, "b2")), s.x2.as<float>(), N, H, stream);
     return out;
   }
 
   // dout (fp32 N×H) → dL/dx (fp32 N×H); saves what W needs.
-  DeviceMemory block_backward(int mb, int l, int t0, int t1, const float* dout, BlockSaved& s) {
+  template <class T16>
+  DeviceMemory block_backward(int mb, int l, int slice, int t0, int t1, const float* dout, BlockSaved& s,
+                              const SliceSaved& st) {
     const int b = cfg.micro_batch, T = t1 - t0, H = cfg.hidden, F = cfg.ffn;
     const int nh = cfg.heads, dh = H / nh, bh = b * nh, N = b * T, S = cfg.seq;
     const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+    // fp16: gradients are of the slice's scaled loss; the key/value accumulators, which
+    // several slices add to, hold them unscaled.
+    const float loss_scale = grad_scale(slice), unscale = 1.f / loss_scale;
     const std::size_t nH = std::size_t(N) * H, nF = std::size_t(N) * F;
-    s.dz = DeviceMemory(nH * sizeof(bf16), stream);
-    k::to_bf16(dout, s.dz.as<bf16>(), std::int64_t(nH), stream);
-    DeviceMemory dg(nF * sizeof(bf16), stream);
-    gemm(cublas, false, true, N, F, H, 1.f, bf(s.dz.get(), H), bf(W(bname(l, "w2")), H), 0.f,
-         out_bf(dg.get(), F));
-    s.du = DeviceMemory(nF * sizeof(bf16), stream);
-    k::gelu_backward(dg.as<bf16>(), s.u.as<bf16>(), s.du.as<bf16>(), std::int64_t(nF), stream);
+    s.dz = DeviceMemory(nH * sizeof(T16), stream);
+    k::to_16(dout, s.dz.as<T16>(), std::int64_t(nH), stream);
+    stored<T16>(s.dz, slice, st);
+    DeviceMemory dg(nF * sizeof(T16), stream);
+    gemm(cublas, false, true, N, F, H, 1.f, in16<T16>(s.dz.get(), H), in16<T16>(W<T16>(bname(l, "w2")), H), 0.f,
+         out16<T16>(dg.get(), F));
+    stored<T16>(dg, slice, st);
+    s.du = DeviceMemory(nF * sizeof(T16), stream);
+    k::gelu_backward(dg.as<T16>(), s.u.as<T16>(), s.du.as<T16>(), std::int64_t(nF), stream);
+    stored<T16>(s.du, slice, st);
     dg.reset();
     s.dh2 = DeviceMemory(nH * sizeof(float), stream);
-    gemm(cublas, false, true, N, H, F, 1.f, bf(s.du.get(), F), bf(W(bname(l, "w1")), F), 0.f,
+    gemm(cublas, false, true, N, H, F, 1.f, in16<T16>(s.du.get(), F), in16<T16>(W<T16>(bname(l, "w1")), F), 0.f,
          out_f32(s.dh2.get(), H));
     DeviceMemory dx2(nH * sizeof(float), stream);
     TDPIPE_CUDA_CHECK(cudaMemcpyAsync(dx2.get(), dout, nH * sizeof(float), cudaMemcpyDeviceToDevice, stream));
     k::layernorm_backward_input(s.dh2.as<float>(), s.x2.as<float>(), s.mean2.as<float>(), s.rstd2.as<float>(),
                                 P(bname(l, "ln2.g")), dx2.as<float>(), N, H, stream);
-    s.dyattn = DeviceMemory(nH * sizeof(bf16), stream);
-    k::to_bf16(dx2.as<float>(), s.dyattn.as<bf16>(), std::int64_t(nH), stream);
-    DeviceMemory da(nH * sizeof(bf16), stream);
-    gemm(cublas, false, true, N, H, H, 1.f, bf(s.dyattn.get(), H), bf(W(bname(l, "wo")), H), 0.f,
-         out_bf(da.get(), H));
-    DeviceMemory dO(nH * sizeof(bf16), stream);
-    k::split_heads(da.as<bf16>(), dO.as<bf16>(), b, T, nh, dh, stream);
+    s.dyattn = DeviceMemory(nH * sizeof(T16), stream);
+    k::to_16(dx2.as<float>(), s.dyattn.as<T16>(), std::int64_t(nH), stream);
+    stored<T16>(s.dyattn, slice, st);
+    DeviceMemory da(nH * sizeof(T16), stream);
+    gemm(cublas, false, true, N, H, H, 1.f, in16<T16>(s.dyattn.get(), H), in16<T16>(W<T16>(bname(l, "wo")), H), 0.f,
+         out16<T16>(da.get(), H));
+    stored<T16>(da, slice, st);
+    DeviceMemory dO(nH * sizeof(T16), stream);
+    k::split_heads(da.as<T16>(), dO.as<T16>(), b, T, nh, dh, stream);
     da.reset();
     KvSaved& cache = kv_of(mb, l);
     const std::int64_t sq = std::int64_t(T) * t1, skv = std::int64_t(S) * dh, sd = std::int64_t(T) * dh;
     DeviceMemory dp(std::size_t(bh) * sq * sizeof(float), stream);
-    gemm(cublas, false, true, T, t1, dh, 1.f, bf(dO.get(), dh, sd), bf(cache.v.get(), dh, skv), 0.f,
+    gemm(cublas, false, true, T, t1, dh, 1.f, in16<T16>(dO.get(), dh, sd), in16<T16>(cache.v.get(), dh, skv), 0.f,
          out_f32(dp.get(), t1, sq), bh);
     // Keys/values of rows < t0 belong to earlier slices: their B reads these sums later.
-    gemm(cublas, true, false, t1, dh, T, 1.f, bf(s.p.get(), t1, sq), bf(dO.get(), dh, sd), 1.f,
+    gemm(cublas, true, false, t1, dh, T, unscale, in16<T16>(s.p.get(), t1, sq), in16<T16>(dO.get(), dh, sd), 1.f,
          out_f32(cache.dv.get(), dh, skv), bh);
-    DeviceMemory ds(std::size_t(bh) * sq * sizeof(bf16), stream);
-    k::softmax_backward(s.p.as<bf16>(), dp.as<float>(), ds.as<bf16>(), bh, T, t1, scale, stream);
+    DeviceMemory ds(std::size_t(bh) * sq * sizeof(T16), stream);
+    k::softmax_backward(s.p.as<T16>(), dp.as<float>(), ds.as<T16>(), bh, T, t1, scale, stream);
+    stored<T16>(ds, slice, st);
     dp.reset();
-    DeviceMemory dq(nH * sizeof(bf16), stream);
-    gemm(cublas, false, false, T, dh, t1, 1.f, bf(ds.get(), t1, sq), bf(cache.k.get(), dh, skv), 0.f,
-         out_bf(dq.get(), dh, sd), bh);
-    gemm(cublas, true, false, t1, dh, T, 1.f, bf(ds.get(), t1, sq), bf(s.q.get(), dh, sd), 1.f,
+    DeviceMemory dq(nH * sizeof(T16), stream);
+    gemm(cublas, false, false, T, dh, t1, 1.f, in16<T16>(ds.get(), t1, sq), in16<T16>(cache.k.get(), dh, skv), 0.f,
+         out16<T16>(dq.get(), dh, sd), bh);
+    stored<T16>(dq, slice, st);
+    gemm(cublas, true, false, t1, dh, T, unscale, in16<T16>(ds.get(), t1, sq), in16<T16>(s.q.get(), dh, sd), 1.f,
          out_f32(cache.dk.get(), dh, skv), bh);
+    // Rows [t0, t1) of the accumulators: this slice's parts and later slices' (read).
+    read(cache.dk.as<float>() + std::int64_t(t0) * dh, bh, std::int64_t(T) * dh, skv, st);
+    read(cache.dv.as<float>() + std::int64_t(t0) * dh, bh, std::int64_t(T) * dh, skv, st);
     ds.reset();
     dO.reset();
-    s.dqkv = DeviceMemory(3 * nH * sizeof(bf16), stream);
-    k::gather_dqkv(dq.as<bf16>(), cache.dk.as<float>(), cache.dv.as<float>(), s.dqkv.as<bf16>(), b, T, S, t0, nh,
-                   dh, stream);
+    s.dqkv = DeviceMemory(3 * nH * sizeof(T16), stream);
+    k::gather_dqkv(dq.as<T16>(), cache.dk.as<float>(), cache.dv.as<float>(), s.dqkv.as<T16>(), b, T, S, t0, nh,
+                   dh, loss_scale, stream);
+    stored<T16>(s.dqkv, slice, st);
     dq.reset();
     s.dh = DeviceMemory(nH * sizeof(float), stream);
     const char* names[3] = {"wq", "wk", "wv"};
     for (int i = 0; i < 3; ++i)
-      gemm(cublas, false, true, N, H, H, 1.f, bf(s.dqkv.as<bf16>() + i * nH, H), bf(W(bname(l, names[i])), H),
+      gemm(cublas, false, true, N, H, H, 1.f, in16<T16>(s.dqkv.as<T16>() + i * nH, H), in16<T16>(W<T16>(bname(l, names[i])), H),
            i == 0 ? 0.f : 1.f, out_f32(s.dh.get(), H));
     DeviceMemory dx = std::move(dx2);
     k::layernorm_backward_input(s.dh.as<float>(), s.x.as<float>(), s.mean1.as<float>(), s.rstd1.as<float>(),
@@ -365,32 +449,46 @@ struct GptStageCuda::Impl {
     return dx;
   }
 
-  void block_weight(int l, int T, BlockSaved& s) {
+  // fp16: each part of the slice's (scaled) weight gradient is added unscaled.
+  template <class T16>
+  void block_weight(int l, int slice, int T, BlockSaved& s) {
     const int H = cfg.hidden, F = cfg.ffn, N = cfg.micro_batch * T;
+    const float u = 1.f / grad_scale(slice);
     const std::int64_t nH = std::int64_t(N) * H;
-    gemm(cublas, true, false, F, H, N, 1.f, bf(s.g.get(), F), bf(s.dz.get(), H), 1.f,
+    gemm(cublas, true, false, F, H, N, u, in16<T16>(s.g.get(), F), in16<T16>(s.dz.get(), H), 1.f,
          out_f32(G(bname(l, "w2")), H));
-    k::column_sum(s.dz.as<bf16>(), G(bname(l, "b2")), N, H, stream);
-    gemm(cublas, true, false, H, F, N, 1.f, bf(s.h2.get(), H), bf(s.du.get(), F), 1.f,
+    k::column_sum(s.dz.as<T16>(), G(bname(l, "b2")), N, H, u, stream);
+    gemm(cublas, true, false, H, F, N, u, in16<T16>(s.h2.get(), H), in16<T16>(s.du.get(), F), 1.f,
          out_f32(G(bname(l, "w1")), F));
-    k::column_sum(s.du.as<bf16>(), G(bname(l, "b1")), N, F, stream);
+    k::column_sum(s.du.as<T16>(), G(bname(l, "b1")), N, F, u, stream);
     k::layernorm_backward_weight(s.dh2.as<float>(), s.x2.as<float>(), s.mean2.as<float>(), s.rstd2.as<float>(),
-                                 G(bname(l, "ln2.g")), G(bname(l, "ln2.b")), N, H, stream);
-    gemm(cublas, true, false, H, H, N, 1.f, bf(s.a.get(), H), bf(s.dyattn.get(), H), 1.f,
+                                 G(bname(l, "ln2.g")), G(bname(l, "ln2.b")), N, H, u, stream);
+    gemm(cublas, true, false, H, H, N, u, in16<T16>(s.a.get(), H), in16<T16>(s.dyattn.get(), H), 1.f,
          out_f32(G(bname(l, "wo")), H));
-    k::column_sum(s.dyattn.as<bf16>(), G(bname(l, "bo")), N, H, stream);
+    k::column_sum(s.dyattn.as<T16>(), G(bname(l, "bo")), N, H, u, stream);
     // wq, wk, wv are consecutive H×H blocks, and dqkv holds dq, dk, dv back to back.
-    gemm(cublas, true, false, H, H, N, 1.f, bf(s.h.get(), H, 0), bf(s.dqkv.get(), H, nH), 1.f,
+    gemm(cublas, true, false, H, H, N, u, in16<T16>(s.h.get(), H, 0), in16<T16>(s.dqkv.get(), H, nH), 1.f,
          out_f32(G(bname(l, "wq")), H, std::int64_t(H) * H), 3);
     k::layernorm_backward_weight(s.dh.as<float>(), s.x.as<float>(), s.mean1.as<float>(), s.rstd1.as<float>(),
-                                 G(bname(l, "ln1.g")), G(bname(l, "ln1.b")), N, H, stream);
+                                 G(bname(l, "ln1.g")), G(bname(l, "ln1.b")), N, H, u, stream);
   }
+
+  // The public F, B and W once checked, for the stage's 16-bit type (the first argument
+  // only names it).
+  template <class T16>
+  void forward(T16, int mb, int slice, const float* x, float* out, const int* tokens, const int* targets,
+               float loss_scale, double* loss, SliceSaved& st);
+  template <class T16>
+  void backward_input(T16, int mb, int slice, const float* dy, float* dx, SliceSaved& st);
+  template <class T16>
+  void backward_weight(T16, int slice, SliceSaved& st, const std::function<void(std::int64_t)>& final_tail);
 };
 
 GptStageCuda::GptStageCuda(const cpu::GptConfig& config, int stage, int stages, cudaStream_t stream,
-                           cublasHandle_t cublas, cpu::DeviceMemory* memory, bool offload)
+                           cublasHandle_t cublas, cpu::DeviceMemory* memory, bool offload, bool fp16)
     : impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
+  I.fp16 = fp16;
   I.cfg = config;
   I.stage = stage;
   I.stages = stages;
@@ -432,7 +530,7 @@ GptStageCuda::GptStageCuda(const cpu::GptConfig& config, int stage, int stages, 
   I.grad = DeviceMemory(static_cast<std::size_t>(I.total) * sizeof(float), stream, true);
   I.m1 = DeviceMemory(bytes, stream, true);
   I.m2 = DeviceMemory(bytes, stream, true);
-  I.wbf = DeviceMemory(static_cast<std::size_t>(resident) * sizeof(bf16), stream);
+  I.wbf = DeviceMemory(static_cast<std::size_t>(resident) * I.bytes16(), stream);
   if (I.memory) I.memory->add(resident * (3 * 4 + 2));
   if (I.offload) {
     const auto b = host_f.begin() + I.bstart, e = host_f.begin() + I.bend;
@@ -446,7 +544,7 @@ GptStageCuda::GptStageCuda(const cpu::GptConfig& config, int stage, int stages, 
   // A stage may hold no parameters (more virtual stages than layers): nothing to copy.
   if (bytes > 0)
     TDPIPE_CUDA_CHECK(cudaMemcpyAsync(I.master.get(), host_f.data(), bytes, cudaMemcpyHostToDevice, stream));
-  k::to_bf16(I.master.as<float>(), I.wbf.as<bf16>(), resident, stream);
+  I.cast16(I.master.as<float>(), I.wbf.get(), resident, stream);
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
@@ -484,13 +582,38 @@ void GptStageCuda::begin_step() {
     TDPIPE_CUDA_CHECK(cudaMemsetAsync(I.grad.get(), 0, static_cast<std::size_t>(I.total) * sizeof(float), I.stream));
   I.slices.clear();
   I.kv.clear();
+  if (I.fp16 && !I.flags.empty()) TDPIPE_CUDA_CHECK(cudaMemsetAsync(I.flags.get(), 0, I.flags.bytes(), I.stream));
 }
+
+void GptStageCuda::set_loss_scales(const std::vector<double>& scales) {
+  Impl& I = *impl_;
+  if (!I.fp16) throw Error("CUDA GPT stage " + std::to_string(I.stage) + ": loss scales, but it trains in bf16");
+  for (double x : scales)
+    if (!(x > 0) || !std::isfinite(static_cast<float>(x)))
+      throw Error("CUDA GPT stage " + std::to_string(I.stage) + ": an fp16 loss scale of " + std::to_string(x) +
+                  "; expected a positive fp32 number");
+  if (I.flags.empty() || I.flags.bytes() != scales.size() * sizeof(int)) {
+    I.flags = DeviceMemory(scales.size() * sizeof(int), I.stream, true);
+  }
+  I.scales.assign(scales.begin(), scales.end());
+}
+
+std::vector<std::uint8_t> GptStageCuda::overflowed() const {
+  const Impl& I = *impl_;
+  if (!I.fp16 || I.flags.empty()) return {};
+  std::vector<int> host(I.scales.size());
+  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(host.data(), I.flags.get(), host.size() * sizeof(int), cudaMemcpyDeviceToHost,
+                                    I.stream));
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(I.stream));
+  return {host.begin(), host.end()};
+}
+
+void GptStageCuda::inject_overflow(int slice) { impl_->inject = slice; }
 
 void GptStageCuda::forward(int mb, int slice, int t0, int t1, const float* x, float* out, const int* tokens,
                            const int* targets, float loss_scale, double* loss) {
   Impl& I = *impl_;
-  const int b = I.cfg.micro_batch, T = t1 - t0, H = I.cfg.hidden, N = b * T;
-  if (T <= 0 || t0 < 0 || t1 > I.cfg.seq)
+  if (t1 - t0 <= 0 || t0 < 0 || t1 > I.cfg.seq)
     throw Error("CUDA stage " + std::to_string(I.stage) + ": F" + std::to_string(mb) + ":s" + std::to_string(slice) +
                 ": token range [" + std::to_string(t0) + ", " + std::to_string(t1) + ") outside the sequence");
   if (I.last() && (targets == nullptr || loss == nullptr))
@@ -504,6 +627,19 @@ void GptStageCuda::forward(int mb, int slice, int t0, int t1, const float* x, fl
   SliceSaved& st = it->second;
   st.t0 = t0;
   st.t1 = t1;
+  if (I.fp16) {
+    I.grad_scale(slice);  // (checks the slice)
+    st.taint = DeviceMemory(sizeof(int), I.stream, true);
+  }
+  I.with16([&](auto z) { I.forward(z, mb, slice, x, out, tokens, targets, loss_scale, loss, st); });
+}
+
+template <class T16>
+void GptStageCuda::Impl::forward(T16, int mb, int slice, const float* x, float* out, const int* tokens,
+                                 const int* targets, float loss_scale, double* loss, SliceSaved& st) {
+  Impl& I = *this;
+  const int t0 = st.t0, t1 = st.t1;
+  const int b = I.cfg.micro_batch, T = t1 - t0, H = I.cfg.hidden, N = b * T;
   const std::size_t nH = std::size_t(N) * H;
   DeviceMemory act(nH * sizeof(float), I.stream);
   if (I.first()) {
@@ -512,11 +648,13 @@ void GptStageCuda::forward(int mb, int slice, int t0, int t1, const float* x, fl
     k::embed_forward(tokens, I.P("embed.tok"), I.P("embed.pos"), act.as<float>(), b, T, I.cfg.seq, t0, H, I.stream);
   } else {
     TDPIPE_CUDA_CHECK(cudaMemcpyAsync(act.get(), x, nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
+    I.read(act.as<float>(), 1, std::int64_t(nH), std::int64_t(nH), st);
   }
   st.blocks.resize(static_cast<std::size_t>(I.last_block - I.first_block));
   for (int l = I.first_block; l < I.last_block; ++l) {
     I.begin_block(l);
-    act = I.block_forward(mb, l, t0, t1, std::move(act), st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+    act = I.block_forward<T16>(mb, l, slice, t0, t1, std::move(act),
+                               st.blocks[static_cast<std::size_t>(l - I.first_block)], st);
     I.end_block(l);
   }
   if (!I.last()) {
@@ -528,16 +666,18 @@ void GptStageCuda::forward(int mb, int slice, int t0, int t1, const float* x, fl
   hs.x = std::move(act);
   hs.mean = DeviceMemory(N * sizeof(float), I.stream);
   hs.rstd = DeviceMemory(N * sizeof(float), I.stream);
-  hs.hf = DeviceMemory(nH * sizeof(bf16), I.stream);
-  k::layernorm_forward(hs.x.as<float>(), I.P("head.ln.g"), I.P("head.ln.b"), hs.hf.as<bf16>(), hs.mean.as<float>(),
+  hs.hf = DeviceMemory(nH * sizeof(T16), I.stream);
+  k::layernorm_forward(hs.x.as<float>(), I.P("head.ln.g"), I.P("head.ln.b"), hs.hf.as<T16>(), hs.mean.as<float>(),
                        hs.rstd.as<float>(), N, H, static_cast<float>(I.cfg.ln_eps), I.stream);
+  I.stored<T16>(hs.hf, slice, st);
   DeviceMemory logits(std::size_t(N) * V * sizeof(float), I.stream);
-  gemm(I.cublas, false, false, N, V, H, 1.f, bf(hs.hf.get(), H), bf(I.W("head.out"), V), 0.f,
+  gemm(I.cublas, false, false, N, V, H, 1.f, in16<T16>(hs.hf.get(), H), in16<T16>(I.W<T16>("head.out"), V), 0.f,
        out_f32(logits.get(), V));
   k::bias_add(logits.as<float>(), I.P("head.bias"), N, V, I.stream);
-  hs.dlogits = DeviceMemory(std::size_t(N) * V * sizeof(bf16), I.stream);
-  k::cross_entropy(logits.as<float>(), targets, hs.dlogits.as<bf16>(), loss, b, T, I.cfg.seq, t0, V, loss_scale,
-                   I.stream);
+  hs.dlogits = DeviceMemory(std::size_t(N) * V * sizeof(T16), I.stream);
+  k::cross_entropy(logits.as<float>(), targets, hs.dlogits.as<T16>(), loss, b, T, I.cfg.seq, t0, V, loss_scale,
+                   loss_scale * I.grad_scale(slice), I.stream);
+  I.stored<T16>(hs.dlogits, slice, st);
 }
 
 void GptStageCuda::backward_input(int mb, int slice, const float* dy, float* dx) {
@@ -554,23 +694,39 @@ void GptStageCuda::backward_input(int mb, int slice, const float* dy, float* dx)
     throw Error("CUDA stage " + std::to_string(I.stage) + ": B" + std::to_string(mb) + ":s" + std::to_string(slice) +
                 " without its gradient input or output");
   st.backward_done = true;
+  I.with16([&](auto z) { I.backward_input(z, mb, slice, dy, dx, st); });
+}
+
+template <class T16>
+void GptStageCuda::Impl::backward_input(T16, int mb, int slice, const float* dy, float* dx, SliceSaved& st) {
+  Impl& I = *this;
   const int H = I.cfg.hidden, N = I.cfg.micro_batch * (st.t1 - st.t0);
   const std::size_t nH = std::size_t(N) * H;
   DeviceMemory grad(nH * sizeof(float), I.stream, I.last());
   if (I.last()) {
     HeadSaved& hs = st.head;
     hs.dhf = DeviceMemory(nH * sizeof(float), I.stream);
-    gemm(I.cublas, false, true, N, H, I.cfg.vocab, 1.f, bf(hs.dlogits.get(), I.cfg.vocab),
-         bf(I.W("head.out"), I.cfg.vocab), 0.f, out_f32(hs.dhf.get(), H));
+    gemm(I.cublas, false, true, N, H, I.cfg.vocab, 1.f, in16<T16>(hs.dlogits.get(), I.cfg.vocab),
+         in16<T16>(I.W<T16>("head.out"), I.cfg.vocab), 0.f, out_f32(hs.dhf.get(), H));
     k::layernorm_backward_input(hs.dhf.as<float>(), hs.x.as<float>(), hs.mean.as<float>(), hs.rstd.as<float>(),
                                 I.P("head.ln.g"), grad.as<float>(), N, H, I.stream);
   } else {
     TDPIPE_CUDA_CHECK(cudaMemcpyAsync(grad.get(), dy, nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
+    I.read(grad.as<float>(), 1, std::int64_t(nH), std::int64_t(nH), st);
+  }
+  if (I.inject == slice && nH > 0) {
+    // An injected overflow (the fault tests): the slice's backward starts from an inf.
+    static const float inf = std::numeric_limits<float>::infinity();
+    static const int one = 1;
+    I.inject = -1;
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(grad.get(), &inf, sizeof inf, cudaMemcpyHostToDevice, I.stream));
+    if (I.fp16)
+      TDPIPE_CUDA_CHECK(cudaMemcpyAsync(I.flags.as<int>() + slice, &one, sizeof one, cudaMemcpyHostToDevice, I.stream));
   }
   for (int l = I.last_block - 1; l >= I.first_block; --l) {
     I.begin_block(l);
-    grad = I.block_backward(mb, l, st.t0, st.t1, grad.as<float>(),
-                            st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+    grad = I.block_backward<T16>(mb, l, slice, st.t0, st.t1, grad.as<float>(),
+                                 st.blocks[static_cast<std::size_t>(l - I.first_block)], st);
     I.end_block(l);
   }
   if (slice == 0) {
@@ -591,26 +747,35 @@ void GptStageCuda::backward_weight(int mb, int slice, const std::function<void(s
   if (it == I.slices.end() || !it->second.backward_done)
     throw Error("CUDA stage " + std::to_string(I.stage) + ": W" + std::to_string(mb) + ":s" + std::to_string(slice) +
                 " before its B");
-  SliceSaved& st = it->second;
+  I.with16([&](auto z) { I.backward_weight(z, slice, it->second, final_tail); });
+  I.slices.erase(it);
+}
+
+template <class T16>
+void GptStageCuda::Impl::backward_weight(T16, int slice, SliceSaved& st,
+                                         const std::function<void(std::int64_t)>& final_tail) {
+  Impl& I = *this;
   const int T = st.t1 - st.t0, H = I.cfg.hidden, N = I.cfg.micro_batch * T, V = I.cfg.vocab;
+  const float u = 1.f / I.grad_scale(slice);  // fp16: the parts are added unscaled
   if (I.last()) {
     HeadSaved& hs = st.head;
-    gemm(I.cublas, true, false, H, V, N, 1.f, bf(hs.hf.get(), H), bf(hs.dlogits.get(), V), 1.f,
+    gemm(I.cublas, true, false, H, V, N, u, in16<T16>(hs.hf.get(), H), in16<T16>(hs.dlogits.get(), V), 1.f,
          out_f32(I.G("head.out"), V));
-    k::column_sum(hs.dlogits.as<bf16>(), I.G("head.bias"), N, V, I.stream);
+    k::column_sum(hs.dlogits.as<T16>(), I.G("head.bias"), N, V, u, I.stream);
     k::layernorm_backward_weight(hs.dhf.as<float>(), hs.x.as<float>(), hs.mean.as<float>(), hs.rstd.as<float>(),
-                                 I.G("head.ln.g"), I.G("head.ln.b"), N, H, I.stream);
+                                 I.G("head.ln.g"), I.G("head.ln.b"), N, H, u, I.stream);
     if (final_tail) final_tail(I.total - I.spec("head.ln.g").offset);
   }
   for (int l = I.last_block - 1; l >= I.first_block; --l) {
-    I.block_weight(l, T, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
+    I.block_weight<T16>(l, slice, T, st.blocks[static_cast<std::size_t>(l - I.first_block)]);
     if (final_tail && (l > I.first_block || I.first())) final_tail(I.total - I.spec(I.bname(l, "ln1.g")).offset);
   }
-  if (I.first())
+  if (I.first()) {
+    if (u != 1.f) k::scale(st.dx0.as<float>(), u, std::int64_t(N) * H, I.stream);
     k::embed_backward(st.tokens, st.dx0.as<float>(), I.G("embed.tok"), I.G("embed.pos"), I.cfg.micro_batch, T,
                       I.cfg.seq, st.t0, H, I.stream);
+  }
   if (final_tail) final_tail(I.total);
-  I.slices.erase(it);
 }
 
 void GptStageCuda::adam(const cpu::AdamConfig& a, int t) { adam(a, t, 0, impl_->total); }
@@ -627,10 +792,12 @@ void GptStageCuda::adam(const cpu::AdamConfig& a, int t, std::int64_t first, std
   const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, t);
   // Elementwise: a part of the flat vectors is stepped exactly as in the full step.
   const std::int64_t r = I.resident_index(first);
-  k::adam(I.master.as<float>() + r, I.grad.as<float>() + first, I.m1.as<float>() + r, I.m2.as<float>() + r,
-          I.wbf.as<bf16>() + r, last - first, static_cast<float>(a.lr), static_cast<float>(a.beta1),
-          static_cast<float>(a.beta2), static_cast<float>(a.eps), static_cast<float>(c1), static_cast<float>(c2),
-          I.stream);
+  I.with16([&](auto z) {
+    k::adam(I.master.as<float>() + r, I.grad.as<float>() + first, I.m1.as<float>() + r, I.m2.as<float>() + r,
+            I.wbf.as<decltype(z)>() + r, last - first, static_cast<float>(a.lr), static_cast<float>(a.beta1),
+            static_cast<float>(a.beta2), static_cast<float>(a.eps), static_cast<float>(c1), static_cast<float>(c2),
+            I.stream);
+  });
 }
 
 int GptStageCuda::blocks() const { return static_cast<int>(impl_->block_range.size()); }
@@ -658,9 +825,9 @@ void GptStageCuda::load_block(int block, bool state, cudaStream_t copy) {
     c.bytes = 3 * static_cast<std::int64_t>(fbytes);
     TDPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&c.stepped.e, cudaEventDisableTiming));
   } else {
-    c.wbf = DeviceMemory(static_cast<std::size_t>(n) * sizeof(bf16), copy);
-    k::to_bf16(c.master.as<float>(), c.wbf.as<bf16>(), n, copy);
-    c.bytes = static_cast<std::int64_t>(fbytes) + n * std::int64_t(sizeof(bf16));
+    c.wbf = DeviceMemory(static_cast<std::size_t>(n) * I.bytes16(), copy);
+    I.cast16(c.master.as<float>(), c.wbf.get(), n, copy);
+    c.bytes = static_cast<std::int64_t>(fbytes) + n * std::int64_t(I.bytes16());
   }
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(copy));  // the LOAD ends when its block is there
   const std::int64_t bytes = c.bytes;
@@ -711,7 +878,7 @@ void GptStageCuda::release_held() {
     if (I.in_use[static_cast<std::size_t>(b)]) release_block(b);
 }
 
-void GptStageCuda::adam_block(const cpu::AdamConfig& a, int t, int block) {
+void GptStageCuda::adam_block(const cpu::AdamConfig& a, int t, int block, bool skip) {
   Impl& I = *impl_;
   I.check_block(block, "Adam");
   BlockCopy* c = nullptr;
@@ -725,9 +892,11 @@ void GptStageCuda::adam_block(const cpu::AdamConfig& a, int t, int block) {
   }
   const auto [first, last] = I.block_range[static_cast<std::size_t>(block)];
   const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, t);
-  k::adam(c->master.as<float>(), I.grad.as<float>() + first, c->m1.as<float>(), c->m2.as<float>(), nullptr,
-          last - first, static_cast<float>(a.lr), static_cast<float>(a.beta1), static_cast<float>(a.beta2),
-          static_cast<float>(a.eps), static_cast<float>(c1), static_cast<float>(c2), I.stream);
+  if (!skip)  // (no 16-bit copy: the block's next LOAD casts one)
+    k::adam(c->master.as<float>(), I.grad.as<float>() + first, c->m1.as<float>(), c->m2.as<float>(),
+            static_cast<bf16*>(nullptr), last - first, static_cast<float>(a.lr), static_cast<float>(a.beta1),
+            static_cast<float>(a.beta2), static_cast<float>(a.eps), static_cast<float>(c1), static_cast<float>(c2),
+            I.stream);
   TDPIPE_CUDA_CHECK(cudaEventRecord(c->stepped.e, I.stream));
 }
 
@@ -771,14 +940,16 @@ void GptStageCuda::adam_frozen_variance(const cpu::AdamConfig& a, int t, int fro
   if (I.total == 0) return;
   if (I.offload) throw Error("1-bit Adam with parameter offload is not built (the scenario check refuses it)");
   const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, frozen_at);
-  k::adam_frozen_variance(I.master.as<float>(), I.m1.as<float>(), I.m2.as<float>(), I.wbf.as<bf16>(), I.total,
-                          static_cast<float>(a.lr), static_cast<float>(a.eps), static_cast<float>(c1),
-                          static_cast<float>(c2), I.stream);
+  I.with16([&](auto z) {
+    k::adam_frozen_variance(I.master.as<float>(), I.m1.as<float>(), I.m2.as<float>(), I.wbf.as<decltype(z)>(),
+                            I.total, static_cast<float>(a.lr), static_cast<float>(a.eps), static_cast<float>(c1),
+                            static_cast<float>(c2), I.stream);
+  });
 }
 
 void GptStageCuda::refresh_bf16_weights() {
   Impl& I = *impl_;
-  k::to_bf16(I.master.as<float>(), I.wbf.as<bf16>(), I.resident(), I.stream);
+  I.cast16(I.master.as<float>(), I.wbf.get(), I.resident(), I.stream);
 }
 
 namespace {

@@ -1,8 +1,16 @@
 // gpt_cuda.hpp — internal to exec/cuda: one virtual stage of the CPU executor's GPT
 // (exec/cpu/gpt.hpp) on a GPU — same parameters (names, shapes, initial values,
-// flat order), same stage split, same temporal slices and B/W split — with bf16
+// flat order), same stage split, same temporal slices and B/W split — with 16-bit
 // GEMMs on cuBLAS (fp32 accumulation), an fp32 residual stream, fp32 master weights,
-// gradients and Adam moments, and a bf16 copy of the weights for the GEMMs.
+// gradients and Adam moments, and a 16-bit copy of the weights for the GEMMs.
+//
+// The 16-bit type is bf16, or IEEE fp16 for fp16 training (model.dtype: fp16): then
+// the loss is scaled per temporal slice (set_loss_scales; TD-Pipe's TDScaler), every
+// fp16 tensor a slice stores — activations saved for B and W, gradients between layers,
+// the head's dlogits — is checked for inf/NaN on the device and flags its slice
+// (overflowed), a slice that read another's inf is tainted rather than flagged (as
+// exec/src/cpu_gpt.cpp), and weight gradients, like the key/value gradient sums that
+// several slices add to, are accumulated unscaled in fp32 (GEMM alpha = 1 / scale).
 #pragma once
 
 #include <cstdint>
@@ -28,8 +36,10 @@ class GptStageCuda {
   /// device holds. With `offload` (parallel.param_offload: layers) the decoder blocks'
   /// weights and moments live in host memory: a block is on the device only while a LOAD's
   /// copy of it is (load_block … release_block / offload_block); gradients stay resident.
+  /// `fp16`: fp16 training with loss scaling (else bf16).
   GptStageCuda(const cpu::GptConfig& config, int stage, int stages, cudaStream_t stream,
-               cublasHandle_t cublas, cpu::DeviceMemory* memory = nullptr, bool offload = false);
+               cublasHandle_t cublas, cpu::DeviceMemory* memory = nullptr, bool offload = false,
+               bool fp16 = false);
   ~GptStageCuda();
   GptStageCuda(GptStageCuda&&) noexcept;
   GptStageCuda& operator=(GptStageCuda&&) noexcept;
@@ -37,12 +47,22 @@ class GptStageCuda {
   bool is_first() const;
   bool is_last() const;
 
-  /// Zeroes gradients, drops activations and KV caches.
+  /// Zeroes gradients (and fp16's overflow flags), drops activations and KV caches.
   void begin_step();
+  /// fp16 training: the per-slice loss scales of the coming step (before begin_step);
+  /// tdpipe::Error on a bf16 stage or a scale that is not a positive fp32 number.
+  void set_loss_scales(const std::vector<double>& scales);
+  /// fp16: per slice, whether its stores this step overflowed (downloads; waits for the
+  /// stream). Empty in bf16.
+  std::vector<std::uint8_t> overflowed() const;
+  /// The next B of `slice` starts from an inf in its input gradient (and flags the
+  /// slice): the fault tests' injected overflow, as cpu::GptStage::inject_overflow.
+  void inject_overflow(int slice);
   /// Forward of tokens [t0, t1) of micro-batch `mb`. `x`: input activation (fp32
   /// b·(t1−t0) × hidden; ignored on stage 0). `tokens`/`targets`: device int32 b × seq
   /// (stage 0 / last stage). Writes the output activation to `out` (not on the last
-  /// stage, which adds loss_scale · Σ cross-entropy to the device double *loss).
+  /// stage, which adds loss_scale · Σ cross-entropy to the device double *loss; its
+  /// gradient is of loss_scale times the slice's fp16 loss scale).
   void forward(int mb, int slice, int t0, int t1, const float* x, float* out, const int* tokens,
                const int* targets, float loss_scale, double* loss);
   /// B: dL/d(output) `dy` (ignored on the last stage) → dL/d(input) into `dx` (not on stage 0).
@@ -89,8 +109,9 @@ class GptStageCuda {
   /// with its local index; empty functions: none.
   void set_block_hooks(std::function<void(int)> begin, std::function<void(int)> end);
   /// Adam step t over block `block`'s state copy (load_block(block, true)), on the compute
-  /// stream; adam_resident: over the embedding and head (every parameter without offload).
-  void adam_block(const cpu::AdamConfig& adam, int t, int block);
+  /// stream (`skip`: a skipped fp16 step — the copy goes back unchanged); adam_resident:
+  /// over the embedding and head (every parameter without offload).
+  void adam_block(const cpu::AdamConfig& adam, int t, int block, bool skip = false);
   void adam_resident(const cpu::AdamConfig& adam, int t);
   /// On the copy stream, after adam_block's kernels: writes the block's stepped weights
   /// and moments back to host memory and frees its copy.

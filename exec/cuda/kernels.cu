@@ -1,7 +1,7 @@
 // kernels.cu — the GPT model's own kernels: LayerNorm, causal softmax with a slice
 // prefix, GeLU, residual/bias adds, head (un)packing, embedding, cross-entropy,
-// column sums and Adam. Correct first: one warp or block per row with fp32
-// arithmetic; bf16 only where the value feeds a GEMM.
+// column sums, Adam and fp16's overflow check. Correct first: one warp or block per
+// row with fp32 arithmetic; 16-bit (T16: bf16 or fp16) only where the value feeds a GEMM.
 #include "kernels.cuh"
 
 #include <cmath>
@@ -59,6 +59,17 @@ __device__ float block_max(float v) {
   return r;
 }
 
+// The 16-bit types' conversions (T16 = bf16 or half), and fp32's own for col_sum.
+__device__ __forceinline__ float f32(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float f32(half x) { return __half2float(x); }
+__device__ __forceinline__ float f32(float x) { return x; }
+template <class T>
+__device__ __forceinline__ T to16(float x);
+template <>
+__device__ __forceinline__ bf16 to16<bf16>(float x) { return __float2bfloat16(x); }
+template <>
+__device__ __forceinline__ half to16<half>(float x) { return __float2half(x); }
+
 unsigned blocks_for(std::int64_t n, int threads) {
   std::int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 65535 * 64 ? b : 65535 * 64);
@@ -66,7 +77,8 @@ unsigned blocks_for(std::int64_t n, int threads) {
 
 // ---- LayerNorm: one warp per row -------------------------------------------------
 
-__global__ void ln_fwd(const float* x, const float* g, const float* bta, bf16* y, float* mean,
+template <class T16>
+__global__ void ln_fwd(const float* x, const float* g, const float* bta, T16* y, float* mean,
                        float* rstd, int rows, int cols, float eps) {
   int row = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   int lane = threadIdx.x % kWarp;
@@ -78,8 +90,8 @@ __global__ void ln_fwd(const float* x, const float* g, const float* bta, bf16* y
   float v = 0;
   for (int c = lane; c < cols; c += kWarp) { float d = xr[c] - mu; v += d * d; }
   float rs = rsqrtf(warp_sum(v) / cols + eps);
-  bf16* yr = y + static_cast<std::int64_t>(row) * cols;
-  for (int c = lane; c < cols; c += kWarp) yr[c] = __float2bfloat16((xr[c] - mu) * rs * g[c] + bta[c]);
+  T16* yr = y + static_cast<std::int64_t>(row) * cols;
+  for (int c = lane; c < cols; c += kWarp) yr[c] = to16<T16>((xr[c] - mu) * rs * g[c] + bta[c]);
   if (lane == 0) { mean[row] = mu; rstd[row] = rs; }
 }
 
@@ -108,7 +120,7 @@ __global__ void ln_bwd_in(const float* dy, const float* x, const float* mean, co
 
 // Column reductions: a 32-column tile per block, rows strided over blockDim.y, atomics at the end.
 __global__ void ln_bwd_w(const float* dy, const float* x, const float* mean, const float* rstd,
-                         float* dg, float* db, int rows, int cols) {
+                         float* dg, float* db, int rows, int cols, float scale) {
   int c = blockIdx.x * kWarp + threadIdx.x;
   float sg = 0, sb = 0;
   if (c < cols) {
@@ -125,24 +137,24 @@ __global__ void ln_bwd_w(const float* dy, const float* x, const float* mean, con
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
     for (int k = 1; k < blockDim.y; ++k) { sg += tg[k][threadIdx.x]; sb += tb[k][threadIdx.x]; }
-    atomicAdd(dg + c, sg);
-    atomicAdd(db + c, sb);
+    atomicAdd(dg + c, scale * sg);
+    atomicAdd(db + c, scale * sb);
   }
 }
 
 template <class T>
-__global__ void col_sum(const T* dy, float* db, int rows, int cols) {
+__global__ void col_sum(const T* dy, float* db, int rows, int cols, float scale) {
   int c = blockIdx.x * kWarp + threadIdx.x;
   float s = 0;
   if (c < cols)
     for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y)
-      s += static_cast<float>(dy[static_cast<std::int64_t>(r) * cols + c]);
+      s += f32(dy[static_cast<std::int64_t>(r) * cols + c]);
   __shared__ float t[8][kWarp];
   t[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
     for (int k = 1; k < blockDim.y; ++k) s += t[k][threadIdx.x];
-    atomicAdd(db + c, s);
+    atomicAdd(db + c, scale * s);
   }
 }
 
@@ -153,10 +165,11 @@ dim3 col_grid(int rows, int cols) {
 
 // ---- elementwise -------------------------------------------------------------------
 
-__global__ void bias_add_k(bf16* y, const float* b, std::int64_t n, int cols) {
+template <class T16>
+__global__ void bias_add_k(T16* y, const float* b, std::int64_t n, int cols) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x)
-    y[i] = __float2bfloat16(__bfloat162float(y[i]) + b[i % cols]);
+    y[i] = to16<T16>(f32(y[i]) + b[i % cols]);
 }
 __global__ void bias_add_f32_k(float* y, const float* b, std::int64_t n, int cols) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -175,6 +188,24 @@ __global__ void add_k(float* y, const float* a, const float* b, std::int64_t n) 
     y[i] = a[i] + b[i];
 }
 
+__global__ void scale_k(float* x, float f, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x)
+    x[i] *= f;
+}
+// Any element of the runs not finite → *flag = 1 (a plain store: every writer writes 1).
+template <class T>
+__global__ void nonfinite_k(const T* x, int runs, std::int64_t len, std::int64_t stride, int* flag,
+                            const int* unless) {
+  if (unless != nullptr && *unless != 0) return;
+  const std::int64_t n = std::int64_t(runs) * len;
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    const float v = f32(x[(i / len) * stride + i % len]);
+    if (!(fabsf(v) <= 3.402823466e38f)) *flag = 1;  // inf and NaN (NaN compares false)
+  }
+}
+
 __device__ __forceinline__ float gelu_tanh(float u) {
   const float k = 0.7978845608028654f;  // sqrt(2/pi)
   return 0.5f * u * (1.f + tanhf(k * (u + 0.044715f * u * u * u)));
@@ -188,31 +219,36 @@ __device__ __forceinline__ float gelu_tanh_grad(float u) {
   float t = tanhf(inner);
   return 0.5f * (1.f + t) + 0.5f * u * (1.f - t * t) * k * (1.f + 3.f * 0.044715f * u * u);
 }
-__global__ void gelu_f(const bf16* u, bf16* g, std::int64_t n) {
+template <class T16>
+__global__ void gelu_f(const T16* u, T16* g, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x)
-    g[i] = __float2bfloat16(gelu_tanh(__bfloat162float(u[i])));
+    g[i] = to16<T16>(gelu_tanh(f32(u[i])));
 }
-__global__ void gelu_b(const bf16* dg, const bf16* u, bf16* du, std::int64_t n) {
+template <class T16>
+__global__ void gelu_b(const T16* dg, const T16* u, T16* du, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x)
-    du[i] = __float2bfloat16(__bfloat162float(dg[i]) * gelu_tanh_grad(__bfloat162float(u[i])));
+    du[i] = to16<T16>(f32(dg[i]) * gelu_tanh_grad(f32(u[i])));
 }
-__global__ void to_bf16_k(const float* x, bf16* y, std::int64_t n) {
+template <class T16>
+__global__ void to16_k(const float* x, T16* y, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x)
-    y[i] = __float2bfloat16(x[i]);
+    y[i] = to16<T16>(x[i]);
 }
-__global__ void to_f32_k(const bf16* x, float* y, std::int64_t n) {
+template <class T16>
+__global__ void to_f32_k(const T16* x, float* y, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x)
-    y[i] = __bfloat162float(x[i]);
+    y[i] = f32(x[i]);
 }
 
 // ---- attention layout ----------------------------------------------------------------
 
 // One thread per (row n, column c) of a [b·Tq, h] tensor; head = c / dh.
-__global__ void split_qkv_k(const bf16* qkv, bf16* q, bf16* kc, bf16* vc, int b, int tq, int tt, int t0,
+template <class T16>
+__global__ void split_qkv_k(const T16* qkv, T16* q, T16* kc, T16* vc, int b, int tq, int tt, int t0,
                             int heads, int dh) {
   int h = heads * dh;
   std::int64_t n = std::int64_t(b) * tq * h;
@@ -228,7 +264,8 @@ __global__ void split_qkv_k(const bf16* qkv, bf16* q, bf16* kc, bf16* vc, int b,
     vc[kv] = qkv[2 * n + i];
   }
 }
-__global__ void merge_heads_k(const bf16* o, bf16* out, int b, int tq, int heads, int dh) {
+template <class T16>
+__global__ void merge_heads_k(const T16* o, T16* out, int b, int tq, int heads, int dh) {
   int h = heads * dh;
   std::int64_t n = std::int64_t(b) * tq * h;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -239,7 +276,8 @@ __global__ void merge_heads_k(const bf16* o, bf16* out, int b, int tq, int heads
     out[i] = o[head_major_index(seq, r, c, heads, dh, tq, 0)];
   }
 }
-__global__ void split_heads_k(const bf16* in, bf16* o, int b, int tq, int heads, int dh) {
+template <class T16>
+__global__ void split_heads_k(const T16* in, T16* o, int b, int tq, int heads, int dh) {
   int h = heads * dh;
   std::int64_t n = std::int64_t(b) * tq * h;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -250,8 +288,9 @@ __global__ void split_heads_k(const bf16* in, bf16* o, int b, int tq, int heads,
     o[head_major_index(seq, r, c, heads, dh, tq, 0)] = in[i];
   }
 }
-__global__ void gather_dqkv_k(const bf16* dq, const float* dk, const float* dv, bf16* dqkv, int b, int tq,
-                              int tt, int t0, int heads, int dh) {
+template <class T16>
+__global__ void gather_dqkv_k(const T16* dq, const float* dk, const float* dv, T16* dqkv, int b, int tq,
+                              int tt, int t0, int heads, int dh, float kv_scale) {
   int h = heads * dh;
   std::int64_t n = std::int64_t(b) * tq * h;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -261,18 +300,19 @@ __global__ void gather_dqkv_k(const bf16* dq, const float* dk, const float* dv, 
     int seq = static_cast<int>(row / tq), r = static_cast<int>(row % tq);
     const std::int64_t kv = head_major_index(seq, r, c, heads, dh, tt, t0);
     dqkv[i] = dq[head_major_index(seq, r, c, heads, dh, tq, 0)];
-    dqkv[n + i] = __float2bfloat16(dk[kv]);
-    dqkv[2 * n + i] = __float2bfloat16(dv[kv]);
+    dqkv[n + i] = to16<T16>(kv_scale * dk[kv]);
+    dqkv[2 * n + i] = to16<T16>(kv_scale * dv[kv]);
   }
 }
 
 // One block per score row; keys k ≤ t0 + r are visible.
-__global__ void causal_softmax_k(const float* s, bf16* p, int tq, int tk, int t0) {
+template <class T16>
+__global__ void causal_softmax_k(const float* s, T16* p, int tq, int tk, int t0) {
   std::int64_t row = blockIdx.x;
   int r = static_cast<int>(row % tq);
   const int visible = visible_keys(t0, r, tk);
   const float* sr = s + row * tk;
-  bf16* pr = p + row * tk;
+  T16* pr = p + row * tk;
   float m = -INFINITY;
   for (int k = threadIdx.x; k < visible; k += blockDim.x) m = fmaxf(m, sr[k]);
   m = block_max(m);
@@ -283,17 +323,18 @@ __global__ void causal_softmax_k(const float* s, bf16* p, int tq, int tk, int t0
   z = block_sum(z);
   float inv = 1.f / z;
   for (int k = threadIdx.x; k < tk; k += blockDim.x)
-    pr[k] = __float2bfloat16(k < visible ? expf(sr[k] - m) * inv : 0.f);
+    pr[k] = to16<T16>(k < visible ? expf(sr[k] - m) * inv : 0.f);
 }
-__global__ void softmax_bwd_k(const bf16* p, const float* dp, bf16* ds, int tk, float scale) {
+template <class T16>
+__global__ void softmax_bwd_k(const T16* p, const float* dp, T16* ds, int tk, float scale) {
   std::int64_t row = blockIdx.x;
-  const bf16* pr = p + row * tk;
+  const T16* pr = p + row * tk;
   const float* dr = dp + row * tk;
   float s = 0;
-  for (int k = threadIdx.x; k < tk; k += blockDim.x) s += __bfloat162float(pr[k]) * dr[k];
+  for (int k = threadIdx.x; k < tk; k += blockDim.x) s += f32(pr[k]) * dr[k];
   s = block_sum(s);
   for (int k = threadIdx.x; k < tk; k += blockDim.x)
-    ds[row * tk + k] = __float2bfloat16(scale * __bfloat162float(pr[k]) * (dr[k] - s));
+    ds[row * tk + k] = to16<T16>(scale * f32(pr[k]) * (dr[k] - s));
 }
 
 // ---- embedding and loss ----------------------------------------------------------------
@@ -323,8 +364,9 @@ __global__ void embed_b(const int* tokens, const float* dx, float* dtok, float* 
     atomicAdd(dpos + std::int64_t(t0 + r) * h + c, dx[i]);
   }
 }
-__global__ void cross_entropy_k(const float* logits, const int* targets, bf16* dlogits, double* loss_sum,
-                                int tq, int tt, int t0, int vocab, float scale) {
+template <class T16>
+__global__ void cross_entropy_k(const float* logits, const int* targets, T16* dlogits, double* loss_sum,
+                                int tq, int tt, int t0, int vocab, float scale, float grad_scale) {
   std::int64_t row = blockIdx.x;
   int seq = static_cast<int>(row / tq), r = static_cast<int>(row % tq);
   const int target = targets[std::int64_t(seq) * tt + t0 + r];
@@ -340,7 +382,7 @@ __global__ void cross_entropy_k(const float* logits, const int* targets, bf16* d
   z = block_sum(z);
   float inv = 1.f / z;
   for (int k = threadIdx.x; k < vocab; k += blockDim.x)
-    dlogits[row * vocab + k] = __float2bfloat16(scale * (expf(lr[k] - m) * inv - (k == target ? 1.f : 0.f)));
+    dlogits[row * vocab + k] = to16<T16>(grad_scale * (expf(lr[k] - m) * inv - (k == target ? 1.f : 0.f)));
   if (threadIdx.x == 0) {
     const double loss =
         valid ? (static_cast<double>(m) + log(static_cast<double>(z))) - lr[target] : nan("");
@@ -348,7 +390,8 @@ __global__ void cross_entropy_k(const float* logits, const int* targets, bf16* d
   }
 }
 
-__global__ void adam_k(float* p, const float* g, float* m, float* v, bf16* pb, std::int64_t n, float lr,
+template <class T16>
+__global__ void adam_k(float* p, const float* g, float* m, float* v, T16* pb, std::int64_t n, float lr,
                        float b1, float b2, float eps, float bias1, float bias2) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x) {
@@ -359,17 +402,18 @@ __global__ void adam_k(float* p, const float* g, float* m, float* v, bf16* pb, s
     v[i] = vi;
     float pi = p[i] - lr * (mi / bias1) / (sqrtf(vi / bias2) + eps);
     p[i] = pi;
-    if (pb) pb[i] = __float2bfloat16(pi);
+    if (pb) pb[i] = to16<T16>(pi);
   }
 }
 
-__global__ void adam_frozen_k(float* p, const float* m, const float* v, bf16* pb, std::int64_t n, float lr,
+template <class T16>
+__global__ void adam_frozen_k(float* p, const float* m, const float* v, T16* pb, std::int64_t n, float lr,
                               float eps, float bias1, float bias2) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x) {
     float pi = p[i] - lr * (m[i] / bias1) / (sqrtf(v[i] / bias2) + eps);
     p[i] = pi;
-    pb[i] = __float2bfloat16(pi);
+    pb[i] = to16<T16>(pi);
   }
 }
 
@@ -437,11 +481,12 @@ constexpr int kThreads = 256;
 
 }  // namespace
 
-void layernorm_forward(const float* x, const float* gamma, const float* beta, bf16* y, float* mean,
+template <class T16>
+void layernorm_forward(const float* x, const float* gamma, const float* beta, T16* y, float* mean,
                        float* rstd, int rows, int cols, float eps, cudaStream_t stream) {
   if (rows == 0) return;
   int rows_per_block = kThreads / kWarp;
-  ln_fwd<<<(rows + rows_per_block - 1) / rows_per_block, kThreads, 0, stream>>>(x, gamma, beta, y, mean,
+  ln_fwd<T16><<<(rows + rows_per_block - 1) / rows_per_block, kThreads, 0, stream>>>(x, gamma, beta, y, mean,
                                                                                  rstd, rows, cols, eps);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
@@ -454,15 +499,16 @@ void layernorm_backward_input(const float* dy, const float* x, const float* mean
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
 void layernorm_backward_weight(const float* dy, const float* x, const float* mean, const float* rstd,
-                               float* dgamma, float* dbeta, int rows, int cols, cudaStream_t stream) {
+                               float* dgamma, float* dbeta, int rows, int cols, float scale, cudaStream_t stream) {
   if (rows == 0) return;
-  ln_bwd_w<<<col_grid(rows, cols), dim3(kWarp, 8), 0, stream>>>(dy, x, mean, rstd, dgamma, dbeta, rows, cols);
+  ln_bwd_w<<<col_grid(rows, cols), dim3(kWarp, 8), 0, stream>>>(dy, x, mean, rstd, dgamma, dbeta, rows, cols, scale);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void bias_add(bf16* y, const float* b, int rows, int cols, cudaStream_t stream) {
+template <class T16>
+void bias_add(T16* y, const float* b, int rows, int cols, cudaStream_t stream) {
   std::int64_t n = std::int64_t(rows) * cols;
   if (n == 0) return;
-  bias_add_k<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(y, b, n, cols);
+  bias_add_k<T16><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(y, b, n, cols);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
 void bias_add(float* y, const float* b, int rows, int cols, cudaStream_t stream) {
@@ -483,53 +529,61 @@ void add(float* y, const float* a, const float* b, std::int64_t n, cudaStream_t 
   add_k<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(y, a, b, n);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void gelu_forward(const bf16* u, bf16* g, std::int64_t n, cudaStream_t stream) {
+template <class T16>
+void gelu_forward(const T16* u, T16* g, std::int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  gelu_f<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(u, g, n);
+  gelu_f<T16><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(u, g, n);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void gelu_backward(const bf16* dg, const bf16* u, bf16* du, std::int64_t n, cudaStream_t stream) {
+template <class T16>
+void gelu_backward(const T16* dg, const T16* u, T16* du, std::int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  gelu_b<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(dg, u, du, n);
+  gelu_b<T16><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(dg, u, du, n);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void split_qkv(const bf16* qkv, bf16* q, bf16* kcache, bf16* vcache, int b, int tq, int t_total, int t0,
+template <class T16>
+void split_qkv(const T16* qkv, T16* q, T16* kcache, T16* vcache, int b, int tq, int t_total, int t0,
                int heads, int head_dim, cudaStream_t stream) {
   std::int64_t n = std::int64_t(b) * tq * heads * head_dim;
   if (n == 0) return;
-  split_qkv_k<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(qkv, q, kcache, vcache, b, tq, t_total, t0,
+  split_qkv_k<T16><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(qkv, q, kcache, vcache, b, tq, t_total, t0,
                                                                 heads, head_dim);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void causal_softmax(const float* scores, bf16* p, int bh, int tq, int tk, int t0, cudaStream_t stream) {
+template <class T16>
+void causal_softmax(const float* scores, T16* p, int bh, int tq, int tk, int t0, cudaStream_t stream) {
   if (bh * tq == 0) return;
-  causal_softmax_k<<<bh * tq, 128, 0, stream>>>(scores, p, tq, tk, t0);
+  causal_softmax_k<T16><<<bh * tq, 128, 0, stream>>>(scores, p, tq, tk, t0);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void softmax_backward(const bf16* p, const float* dp, bf16* ds, int bh, int tq, int tk, float scale,
+template <class T16>
+void softmax_backward(const T16* p, const float* dp, T16* ds, int bh, int tq, int tk, float scale,
                       cudaStream_t stream) {
   if (bh * tq == 0) return;
-  softmax_bwd_k<<<bh * tq, 128, 0, stream>>>(p, dp, ds, tk, scale);
+  softmax_bwd_k<T16><<<bh * tq, 128, 0, stream>>>(p, dp, ds, tk, scale);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void merge_heads(const bf16* o, bf16* out, int b, int tq, int heads, int head_dim, cudaStream_t stream) {
+template <class T16>
+void merge_heads(const T16* o, T16* out, int b, int tq, int heads, int head_dim, cudaStream_t stream) {
   std::int64_t n = std::int64_t(b) * tq * heads * head_dim;
   if (n == 0) return;
-  merge_heads_k<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(o, out, b, tq, heads, head_dim);
+  merge_heads_k<T16><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(o, out, b, tq, heads, head_dim);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void split_heads(const bf16* in, bf16* o, int b, int tq, int heads, int head_dim, cudaStream_t stream) {
+template <class T16>
+void split_heads(const T16* in, T16* o, int b, int tq, int heads, int head_dim, cudaStream_t stream) {
   std::int64_t n = std::int64_t(b) * tq * heads * head_dim;
   if (n == 0) return;
-  split_heads_k<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(in, o, b, tq, heads, head_dim);
+  split_heads_k<T16><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(in, o, b, tq, heads, head_dim);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void gather_dqkv(const bf16* dq, const float* dk_acc, const float* dv_acc, bf16* dqkv, int b, int tq,
-                 int t_total, int t0, int heads, int head_dim, cudaStream_t stream) {
+template <class T16>
+void gather_dqkv(const T16* dq, const float* dk_acc, const float* dv_acc, T16* dqkv, int b, int tq,
+                 int t_total, int t0, int heads, int head_dim, float kv_scale, cudaStream_t stream) {
   std::int64_t n = std::int64_t(b) * tq * heads * head_dim;
   if (n == 0) return;
-  gather_dqkv_k<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(dq, dk_acc, dv_acc, dqkv, b, tq, t_total,
-                                                                  t0, heads, head_dim);
+  gather_dqkv_k<T16><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(dq, dk_acc, dv_acc, dqkv, b, tq, t_total,
+                                                                  t0, heads, head_dim, kv_scale);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
 void embed_forward(const int* tokens, const float* tok, const float* pos, float* x, int b, int tq,
@@ -547,45 +601,66 @@ void embed_backward(const int* tokens, const float* dx, float* dtok, float* dpos
                                                             hidden);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void cross_entropy(const float* logits, const int* targets, bf16* dlogits, double* loss_sum, int b,
-                   int tq, int t_total, int t0, int vocab, float scale, cudaStream_t stream) {
+template <class T16>
+void cross_entropy(const float* logits, const int* targets, T16* dlogits, double* loss_sum, int b,
+                   int tq, int t_total, int t0, int vocab, float loss_scale, float grad_scale, cudaStream_t stream) {
   if (b * tq == 0) return;
-  cross_entropy_k<<<b * tq, 256, 0, stream>>>(logits, targets, dlogits, loss_sum, tq, t_total, t0, vocab,
-                                              scale);
+  cross_entropy_k<T16><<<b * tq, 256, 0, stream>>>(logits, targets, dlogits, loss_sum, tq, t_total, t0, vocab,
+                                                   loss_scale, grad_scale);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void column_sum(const bf16* dy, float* db, int rows, int cols, cudaStream_t stream) {
+template <class T16>
+void column_sum(const T16* dy, float* db, int rows, int cols, float scale, cudaStream_t stream) {
   if (rows == 0) return;
-  col_sum<bf16><<<col_grid(rows, cols), dim3(kWarp, 8), 0, stream>>>(dy, db, rows, cols);
+  col_sum<T16><<<col_grid(rows, cols), dim3(kWarp, 8), 0, stream>>>(dy, db, rows, cols, scale);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void column_sum(const float* dy, float* db, int rows, int cols, cudaStream_t stream) {
+void column_sum(const float* dy, float* db, int rows, int cols, float scale, cudaStream_t stream) {
   if (rows == 0) return;
-  col_sum<float><<<col_grid(rows, cols), dim3(kWarp, 8), 0, stream>>>(dy, db, rows, cols);
+  col_sum<float><<<col_grid(rows, cols), dim3(kWarp, 8), 0, stream>>>(dy, db, rows, cols, scale);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void to_bf16(const float* x, bf16* y, std::int64_t n, cudaStream_t stream) {
+template <class T16>
+void to_16(const float* x, T16* y, std::int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  to_bf16_k<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  to16_k<T16><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(x, y, n);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void to_f32(const bf16* x, float* y, std::int64_t n, cudaStream_t stream) {
+template <class T16>
+void to_f32(const T16* x, float* y, std::int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  to_f32_k<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  to_f32_k<T16><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(x, y, n);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
-void adam(float* p, const float* g, float* m, float* v, bf16* p_bf16, std::int64_t n, float lr, float beta1,
+template <class T16>
+void adam(float* p, const float* g, float* m, float* v, T16* p_T16, std::int64_t n, float lr, float beta1,
           float beta2, float eps, float bias1, float bias2, cudaStream_t stream) {
   if (n == 0) return;
-  adam_k<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(p, g, m, v, p_bf16, n, lr, beta1, beta2, eps,
+  adam_k<T16><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(p, g, m, v, p_T16, n, lr, beta1, beta2, eps,
                                                            bias1, bias2);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
 
-void adam_frozen_variance(float* p, const float* m, const float* v, bf16* p_bf16, std::int64_t n, float lr, float eps,
+template <class T16>
+void adam_frozen_variance(float* p, const float* m, const float* v, T16* p_T16, std::int64_t n, float lr, float eps,
                           float bias1, float bias2, cudaStream_t stream) {
   if (n == 0) return;
-  adam_frozen_k<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(p, m, v, p_bf16, n, lr, eps, bias1, bias2);
+  adam_frozen_k<T16><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(p, m, v, p_T16, n, lr, eps, bias1, bias2);
+  TDPIPE_CUDA_CHECK_LAUNCH();
+}
+
+void scale(float* x, float s, std::int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  scale_k<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(x, s, n);
+  TDPIPE_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void flag_nonfinite(const T* x, int runs, std::int64_t len, std::int64_t stride, int* flag, const int* unless,
+                    cudaStream_t stream) {
+  if (runs <= 0 || len <= 0) return;
+  nonfinite_k<T><<<blocks_for(std::int64_t(runs) * len, kThreads), kThreads, 0, stream>>>(x, runs, len, stride, flag,
+                                                                                         unless);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
 
@@ -614,5 +689,9 @@ void onebit_expand(const unsigned char* block, std::int64_t len, float weight, f
                                                                       keep);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
+
+TDPIPE_KERNELS_INSTANTIATE_16(bf16)
+TDPIPE_KERNELS_INSTANTIATE_16(half)
+template void flag_nonfinite<float>(const float*, int, std::int64_t, std::int64_t, int*, const int*, cudaStream_t);
 
 }  // namespace tdpipe::exec::cuda::kernels

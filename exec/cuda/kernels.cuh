@@ -1,7 +1,7 @@
 // kernels.cuh — internal to exec/cuda: the GPT model's own kernels (everything
 // that is not a GEMM). Layout: row-major; activations between blocks (the residual
 // stream) are fp32 [N, h] with N = b·T rows (row i·T + r: token t0 + r of sequence
-// i); GEMM inputs are bf16; per-head attention tensors are [b·H, T, dh]. Every
+// i); GEMM inputs are 16-bit (bf16 or fp16: T16); per-head attention tensors are [b·H, T, dh]. Every
 // launcher enqueues on `stream` and checks the launch.
 #pragma once
 
@@ -34,24 +34,31 @@ TDPIPE_HD inline std::int64_t head_major_index(int seq, int r, int c, int heads,
 #ifndef TDPIPE_KERNEL_INDEX_ONLY
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 namespace tdpipe::exec::cuda::kernels {
 
 using bf16 = __nv_bfloat16;
+using half = __half;
 
-/// y = LN(x)·γ + β (bf16), saving the row mean and 1/σ (biased variance, as the CPU model).
-void layernorm_forward(const float* x, const float* gamma, const float* beta, bf16* y, float* mean,
-                       float* rstd, int rows, int cols, float eps, cudaStream_t stream);
+// T16: the 16-bit type of GEMM inputs and stored activations — bf16 (model.dtype bf16)
+// or half (fp16 training with loss scaling); every launcher taking one exists for both.
+
+/// y = LN(x)·γ + β (T16), saving the row mean and 1/σ (biased variance, as the CPU model).
+template <class T16>
+void layernorm_forward(const float* x, const float* gamma, const float* beta, T16* y, float* mean, float* rstd,
+                       int rows, int cols, float eps, cudaStream_t stream);
 /// dx += LN's input gradient given dy = dL/d(LN output) (fp32).
 void layernorm_backward_input(const float* dy, const float* x, const float* mean, const float* rstd,
                               const float* gamma, float* dx, int rows, int cols, cudaStream_t stream);
-/// dγ += Σ dy·x̂, dβ += Σ dy over rows.
+/// dγ += scale · Σ dy·x̂, dβ += scale · Σ dy over rows (scale: 1 / a loss scale, or 1).
 void layernorm_backward_weight(const float* dy, const float* x, const float* mean, const float* rstd,
-                               float* dgamma, float* dbeta, int rows, int cols, cudaStream_t stream);
+                               float* dgamma, float* dbeta, int rows, int cols, float scale, cudaStream_t stream);
 
-/// y[r, c] += b[c] (bf16 y).
-void bias_add(bf16* y, const float* b, int rows, int cols, cudaStream_t stream);
+/// y[r, c] += b[c] (T16 y).
+template <class T16>
+void bias_add(T16* y, const float* b, int rows, int cols, cudaStream_t stream);
 /// y[r, c] += b[c] (fp32 y).
 void bias_add(float* y, const float* b, int rows, int cols, cudaStream_t stream);
 /// out = res + y + b (fp32; out may alias y or res).
@@ -59,28 +66,38 @@ void bias_residual_add(float* out, const float* y, const float* b, const float* 
                        cudaStream_t stream);
 /// y = a + b elementwise (fp32; y may alias a).
 void add(float* y, const float* a, const float* b, std::int64_t n, cudaStream_t stream);
+/// x *= s elementwise (fp32).
+void scale(float* x, float s, std::int64_t n, cudaStream_t stream);
 /// g = GeLU(u) (tanh form).
-void gelu_forward(const bf16* u, bf16* g, std::int64_t n, cudaStream_t stream);
+template <class T16>
+void gelu_forward(const T16* u, T16* g, std::int64_t n, cudaStream_t stream);
 /// du = dg · GeLU'(u).
-void gelu_backward(const bf16* dg, const bf16* u, bf16* du, std::int64_t n, cudaStream_t stream);
+template <class T16>
+void gelu_backward(const T16* dg, const T16* u, T16* du, std::int64_t n, cudaStream_t stream);
 
 /// Splits qkv [3, b·Tq, h] (q, k, v projections) into q [b·H, Tq, dh] and writes k, v at rows t0… of the
 /// per-sequence caches [b·H, T, dh].
-void split_qkv(const bf16* qkv, bf16* q, bf16* kcache, bf16* vcache, int b, int tq, int t_total, int t0,
-               int heads, int head_dim, cudaStream_t stream);
+template <class T16>
+void split_qkv(const T16* qkv, T16* q, T16* kcache, T16* vcache, int b, int tq, int t_total, int t0, int heads,
+               int head_dim, cudaStream_t stream);
 /// p = causal softmax of scores [b·H, Tq, Tk] (row r sees keys ≤ t0 + r), masked entries 0.
-void causal_softmax(const float* scores, bf16* p, int bh, int tq, int tk, int t0, cudaStream_t stream);
+template <class T16>
+void causal_softmax(const float* scores, T16* p, int bh, int tq, int tk, int t0, cudaStream_t stream);
 /// ds = scale · p ⊙ (dp − Σ_k p·dp) per row.
-void softmax_backward(const bf16* p, const float* dp, bf16* ds, int bh, int tq, int tk, float scale,
+template <class T16>
+void softmax_backward(const T16* p, const float* dp, T16* ds, int bh, int tq, int tk, float scale,
                       cudaStream_t stream);
 /// [b·H, Tq, dh] → [b·Tq, h].
-void merge_heads(const bf16* o, bf16* out, int b, int tq, int heads, int head_dim, cudaStream_t stream);
+template <class T16>
+void merge_heads(const T16* o, T16* out, int b, int tq, int heads, int head_dim, cudaStream_t stream);
 /// [b·Tq, h] → [b·H, Tq, dh].
-void split_heads(const bf16* in, bf16* o, int b, int tq, int heads, int head_dim, cudaStream_t stream);
-/// dqkv [3, b·Tq, h] from dq [b·H, Tq, dh] and rows t0… of the fp32 key/value gradient
-/// accumulators [b·H, T, dh].
-void gather_dqkv(const bf16* dq, const float* dk_acc, const float* dv_acc, bf16* dqkv, int b, int tq,
-                 int t_total, int t0, int heads, int head_dim, cudaStream_t stream);
+template <class T16>
+void split_heads(const T16* in, T16* o, int b, int tq, int heads, int head_dim, cudaStream_t stream);
+/// dqkv [3, b·Tq, h] from dq [b·H, Tq, dh] and kv_scale × rows t0… of the fp32 key/value
+/// gradient accumulators [b·H, T, dh] (kv_scale: the slice's loss scale, or 1).
+template <class T16>
+void gather_dqkv(const T16* dq, const float* dk_acc, const float* dv_acc, T16* dqkv, int b, int tq, int t_total,
+                 int t0, int heads, int head_dim, float kv_scale, cudaStream_t stream);
 
 /// x[i·Tq + r] = tok[tokens[i·T + t0 + r]] + pos[t0 + r].
 void embed_forward(const int* tokens, const float* tok, const float* pos, float* x, int b, int tq,
@@ -88,26 +105,40 @@ void embed_forward(const int* tokens, const float* tok, const float* pos, float*
 /// dtok[token] += dx, dpos[t0 + r] += dx (atomics: a token may repeat).
 void embed_backward(const int* tokens, const float* dx, float* dtok, float* dpos, int b, int tq,
                     int t_total, int t0, int hidden, cudaStream_t stream);
-/// Per row: loss_sum += scale · (logsumexp − logit[target]); dlogits = scale · (softmax − onehot).
+/// Per row: loss_sum += loss_scale · (logsumexp − logit[target]); dlogits = grad_scale ·
+/// (softmax − onehot) (grad_scale: loss_scale times the slice's fp16 loss scale).
 /// Targets are read like tokens (row i·Tq + r ← targets[i·T + t0 + r]).
-void cross_entropy(const float* logits, const int* targets, bf16* dlogits, double* loss_sum, int b,
-                   int tq, int t_total, int t0, int vocab, float scale, cudaStream_t stream);
+template <class T16>
+void cross_entropy(const float* logits, const int* targets, T16* dlogits, double* loss_sum, int b, int tq,
+                   int t_total, int t0, int vocab, float loss_scale, float grad_scale, cudaStream_t stream);
 
-/// db[c] += Σ_r dy[r, c].
-void column_sum(const bf16* dy, float* db, int rows, int cols, cudaStream_t stream);
-void column_sum(const float* dy, float* db, int rows, int cols, cudaStream_t stream);
-void to_bf16(const float* x, bf16* y, std::int64_t n, cudaStream_t stream);
-void to_f32(const bf16* x, float* y, std::int64_t n, cudaStream_t stream);
+/// db[c] += scale · Σ_r dy[r, c].
+template <class T16>
+void column_sum(const T16* dy, float* db, int rows, int cols, float scale, cudaStream_t stream);
+void column_sum(const float* dy, float* db, int rows, int cols, float scale, cudaStream_t stream);
+template <class T16>
+void to_16(const float* x, T16* y, std::int64_t n, cudaStream_t stream);
+template <class T16>
+void to_f32(const T16* x, float* y, std::int64_t n, cudaStream_t stream);
 
-/// Adam with bias correction on fp32 master weights; refreshes the bf16 copy (p_bf16 null:
+/// fp16 loss scaling's overflow check: *flag = 1 when any of `runs` runs of `len`
+/// elements, `stride` apart from x, is inf or NaN — unless `unless` (device, may be null)
+/// is set already: a tensor a tainted slice stored carries another's inf, not its own.
+template <class T>
+void flag_nonfinite(const T* x, int runs, std::int64_t len, std::int64_t stride, int* flag, const int* unless,
+                    cudaStream_t stream);
+
+/// Adam with bias correction on fp32 master weights; refreshes the T16 copy (p16 null:
 /// there is none, as for a parameter block streamed in for its step).
-void adam(float* p, const float* g, float* m, float* v, bf16* p_bf16, std::int64_t n, float lr,
-          float beta1, float beta2, float eps, float bias1, float bias2, cudaStream_t stream);
+template <class T16>
+void adam(float* p, const float* g, float* m, float* v, T16* p16, std::int64_t n, float lr, float beta1,
+          float beta2, float eps, float bias1, float bias2, cudaStream_t stream);
 
 /// 1-bit Adam's step after its warm-up: Adam's update from the reduced momentum m and the
-/// frozen variance v (both read only); refreshes the bf16 copy.
-void adam_frozen_variance(float* p, const float* m, const float* v, bf16* p_bf16, std::int64_t n, float lr,
-                          float eps, float bias1, float bias2, cudaStream_t stream);
+/// frozen variance v (both read only); refreshes the T16 copy.
+template <class T16>
+void adam_frozen_variance(float* p, const float* m, const float* v, T16* p16, std::int64_t n, float lr, float eps,
+                          float bias1, float bias2, cudaStream_t stream);
 
 /// 1-bit Adam, in tdpipe/exec/onebit.hpp's block format (fp32 scale, then sign bits LSB
 /// first). m ← β1·m + (1 − β1)·gscale·g.
@@ -122,5 +153,31 @@ void onebit_expand(const unsigned char* block, std::int64_t len, float weight, f
                    const float* keep, cudaStream_t stream);
 
 }  // namespace tdpipe::exec::cuda::kernels
+
+// Explicit instantiations of the T16 launchers for one type (kernels.cu and the
+// host emulation, tests/exec_cuda/emu/emu_kernels.cpp, expand it for bf16 and half).
+#define TDPIPE_KERNELS_INSTANTIATE_16(T16)                                                                        \
+  template void layernorm_forward<T16>(const float*, const float*, const float*, T16*, float*, float*, int, int,  \
+                                       float, cudaStream_t);                                                      \
+  template void bias_add<T16>(T16*, const float*, int, int, cudaStream_t);                                        \
+  template void gelu_forward<T16>(const T16*, T16*, std::int64_t, cudaStream_t);                                  \
+  template void gelu_backward<T16>(const T16*, const T16*, T16*, std::int64_t, cudaStream_t);                     \
+  template void split_qkv<T16>(const T16*, T16*, T16*, T16*, int, int, int, int, int, int, cudaStream_t);         \
+  template void causal_softmax<T16>(const float*, T16*, int, int, int, int, cudaStream_t);                        \
+  template void softmax_backward<T16>(const T16*, const float*, T16*, int, int, int, float, cudaStream_t);        \
+  template void merge_heads<T16>(const T16*, T16*, int, int, int, int, cudaStream_t);                             \
+  template void split_heads<T16>(const T16*, T16*, int, int, int, int, cudaStream_t);                             \
+  template void gather_dqkv<T16>(const T16*, const float*, const float*, T16*, int, int, int, int, int, int,      \
+                                 float, cudaStream_t);                                                            \
+  template void cross_entropy<T16>(const float*, const int*, T16*, double*, int, int, int, int, int, float,       \
+                                   float, cudaStream_t);                                                          \
+  template void column_sum<T16>(const T16*, float*, int, int, float, cudaStream_t);                               \
+  template void to_16<T16>(const float*, T16*, std::int64_t, cudaStream_t);                                       \
+  template void to_f32<T16>(const T16*, float*, std::int64_t, cudaStream_t);                                      \
+  template void flag_nonfinite<T16>(const T16*, int, std::int64_t, std::int64_t, int*, const int*, cudaStream_t); \
+  template void adam<T16>(float*, const float*, float*, float*, T16*, std::int64_t, float, float, float, float,   \
+                          float, float, cudaStream_t);                                                            \
+  template void adam_frozen_variance<T16>(float*, const float*, const float*, T16*, std::int64_t, float, float,   \
+                                          float, float, cudaStream_t);
 
 #endif  // TDPIPE_KERNEL_INDEX_ONLY

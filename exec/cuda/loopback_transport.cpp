@@ -2,6 +2,7 @@
 // the in-process data-parallel sum.
 #include "loopback_transport.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -133,6 +134,30 @@ void LoopbackFabric::collective(Collective what, int rank, int replica, int data
   }
   std::string error = g.error;
   if (--g.arrived == 0) groups_.erase({rank, call});
+  if (!error.empty()) throw Error(error);
+}
+
+void LoopbackFabric::agree_overflow(int world, int tag, std::span<std::uint8_t> flags) {
+  if (world <= 1) return;
+  std::unique_lock lock(mu_);
+  Agreement& a = agreements_[tag];
+  if (a.arrived == 0) a.flags.assign(flags.size(), 0);
+  if (a.flags.size() != flags.size())
+    a.error = "loopback overflow agreement of step " + std::to_string(tag) + ": a rank has " +
+              std::to_string(flags.size()) + " slices' flags, another " + std::to_string(a.flags.size());
+  for (std::size_t j = 0; j < flags.size() && j < a.flags.size(); ++j) a.flags[j] |= flags[j];
+  if (++a.arrived == world) cv_.notify_all();
+  while (a.arrived < world && a.error.empty()) {
+    if (!aborted_.empty()) throw Error("loopback transport aborted: " + aborted_);
+    if (control_->failed()) throw Aborted{};
+    cv_.wait_for(lock, std::chrono::milliseconds(50));
+  }
+  const std::string error = a.error;
+  if (error.empty()) std::copy(a.flags.begin(), a.flags.end(), flags.begin());
+  if (++a.left == world || !error.empty()) {
+    cv_.notify_all();
+    if (a.left == world) agreements_.erase(tag);
+  }
   if (!error.empty()) throw Error(error);
 }
 

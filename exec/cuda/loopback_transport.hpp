@@ -53,6 +53,9 @@ class LoopbackFabric {
   /// take fp32; the all-gather and the all-to-all (`buffer` → `recv`) any elements.
   void collective(Collective what, int rank, int replica, int data, long call, const Buffer& buffer,
                   const DeviceContext& ctx, const Buffer* recv = nullptr);
+  /// fp16's overflow agreement: ORs `flags` over the `world` ranks that call it with the
+  /// same `tag` (the step) and writes the result back to each; blocks until all arrived.
+  void agree_overflow(int world, int tag, std::span<std::uint8_t> flags);
   /// Fails every pending exchange (a rank failed).
   void abort(const std::string& why);
 
@@ -69,6 +72,12 @@ class LoopbackFabric {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::tuple<int, long>, Group> groups_;
+  struct Agreement {
+    std::vector<std::uint8_t> flags;
+    int arrived = 0, left = 0;
+    std::string error;
+  };
+  std::map<int, Agreement> agreements_;  // by tag
   std::string aborted_;
 };
 
@@ -81,6 +90,9 @@ class LoopbackTransport final : public Transport {
   void reduce_scatter(const Buffer& buffer, int tag) override;
   void all_gather(const Buffer& buffer, int tag) override;
   void all_to_all(const Buffer& send, const Buffer& recv, int tag) override;
+  void agree_overflow(std::span<std::uint8_t> flags, int tag) override {
+    fabric_->agree_overflow(stages_ * data_, tag, flags);
+  }
   std::pair<int, int> dp_member() const override { return {replica_, data_}; }
 
  private:

@@ -117,6 +117,22 @@ void NcclTransport::segments(const Buffer& buffer, int tag, bool reduce) {
   wait(ctx_->dp(), dp_);
 }
 
+void NcclTransport::agree_overflow(std::span<std::uint8_t> flags, int tag) {
+  if (flags.empty() || ctl_ == nullptr) return;  // (a world of one agrees with itself)
+  ctx_->bind();
+  std::vector<float> host(flags.begin(), flags.end());
+  const std::size_t bytes = host.size() * sizeof(float);
+  cudaStream_t s = ctx_->compute();
+  DeviceMemory buf(bytes, s);
+  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(buf.get(), host.data(), bytes, cudaMemcpyHostToDevice, s));
+  NvtxRange range("overflow flags of step " + std::to_string(tag));
+  TDPIPE_NCCL_CHECK(ncclAllReduce(buf.get(), buf.get(), host.size(), ncclFloat32, ncclMax, ctl_, s));
+  wait(s, ctl_);
+  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(host.data(), buf.get(), bytes, cudaMemcpyDeviceToHost, s));
+  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(s));
+  for (std::size_t j = 0; j < flags.size(); ++j) flags[j] = host[j] > 0.f ? 1 : 0;
+}
+
 void NcclTransport::all_to_all(const Buffer& send, const Buffer& recv, int tag) {
   ctx_->bind();
   NvtxRange range(std::string("r") + std::to_string(replica_ * stages_ + rank_) + " ALL_TO_ALL(b" +

@@ -20,10 +20,12 @@ class NcclTransport final : public Transport {
  public:
   /// `restartable`: a peer's remote error (a process that failed or left) is a RankFault,
   /// which a run with checkpoints or injected faults restarts from; else an Error.
+  /// `ctl`: fp16 training's communicator over the world for the overflow agreement (null:
+  /// none — not fp16, or a world of one).
   NcclTransport(ncclComm_t world, ncclComm_t dp, const DeviceContext& ctx, int replica, int rank, int stages,
-                RunControl* control, bool restartable = false)
-      : world_(world), dp_(dp), ctx_(&ctx), replica_(replica), rank_(rank), stages_(stages), control_(control),
-        restartable_(restartable) {}
+                RunControl* control, bool restartable = false, ncclComm_t ctl = nullptr)
+      : world_(world), dp_(dp), ctl_(ctl), ctx_(&ctx), replica_(replica), rank_(rank), stages_(stages),
+        control_(control), restartable_(restartable) {}
   void post(std::span<P2POp> batch) override;
   void all_reduce(const Buffer& buffer, int tag) override;
   /// One group of d ncclReduce calls, segment s to its owner (owned_segment): NCCL's own
@@ -33,6 +35,9 @@ class NcclTransport final : public Transport {
   void all_gather(const Buffer& buffer, int tag) override;
   /// One group of ncclSend/ncclRecv with every other member (NCCL's all-to-all).
   void all_to_all(const Buffer& send, const Buffer& recv, int tag) override;
+  /// One max all-reduce of the flags (as floats) over `ctl` on the compute stream, from
+  /// the compute thread (Megatron all-reduces found_inf the same way).
+  void agree_overflow(std::span<std::uint8_t> flags, int tag) override;
   std::pair<int, int> dp_member() const override;
 
   /// Connects every pipeline peer of this rank (one tiny send and receive each way,
@@ -51,7 +56,7 @@ class NcclTransport final : public Transport {
   void wait(cudaStream_t stream, ncclComm_t comm);
   /// reduce_scatter (reduce) or all_gather over the owners' segments.
   void segments(const Buffer& buffer, int tag, bool reduce);
-  ncclComm_t world_, dp_;
+  ncclComm_t world_, dp_, ctl_;
   const DeviceContext* ctx_;
   int replica_, rank_, stages_;
   RunControl* control_;

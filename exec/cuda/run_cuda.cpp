@@ -157,6 +157,18 @@ void gather_sharded_state(CudaCompute& compute, Transport& transport, const std:
   }
 }
 
+// fp16 training: the scaler's state after the run and the traced step's scaler as trace
+// metadata (every rank's scaler agrees; the recovery loop checked).
+void add_loss_scale(cpu::RunResult& result, const CudaCompute& compute, int trace_step,
+                    const LossScaleState& traced_scale) {
+  const LossScaler* scaler = compute.loss_scaler();
+  if (!scaler) return;
+  result.state.loss_scale = scaler->state();
+  if (trace_step >= 0 && static_cast<std::size_t>(trace_step) < result.loss_scale.size())
+    cpu::detail::add_loss_scale_metadata(result.trace, result.loss_scale[static_cast<std::size_t>(trace_step)],
+                                         traced_scale);
+}
+
 double sum_squares(const cpu::ParamMap& m) {
   double s = 0;
   for (const auto& [name, v] : m)
@@ -279,6 +291,7 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
   const cpu::RecoveryStart rs =
       cpu::prepare_recovery(plan, config, options.train, options.start, fo, options.watchdog_seconds, corpus);
   const int first = rs.first, steps = rs.end - rs.first;
+  cpu::check_injection(options.train.inject_overflow, plan, first, steps);
   FaultInjector injector(fo.inject);
 
   OriginEvent origin;
@@ -329,6 +342,7 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
   }
   result.state.params = result.weights;
   result.state.steps_done = first + steps;
+  add_loss_scale(result, *computes.front(), trace_step, traced_scale);
   for (const auto& c : computes) result.param_state_peak_bytes.push_back(c->param_state_peak_bytes());
   for (int k = 1; k < d; ++k)
     for (int r = 0; r < p; ++r) {
@@ -505,11 +519,16 @@ struct NcclWorld {
       TimeLimit limit(limit_s, [this, limit_s] { setup_timed_out(limit_s); });
       // dp: the replicas of this pipeline rank (collective over the world: every rank calls it).
       if (d > 1) TDPIPE_NCCL_CHECK(ncclCommSplit(comms.world, /*color=*/rank, /*key=*/replica, &comms.dp, nullptr));
+      // fp16: the overflow agreement before OPT, on a communicator of its own (the compute
+      // thread's; the p2p and dp threads may still be busy on theirs).
+      if (plan.scenario.model.dtype == "fp16" && launch.world > 1)
+        TDPIPE_NCCL_CHECK(ncclCommSplit(comms.world, /*color=*/0, /*key=*/world_rank, &comms.ctl, nullptr));
     }
     computes.push_back(std::make_unique<CudaCompute>(setup.config, plan, rank, replica, setup.corpus, options.train,
                                                      ctx, &control));
     CudaCompute& compute = *computes.front();
-    transport = std::make_unique<NcclTransport>(comms.world, comms.dp, ctx, replica, rank, p, &control, restartable);
+    transport = std::make_unique<NcclTransport>(comms.world, comms.dp, ctx, replica, rank, p, &control, restartable,
+                                                comms.ctl);
     std::set<int> peers;
     for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)])
       if (ir::is_p2p(op.kind)) peers.insert(op.peer);
@@ -554,15 +573,15 @@ struct NcclWorld {
   // kernels, which the stream synchronisations in ~CudaCompute and ~DeviceContext
   // would otherwise wait for forever.
   struct Comms {
-    ncclComm_t world = nullptr, dp = nullptr;
+    ncclComm_t world = nullptr, dp = nullptr, ctl = nullptr;
     bool clean = false;
     void abort() {
-      for (ncclComm_t* c : {&dp, &world})
+      for (ncclComm_t* c : {&ctl, &dp, &world})
         if (*c) ncclCommAbort(std::exchange(*c, nullptr));
     }
     ~Comms() {
       if (clean)
-        for (ncclComm_t c : {dp, world})
+        for (ncclComm_t c : {ctl, dp, world})
           if (c) ncclCommDestroy(c);
       if (!clean) abort();
     }
@@ -729,6 +748,7 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   cpu::RecoveryStart rs =
       cpu::prepare_recovery(plan, config, options.train, std::nullopt, fo, options.watchdog_seconds, setup.corpus);
   const int steps = rs.end - rs.first;  // (before the processes agree where to resume)
+  cpu::check_injection(options.train.inject_overflow, plan, rs.first, steps);
   FaultInjector injector(fo.inject);
 
   // Builds this process's part of the world and loads the checkpoint every process
@@ -821,6 +841,7 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
   }
   result.state.params = result.weights;
   result.state.steps_done = rs.end;
+  add_loss_scale(result, compute, ro.trace_step, traced_scale);
   {
     // Every process's device peak, by world rank (as the loopback run reports them).
     std::vector<double> peaks(static_cast<std::size_t>(launch.world), 0.0);
@@ -883,10 +904,6 @@ CudaRunResult run_nccl(const ir::Plan& plan, const CudaRunOptions& options, cons
 // What run_cuda and run_cuda_rank refuse before touching a GPU.
 void check_request(const ir::Plan& plan, const CudaRunOptions& options, TransportKind transport) {
   check_runnable(plan);
-  if (plan.scenario.model.dtype == "fp16")
-    throw Error("the CUDA backend does not train in fp16 with loss scaling yet (model.dtype: fp16; it computes in "
-                "bf16): run the plan on the CPU backend (--backend cpu), which emulates fp16 stores and scales the "
-                "loss per slice, or set model.dtype: bf16");
   if (options.train.steps < 1) throw Error("--steps: expected at least 1");
   const FaultOptions& fo = options.faults;
   for (const FaultSpec& f : fo.inject)

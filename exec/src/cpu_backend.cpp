@@ -89,15 +89,7 @@ CpuCompute::CpuCompute(const GptConfig& config, const ir::Plan& plan, int rank, 
   const auto& chunks = plan.stage_of.at(static_cast<std::size_t>(rank));
   for (int stage : chunks) stages_.emplace_back(config_, stage, virtual_stages_);
   for (GptStage& s : stages_) s.attach_memory(&memory_, plan.scenario.parallel.offload());
-  if (plan.scenario.model.dtype == "fp16") {
-    // 1-bit Adam folds the gradients into the momentum on the dp stream, before OPT knows
-    // whether the step overflowed: a skipped step would have moved it already.
-    if (plan.scenario.parallel.onebit() && plan.data > 1)
-      throw Error("model.dtype: fp16 (loss scaling) with parallel.optimizer: onebit-adam is not built: the "
-                  "compressed all-reduce updates the momentum before the overflow check could skip the step; "
-                  "use optimizer: adam, or model.dtype: bf16");
-    scaler_.emplace(LossScaleConfig::from_scenario(plan.scenario.parallel), static_cast<int>(offsets_.size()) - 1);
-  }
+  scaler_ = make_loss_scaler(plan, static_cast<int>(offsets_.size()) - 1);
   worker_error_.resize(stages_.size());
   server_error_.resize(stages_.size());
   speed_ = rank_speed_of(options, rank);

@@ -82,6 +82,17 @@ void LossScaler::set_state(const LossScaleState& state) {
   state_ = state;
 }
 
+std::optional<LossScaler> make_loss_scaler(const ir::Plan& plan, int slices) {
+  if (plan.scenario.model.dtype != "fp16") return std::nullopt;
+  // 1-bit Adam folds the gradients into the momentum on the dp stream, before OPT knows
+  // whether the step overflowed: a skipped step would have moved it already.
+  if (plan.scenario.parallel.onebit() && plan.data > 1)
+    throw Error("model.dtype: fp16 (loss scaling) with parallel.optimizer: onebit-adam is not built: the "
+                "compressed all-reduce updates the momentum before the overflow check could skip the step; "
+                "use optimizer: adam, or model.dtype: bf16");
+  return LossScaler(LossScaleConfig::from_scenario(plan.scenario.parallel), slices);
+}
+
 std::string scales_text(const std::vector<double>& scales) {
   std::string out;
   for (double s : scales) out += fmt::format("{}{}", out.empty() ? "" : ",", s);

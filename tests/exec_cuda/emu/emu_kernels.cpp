@@ -11,10 +11,19 @@ using tdpipe::exec::cuda::kernels::bf16;
 
 namespace tdpipe::exec::cuda::kernels {
 using i64 = std::int64_t;
+using tdpipe::exec::cuda::kernels::half;
 static float f(bf16 x) { return __bfloat162float(x); }
-static bf16 b(float x) { return __float2bfloat16(x); }
+static float f(half x) { return __half2float(x); }
+static float f(float x) { return x; }
+template <class T>
+T to(float x);
+template <>
+bf16 to<bf16>(float x) { return __float2bfloat16(x); }
+template <>
+half to<half>(float x) { return __float2half(x); }
 
-void layernorm_forward(const float* x, const float* g, const float* be, bf16* y, float* mean, float* rstd, int rows,
+template <class T16>
+void layernorm_forward(const float* x, const float* g, const float* be, T16* y, float* mean, float* rstd, int rows,
                        int cols, float eps, cudaStream_t stream) {
   emu::launch(stream, [=] {
     for (int r = 0; r < rows; ++r) {
@@ -25,7 +34,7 @@ void layernorm_forward(const float* x, const float* g, const float* be, bf16* y,
       float v = 0;
       for (int c = 0; c < cols; ++c) v += (xr[c] - mu) * (xr[c] - mu);
       float rs = 1.f / std::sqrt(v / cols + eps);
-      for (int c = 0; c < cols; ++c) y[i64(r) * cols + c] = b((xr[c] - mu) * rs * g[c] + be[c]);
+      for (int c = 0; c < cols; ++c) y[i64(r) * cols + c] = to<T16>((xr[c] - mu) * rs * g[c] + be[c]);
       mean[r] = mu;
       rstd[r] = rs;
     }
@@ -52,7 +61,7 @@ void layernorm_backward_input(const float* dy, const float* x, const float* mean
   });
 }
 void layernorm_backward_weight(const float* dy, const float* x, const float* mean, const float* rstd, float* dg,
-                               float* db, int rows, int cols, cudaStream_t stream) {
+                               float* db, int rows, int cols, float scale, cudaStream_t stream) {
   emu::launch(stream, [=] {
     for (int c = 0; c < cols; ++c) {
       float sg = 0, sb = 0;
@@ -61,14 +70,15 @@ void layernorm_backward_weight(const float* dy, const float* x, const float* mea
         sg += dy[i] * (x[i] - mean[r]) * rstd[r];
         sb += dy[i];
       }
-      dg[c] += sg;
-      db[c] += sb;
+      dg[c] += scale * sg;
+      db[c] += scale * sb;
     }
   });
 }
-void bias_add(bf16* y, const float* bb, int rows, int cols, cudaStream_t stream) {
+template <class T16>
+void bias_add(T16* y, const float* bb, int rows, int cols, cudaStream_t stream) {
   emu::launch(stream, [=] {
-    for (i64 i = 0; i < i64(rows) * cols; ++i) y[i] = b(f(y[i]) + bb[i % cols]);
+    for (i64 i = 0; i < i64(rows) * cols; ++i) y[i] = to<T16>(f(y[i]) + bb[i % cols]);
   });
 }
 void bias_add(float* y, const float* bb, int rows, int cols, cudaStream_t stream) {
@@ -93,17 +103,20 @@ static float glg(float u) {
   float t = std::tanh(k * (u + 0.044715f * u * u * u));
   return 0.5f * (1.f + t) + 0.5f * u * (1.f - t * t) * k * (1.f + 3.f * 0.044715f * u * u);
 }
-void gelu_forward(const bf16* u, bf16* g, i64 n, cudaStream_t stream) {
+template <class T16>
+void gelu_forward(const T16* u, T16* g, i64 n, cudaStream_t stream) {
   emu::launch(stream, [=] {
-    for (i64 i = 0; i < n; ++i) g[i] = b(gl(f(u[i])));
+    for (i64 i = 0; i < n; ++i) g[i] = to<T16>(gl(f(u[i])));
   });
 }
-void gelu_backward(const bf16* dg, const bf16* u, bf16* du, i64 n, cudaStream_t stream) {
+template <class T16>
+void gelu_backward(const T16* dg, const T16* u, T16* du, i64 n, cudaStream_t stream) {
   emu::launch(stream, [=] {
-    for (i64 i = 0; i < n; ++i) du[i] = b(f(dg[i]) * glg(f(u[i])));
+    for (i64 i = 0; i < n; ++i) du[i] = to<T16>(f(dg[i]) * glg(f(u[i])));
   });
 }
-void split_qkv(const bf16* qkv, bf16* q, bf16* kc, bf16* vc, int bb, int tq, int tt, int t0, int heads, int dh,
+template <class T16>
+void split_qkv(const T16* qkv, T16* q, T16* kc, T16* vc, int bb, int tq, int tt, int t0, int heads, int dh,
                cudaStream_t stream) {
   emu::launch(stream, [=] {
     int h = heads * dh;
@@ -118,7 +131,8 @@ void split_qkv(const bf16* qkv, bf16* q, bf16* kc, bf16* vc, int bb, int tq, int
     }
   });
 }
-void causal_softmax(const float* s, bf16* p, int bh, int tq, int tk, int t0, cudaStream_t stream) {
+template <class T16>
+void causal_softmax(const float* s, T16* p, int bh, int tq, int tk, int t0, cudaStream_t stream) {
   emu::launch(stream, [=] {
     for (i64 row = 0; row < i64(bh) * tq; ++row) {
       int r = int(row % tq), vis = visible_keys(t0, r, tk);
@@ -126,20 +140,22 @@ void causal_softmax(const float* s, bf16* p, int bh, int tq, int tk, int t0, cud
       float m = -INFINITY, z = 0;
       for (int k = 0; k < vis; ++k) m = std::max(m, sr[k]);
       for (int k = 0; k < vis; ++k) z += std::exp(sr[k] - m);
-      for (int k = 0; k < tk; ++k) p[row * tk + k] = b(k < vis ? std::exp(sr[k] - m) / z : 0.f);
+      for (int k = 0; k < tk; ++k) p[row * tk + k] = to<T16>(k < vis ? std::exp(sr[k] - m) / z : 0.f);
     }
   });
 }
-void softmax_backward(const bf16* p, const float* dp, bf16* ds, int bh, int tq, int tk, float scale, cudaStream_t stream) {
+template <class T16>
+void softmax_backward(const T16* p, const float* dp, T16* ds, int bh, int tq, int tk, float scale, cudaStream_t stream) {
   emu::launch(stream, [=] {
     for (i64 row = 0; row < i64(bh) * tq; ++row) {
       float s = 0;
       for (int k = 0; k < tk; ++k) s += f(p[row * tk + k]) * dp[row * tk + k];
-      for (int k = 0; k < tk; ++k) ds[row * tk + k] = b(scale * f(p[row * tk + k]) * (dp[row * tk + k] - s));
+      for (int k = 0; k < tk; ++k) ds[row * tk + k] = to<T16>(scale * f(p[row * tk + k]) * (dp[row * tk + k] - s));
     }
   });
 }
-void merge_heads(const bf16* o, bf16* out, int bb, int tq, int heads, int dh, cudaStream_t stream) {
+template <class T16>
+void merge_heads(const T16* o, T16* out, int bb, int tq, int heads, int dh, cudaStream_t stream) {
   emu::launch(stream, [=] {
     int h = heads * dh;
     for (i64 i = 0; i < i64(bb) * tq * h; ++i) {
@@ -149,7 +165,8 @@ void merge_heads(const bf16* o, bf16* out, int bb, int tq, int heads, int dh, cu
     }
   });
 }
-void split_heads(const bf16* in, bf16* o, int bb, int tq, int heads, int dh, cudaStream_t stream) {
+template <class T16>
+void split_heads(const T16* in, T16* o, int bb, int tq, int heads, int dh, cudaStream_t stream) {
   emu::launch(stream, [=] {
     int h = heads * dh;
     for (i64 i = 0; i < i64(bb) * tq * h; ++i) {
@@ -159,8 +176,9 @@ void split_heads(const bf16* in, bf16* o, int bb, int tq, int heads, int dh, cud
     }
   });
 }
-void gather_dqkv(const bf16* dq, const float* dk, const float* dv, bf16* dqkv, int bb, int tq, int tt, int t0,
-                 int heads, int dh, cudaStream_t stream) {
+template <class T16>
+void gather_dqkv(const T16* dq, const float* dk, const float* dv, T16* dqkv, int bb, int tq, int tt, int t0,
+                 int heads, int dh, float kv_scale, cudaStream_t stream) {
   emu::launch(stream, [=] {
     int h = heads * dh;
     i64 n = i64(bb) * tq * h;
@@ -170,8 +188,8 @@ void gather_dqkv(const bf16* dq, const float* dk, const float* dv, bf16* dqkv, i
       int seq = int(row / tq), r = int(row % tq);
       i64 kv = head_major_index(seq, r, c, heads, dh, tt, t0);
       dqkv[i] = dq[head_major_index(seq, r, c, heads, dh, tq, 0)];
-      dqkv[n + i] = b(dk[kv]);
-      dqkv[2 * n + i] = b(dv[kv]);
+      dqkv[n + i] = to<T16>(kv_scale * dk[kv]);
+      dqkv[2 * n + i] = to<T16>(kv_scale * dv[kv]);
     }
   });
 }
@@ -200,8 +218,9 @@ void embed_backward(const int* tokens, const float* dx, float* dtok, float* dpos
     }
   });
 }
-void cross_entropy(const float* logits, const int* targets, bf16* dl, double* loss, int bb, int tq, int tt, int t0,
-                   int V, float scale, cudaStream_t stream) {
+template <class T16>
+void cross_entropy(const float* logits, const int* targets, T16* dl, double* loss, int bb, int tq, int tt, int t0,
+                   int V, float scale, float grad_scale, cudaStream_t stream) {
   emu::launch(stream, [=] {
     for (i64 row = 0; row < i64(bb) * tq; ++row) {
       int seq = int(row / tq), r = int(row % tq);
@@ -210,57 +229,76 @@ void cross_entropy(const float* logits, const int* targets, bf16* dl, double* lo
       float m = -INFINITY, z = 0;
       for (int k = 0; k < V; ++k) m = std::max(m, lr[k]);
       for (int k = 0; k < V; ++k) z += std::exp(lr[k] - m);
-      for (int k = 0; k < V; ++k) dl[row * V + k] = b(scale * (std::exp(lr[k] - m) / z - (k == y ? 1.f : 0.f)));
+      for (int k = 0; k < V; ++k) dl[row * V + k] = to<T16>(grad_scale * (std::exp(lr[k] - m) / z - (k == y ? 1.f : 0.f)));
       *loss += double(scale) * ((double(m) + std::log(double(z))) - lr[y]);
     }
   });
 }
-void column_sum(const bf16* dy, float* db, int rows, int cols, cudaStream_t stream) {
+template <class T16>
+void column_sum(const T16* dy, float* db, int rows, int cols, float scale, cudaStream_t stream) {
   emu::launch(stream, [=] {
     for (int c = 0; c < cols; ++c) {
       float s = 0;
       for (int r = 0; r < rows; ++r) s += f(dy[i64(r) * cols + c]);
-      db[c] += s;
+      db[c] += scale * s;
     }
   });
 }
-void column_sum(const float* dy, float* db, int rows, int cols, cudaStream_t stream) {
+void column_sum(const float* dy, float* db, int rows, int cols, float scale, cudaStream_t stream) {
   emu::launch(stream, [=] {
     for (int c = 0; c < cols; ++c) {
       float s = 0;
       for (int r = 0; r < rows; ++r) s += dy[i64(r) * cols + c];
-      db[c] += s;
+      db[c] += scale * s;
     }
   });
 }
-void to_bf16(const float* x, bf16* y, i64 n, cudaStream_t stream) {
+template <class T16>
+void to_16(const float* x, T16* y, i64 n, cudaStream_t stream) {
   emu::launch(stream, [=] {
-    for (i64 i = 0; i < n; ++i) y[i] = b(x[i]);
+    for (i64 i = 0; i < n; ++i) y[i] = to<T16>(x[i]);
   });
 }
-void to_f32(const bf16* x, float* y, i64 n, cudaStream_t stream) {
+template <class T16>
+void to_f32(const T16* x, float* y, i64 n, cudaStream_t stream) {
   emu::launch(stream, [=] {
     for (i64 i = 0; i < n; ++i) y[i] = f(x[i]);
   });
 }
-void adam(float* p, const float* g, float* m, float* v, bf16* pb, i64 n, float lr, float b1, float b2, float eps,
+template <class T16>
+void adam(float* p, const float* g, float* m, float* v, T16* pb, i64 n, float lr, float b1, float b2, float eps,
           float c1, float c2, cudaStream_t stream) {
   emu::launch(stream, [=] {
     for (i64 i = 0; i < n; ++i) {
       m[i] = b1 * m[i] + (1 - b1) * g[i];
       v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
       p[i] -= lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
-      if (pb) pb[i] = b(p[i]);
+      if (pb) pb[i] = to<T16>(p[i]);
     }
   });
 }
-void adam_frozen_variance(float* p, const float* m, const float* v, bf16* pb, i64 n, float lr, float eps, float c1,
+template <class T16>
+void adam_frozen_variance(float* p, const float* m, const float* v, T16* pb, i64 n, float lr, float eps, float c1,
                           float c2, cudaStream_t stream) {
   emu::launch(stream, [=] {
     for (i64 i = 0; i < n; ++i) {
       p[i] -= lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
-      pb[i] = b(p[i]);
+      pb[i] = to<T16>(p[i]);
     }
+  });
+}
+void scale(float* x, float s, i64 n, cudaStream_t stream) {
+  emu::launch(stream, [=] {
+    for (i64 i = 0; i < n; ++i) x[i] *= s;
+  });
+}
+template <class T>
+void flag_nonfinite(const T* x, int runs, i64 len, i64 stride, int* flag, const int* unless, cudaStream_t stream) {
+  emu::launch(stream, [=] {
+    if (unless != nullptr && *unless != 0) return;
+    for (int r = 0; r < runs; ++r)
+      for (i64 i = 0; i < len; ++i)
+        if (!std::isfinite(f(x[r * stride + i]))) *flag = 1;
   });
 }
 void onebit_momentum(float* m, const float* g, i64 n, float b1, float gs, cudaStream_t stream) {
@@ -295,4 +333,7 @@ void onebit_expand(const unsigned char* block, i64 len, float w, float* out, boo
     }
   });
 }
+TDPIPE_KERNELS_INSTANTIATE_16(bf16)
+TDPIPE_KERNELS_INSTANTIATE_16(half)
+template void flag_nonfinite<float>(const float*, int, i64, i64, int*, const int*, cudaStream_t);
 }  // namespace tdpipe::exec::cuda::kernels

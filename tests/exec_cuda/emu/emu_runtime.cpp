@@ -36,6 +36,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -506,7 +507,9 @@ const char* cublasGetStatusString(cublasStatus_t status) {
 
 namespace {
 float load(const void* p, cudaDataType t, long long i) {
-  return t == CUDA_R_16BF ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
+  if (t == CUDA_R_16BF) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  if (t == CUDA_R_16F) return __half2float(static_cast<const __half*>(p)[i]);
+  return static_cast<const float*>(p)[i];
 }
 }  // namespace
 
@@ -544,6 +547,8 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
           if (be != 0.f) v += be * load(C, ct, ic);
           if (ct == CUDA_R_16BF)
             static_cast<__nv_bfloat16*>(C)[ic] = __float2bfloat16(v);
+          else if (ct == CUDA_R_16F)
+            static_cast<__half*>(C)[ic] = __float2half(v);  // beyond 65504: inf, as cuBLAS
           else
             static_cast<float*>(C)[ic] = v;
         }

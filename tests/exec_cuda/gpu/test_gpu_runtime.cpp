@@ -68,18 +68,6 @@ TEST_CASE("NCCL transport without enough processes says how to launch", "[gpu][e
                     Contains("the plan needs 4 GPUs") && Contains("mpirun -np 4") && Contains("--transport loopback"));
 }
 
-TEST_CASE("fp16 training (loss scaling) is refused before touching the GPU, saying where it runs",
-          "[gpu][errors]") {
-  ir::Scenario sc = cuda::test::tiny_scenario(2, 1, 2);
-  sc.model.dtype = "fp16";
-  const auto built = planner::build_plan(sc, "1f1b", 1);
-  cuda::CudaRunOptions o;
-  o.train = cuda::test::train_options(1);
-  CHECK_THROWS_WITH(cuda::run_cuda(built.lowered, o),
-                    Contains("does not train in fp16 with loss scaling yet") && Contains("--backend cpu") &&
-                        Contains("model.dtype: bf16"));
-}
-
 TEST_CASE("a model too large for the GPU is refused with sizes in GiB", "[gpu][errors]") {
   ir::Scenario sc = cuda::test::tiny_scenario(2, 1, 2);
   sc.model.hidden = 16384;

@@ -14,9 +14,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "tdpipe/ir/plan.hpp"
 #include "tdpipe/ir/scenario.hpp"
 
 namespace tdpipe::exec {
@@ -78,6 +80,10 @@ class LossScaler {
   LossScaleStep last_;
   int updates_ = 0;
 };
+
+/// A rank's scaler for `plan` (one scale per temporal slice): none unless model.dtype is
+/// fp16. Throws tdpipe::Error for fp16 with 1-bit Adam over replicas, which is not built.
+std::optional<LossScaler> make_loss_scaler(const ir::Plan& plan, int slices);
 
 /// "65536,32768" — per-slice values as trace metadata and CLI output print them.
 std::string scales_text(const std::vector<double>& scales);

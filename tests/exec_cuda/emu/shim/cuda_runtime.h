@@ -26,7 +26,7 @@ enum {
   cudaErrorNotReady = 600,
 };
 enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
-typedef enum { CUDA_R_16BF = 14, CUDA_R_32F = 0 } cudaDataType;
+typedef enum { CUDA_R_16F = 2, CUDA_R_16BF = 14, CUDA_R_32F = 0 } cudaDataType;
 enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
 enum { cudaEventDefault = 0, cudaEventDisableTiming = 2 };
 enum cudaMemPoolAttr { cudaMemPoolReuseFollowEventDependencies = 1, cudaMemPoolReuseAllowOpportunistic = 2,
