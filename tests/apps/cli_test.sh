@@ -426,6 +426,30 @@ PY
         && fail "drop on the cuda backend accepted"
     expect "$out" "lost and corrupt messages are the CPU backend's faults" "drop refused on cuda"
     ;;
+  exec-fp16-cuda)
+    # fp16 on the CUDA backend (the emulated GPU: real binary16 stores), TD-Pipe's two
+    # slices: the injected overflow skips its step as on the CPU backend, with the same scaler.
+    sed -e 's/^  dtype: fp32/  dtype: fp16/' -e 's/^parallel:/parallel:\n  initial_loss_scale: 1024/' \
+        scenarios/tiny-gpt-cpu.yaml > "$work/fp16.yaml"
+    out=$("$tdpipe" exec "$work/fp16.yaml" --backend cuda --schedule tdpipe --steps 4 --inject-overflow 2:0:1 \
+        --trace-out "$work/fp16.json") || fail "cuda exec exited $?"
+    expect "$out" 'fp16 loss scaling per slice: 1 of 4 steps skipped, scales now 1024,512' "summary"
+    grep -Eq '"loss_scale": ?"1024,512"' "$work/fp16.json" || fail "trace metadata lacks the scaler"
+    cpu=$("$tdpipe" exec "$work/fp16.yaml" --backend cpu --schedule tdpipe --steps 4 --inject-overflow 2:0:1 --json) \
+        || fail "cpu exec exited $?"
+    gpu=$("$tdpipe" exec "$work/fp16.yaml" --backend cuda --schedule tdpipe --steps 4 --inject-overflow 2:0:1 --json) \
+        || fail "cuda exec --json exited $?"
+    python3 - "$cpu" "$gpu" <<'PY' || fail "cuda and cpu fp16 runs disagree"
+import json, sys
+cpu, gpu = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert gpu["loss_scale"] == cpu["loss_scale"], (gpu["loss_scale"], cpu["loss_scale"])
+assert gpu["skipped_steps"] == cpu["skipped_steps"] == 1
+for a, b in zip(gpu["loss_per_step"], cpu["loss_per_step"]):
+    assert abs(a - b) <= 1e-2 * abs(b), (a, b)
+PY
+    out=$("$tdpipe" exec "$work/fp16.yaml" --backend cuda --steps 1 --inject-overflow 0:7:0 2>&1) && fail "rank 7 accepted"
+    expect "$out" 'injected overflow on rank 7' "rank out of range refused"
+    ;;
   balance-cuda)
     # The CUDA backend (on the emulated GPU) in the balancer's loop: rank 1 at a quarter speed,
     # segments of 2 steps, weights and Adam state carried across the re-partition — the

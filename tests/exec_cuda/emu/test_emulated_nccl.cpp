@@ -110,6 +110,35 @@ void check_against_cpu(const std::string& schedule, int p, int d, int m, bool di
 
 }  // namespace
 
+TEST_CASE("emulated NCCL processes train in fp16 and agree on an overflow one of them found: every process skips "
+          "the step, as the loopback run does", "[emulated][nccl][fp16]") {
+  // p = 2, d = 2, S = 2: world rank 2 overflows in slice 1 at step 1. The agreement runs
+  // on its own communicator from the compute thread while p2p and dp may still be busy.
+  ir::Scenario sc = cuda::test::tiny_scenario(2, 2, 4);
+  sc.model.dtype = "fp16";
+  sc.parallel.slices = 2;
+  sc.parallel.initial_loss_scale = 1024;
+  const ir::Plan plan = planner::build_plan(sc, "tdpipe").lowered;
+  cuda::CudaRunOptions o;
+  o.train = cuda::test::train_options(3);
+  o.train.inject_overflow = {1, 2, 1};
+  o.watchdog_seconds = 60;
+  const cuda::CudaRunResult loopback = cuda::run_cuda(plan, o);
+  REQUIRE(loopback.run.loss_scale.size() == 3);
+  REQUIRE(loopback.run.loss_scale[1].skipped);
+  const auto ranks = run_world(std::vector<ir::Plan>(4, plan), o);
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    INFO("rank " << r << ": " << ranks[r].error);
+    REQUIRE(ranks[r].error.empty());
+    const cpu::RunResult& got = ranks[r].result.run;
+    CHECK(got.loss_scale == loopback.run.loss_scale);
+    CHECK(got.state.loss_scale == loopback.run.state.loss_scale);
+    CHECK(got.trace.metadata.at("skipped_steps") == "1");
+    REQUIRE(got.loss_per_step.size() == 3);
+    for (int s = 0; s < 3; ++s) CHECK(got.loss_per_step[s] == Approx(loopback.run.loss_per_step[s]).epsilon(1e-6));
+  }
+}
+
 TEST_CASE("emulated NCCL processes stream parameters (param_offload: layers) bit-identically to keeping them",
           "[emulated][nccl][offload]") {
   // One process per stage; each LOADs its blocks on its copy stream and writes OPT's
