@@ -176,3 +176,21 @@ TEST_CASE("CUDA fp16: a scale too large overflows in real fp16 stores and backs 
   CHECK_FALSE(r.run.loss_scale.back().skipped);
   for (double l : r.run.loss_per_step) CHECK(std::isfinite(l));
 }
+
+TEST_CASE("CUDA fp16 with parameter offload trains bit-identically to keeping the parameters, a skipped step included",
+          "[gpu][fp16][offload]") {
+  // The LOADed weight copy is cast to fp16 as the resident copy is; a skipped step takes
+  // each block's state copy and OFFLOADs it back unchanged.
+  ir::Scenario sc = fp16_scenario(2, 1, 4, 2);
+  sc.model.layers = 8;
+  const cuda::CudaRunResult want = run_gpu(sc, "tdpipe", 3, {1, 1, 0});
+  sc.parallel.param_offload = "layers";
+  const cuda::CudaRunResult got = run_gpu(sc, "tdpipe", 3, {1, 1, 0});
+  REQUIRE(want.run.loss_scale.size() == 3);
+  CHECK(want.run.loss_scale[1].skipped);
+  CHECK(got.run.loss_scale == want.run.loss_scale);
+  CHECK(got.run.loss_per_step == want.run.loss_per_step);
+  CHECK(got.run.weights == want.run.weights);
+  CHECK(got.run.state.m1 == want.run.state.m1);
+  CHECK(got.run.state.m2 == want.run.state.m2);
+}
