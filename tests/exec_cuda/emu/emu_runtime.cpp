@@ -643,10 +643,10 @@ ncclResult_t usage(const std::string& what) {
 }
 
 // One rank's part of a p2p group, run on its stream: every send posted, then every
-// receive matched (in order per peer pair) and copied, then the sends waited for.
-void run_group(std::vector<P2P> ops) {
-  std::shared_ptr<Clique> c = ops.front().comm->clique;
-  const int me = ops.front().comm->rank;
+// receive matched (in order per peer pair) and copied, then the sends waited for. The
+// clique and rank are taken when the group is posted: ncclCommAbort may delete the
+// communicator before its stream reaches the group.
+void run_group(const std::shared_ptr<Clique>& c, int me, const std::vector<P2P>& ops) {
   std::vector<std::shared_ptr<SendSlot>> sent;
   std::unique_lock lock(c->m);
   for (const P2P& op : ops)
@@ -798,7 +798,7 @@ ncclResult_t ncclGroupEnd() {
     const ncclComm_t comm = ops.front().comm;
     std::vector<P2P> mine, rest;
     for (const P2P& op : ops) (op.stream == s && op.comm == comm ? mine : rest).push_back(op);
-    emu::submit(s, [mine = std::move(mine)] { run_group(mine); });
+    emu::submit(s, [clique = comm->clique, me = comm->rank, mine = std::move(mine)] { run_group(clique, me, mine); });
     ops = std::move(rest);
   }
   return ncclSuccess;
