@@ -210,7 +210,8 @@ void CudaCompute::begin_step(int step) {
   }
   gathered_ = false;
   const auto& inject = options_.inject_overflow;
-  if (inject.step == step && inject.rank == world_rank_ && !stages_.empty()) stages_.front().inject_overflow(inject.slice);
+  if (inject.step == step && inject.rank == world_rank_ && !stages_.empty())
+    stages_.front().inject_overflow(inject.slice);
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->compute()));
 }
 

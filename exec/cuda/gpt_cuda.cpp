@@ -313,7 +313,8 @@ struct GptStageCuda::Impl {
     stored<T16>(s.h, slice, st);
     // q, k, v: one batched GEMM over the three consecutive H×H weights.
     DeviceMemory qkv(3 * nH * sizeof(T16), stream);
-    gemm(cublas, false, false, N, H, H, 1.f, in16<T16>(s.h.get(), H, 0), in16<T16>(W<T16>(bname(l, "wq")), H, std::int64_t(H) * H),
+    gemm(cublas, false, false, N, H, H, 1.f, in16<T16>(s.h.get(), H, 0),
+         in16<T16>(W<T16>(bname(l, "wq")), H, std::int64_t(H) * H),
          0.f, out16<T16>(qkv.get(), H, std::int64_t(nH)), 3);
     KvSaved& cache = kv_of(mb, l);
     s.q = DeviceMemory(nH * sizeof(T16), stream);
@@ -435,7 +436,8 @@ struct GptStageCuda::Impl {
     s.dh = DeviceMemory(nH * sizeof(float), stream);
     const char* names[3] = {"wq", "wk", "wv"};
     for (int i = 0; i < 3; ++i)
-      gemm(cublas, false, true, N, H, H, 1.f, in16<T16>(s.dqkv.as<T16>() + i * nH, H), in16<T16>(W<T16>(bname(l, names[i])), H),
+      gemm(cublas, false, true, N, H, H, 1.f, in16<T16>(s.dqkv.as<T16>() + i * nH, H),
+           in16<T16>(W<T16>(bname(l, names[i])), H),
            i == 0 ? 0.f : 1.f, out_f32(s.dh.get(), H));
     DeviceMemory dx = std::move(dx2);
     k::layernorm_backward_input(s.dh.as<float>(), s.x.as<float>(), s.mean1.as<float>(), s.rstd1.as<float>(),
