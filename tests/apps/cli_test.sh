@@ -375,15 +375,18 @@ PY
       && fail "a trace of another schedule exited 0"
     expect "$out" 't.json: trace: event .* is not an op of the plan' "names the trace"
     if "$tdpipe" exec --help >/dev/null 2>&1; then
-      # Executed: rank 1 at half speed, its measured trace balanced, the balanced scenario
-      # run again — training still equals the single-device run. (Which partition the
-      # measured times give is timing, so it is not asserted here; README has a run.)
-      "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --rank-speed 1:0.5 --trace-out "$work/slow.json" \
+      # Executed: rank 1 at a fifth of its speed, its measured trace balanced, the balanced
+      # scenario run again — training still equals the single-device run. (Which partition
+      # the measured times give is timing, so it is not asserted here; README has a run.)
+      # Only "rank 1 measured slower" is, with a margin for a loaded machine: preemption
+      # has stretched rank 0's ops 2.3× more than rank 1's (ctest -j2 beside the emulated
+      # GPU suite), which a 2× slow-down did not survive.
+      "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --rank-speed 1:0.2 --trace-out "$work/slow.json" \
           > /dev/null || fail "exec --rank-speed exited $?"
       out=$("$tdpipe" balance scenarios/tiny-gpt-cpu.yaml --trace "$work/slow.json" -o "$work/tiny.json" --json) \
         || fail "balance of an executed trace exited $?: $out"
-      python3 -c 'import json,sys; r=json.loads(sys.argv[1]); assert r["slowdown"][1] > 1.2 * r["slowdown"][0], r' \
-          "$out" || fail "the half-speed rank is not measured slower: $out"
+      python3 -c 'import json,sys; r=json.loads(sys.argv[1]); assert r["slowdown"][1] > 1.5 * r["slowdown"][0], r' \
+          "$out" || fail "the slowed rank is not measured slower: $out"
       out=$("$tdpipe" exec "$work/tiny.json" --steps 2 --rank-speed 1:0.5 --check --json) || fail "balanced exec exited $?"
       python3 -c 'import json,sys; r=json.loads(sys.argv[1]); e=r["reference"]; assert max(e.values())<=1e-9, e' \
           "$out" || fail "balanced run differs from the single-device run: $out"
