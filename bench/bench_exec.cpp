@@ -49,8 +49,10 @@ class NullCompute final : public exec::Compute {
   int last_;
 };
 
-// The median iteration of `plan` with the null compute over 30 steps, in seconds.
-double null_iteration(const ir::Plan& plan, exec::Runtime runtime) {
+// The median iteration of `plan` with the null compute over 30 steps, in seconds, its
+// ranks on `threads` threads (exec::run_rank_steps; = ranks: a thread per rank), thread g
+// pinned to the g-th core if `pin`.
+double null_iteration(const ir::Plan& plan, exec::Runtime runtime, int threads, bool pin = false) {
   const int p = plan.num_ranks();
   exec::RunControl control;
   exec::cpu::CpuFabric fabric(control);
@@ -61,16 +63,22 @@ double null_iteration(const ir::Plan& plan, exec::Runtime runtime) {
     computes.push_back(std::make_unique<NullCompute>(plan.virtual_stages()));
     transports.push_back(std::make_unique<exec::cpu::CpuTransport>(fabric, 0, r, p, 1));
   }
+  const auto groups = exec::cpu::rank_groups(p, threads);
+  const std::vector<int> cores = pin ? exec::cpu::allowed_cores() : std::vector<int>{};
   std::vector<double> iters;
   for (int step = 0; step < 30; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> threads;
-    for (int r = 0; r < p; ++r)
-      threads.emplace_back([&, r] {
-        exec::Backend b{computes[r].get(), transports[r].get(), &clock, nullptr, nullptr, runtime};
-        exec::run_rank_step(plan, r, r, step, b, control);
+    std::vector<std::thread> pool;
+    for (int g = 0; g < static_cast<int>(groups.size()); ++g)
+      pool.emplace_back([&, g] {
+        exec::cpu::pin_to_core(g, cores);
+        const auto& group = groups[static_cast<std::size_t>(g)];
+        std::vector<exec::RankSlot> slots;
+        for (int r : group)
+          slots.push_back({r, r, exec::Backend{computes[r].get(), transports[r].get(), &clock, nullptr, nullptr, runtime}});
+        exec::run_rank_steps(plan, slots, step, control);
       });
-    for (auto& t : threads) t.join();
+    for (auto& t : pool) t.join();
     iters.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return median(iters);
@@ -85,11 +93,15 @@ void bench_overhead(const ir::Scenario& base, const std::string& schedule, int p
   const ir::Plan& plan = built.lowered;
   std::size_t ops = 0;
   for (const auto& r : plan.ranks) ops = std::max(ops, r.size());
-  const double threaded = null_iteration(plan, exec::Runtime::threaded);
-  const double coop = null_iteration(plan, exec::Runtime::cooperative);
+  const int cores = std::max(1, static_cast<int>(exec::cpu::allowed_cores().size()));
+  const int shared_threads = std::min(p, cores);
+  const double threaded = null_iteration(plan, exec::Runtime::threaded, p);
+  const double coop = null_iteration(plan, exec::Runtime::cooperative, p);
+  const double shared = null_iteration(plan, exec::Runtime::cooperative, shared_threads, true);
   const double n = static_cast<double>(ops);
-  fmt::print("  {:<12} p={} m={:<3} ops/rank {:>4}  per op: threaded {:6.2f} us  cooperative {:6.2f} us  ({:.2f}x)\n",
-             schedule, p, m, ops, threaded / n * 1e6, coop / n * 1e6, threaded / coop);
+  fmt::print("  {:<12} p={} m={:<3} ops/rank {:>4}  per op: thread per stream {:6.2f} us  thread per rank {:6.2f} us  "
+             "{} pinned rank threads {:6.2f} us\n",
+             schedule, p, m, ops, threaded / n * 1e6, coop / n * 1e6, shared_threads, shared / n * 1e6);
 }
 
 struct IterationFigures {
@@ -200,7 +212,9 @@ int main(int argc, char** argv) {
   if (std::ifstream in("/proc/loadavg"); in) in >> load;
   fmt::print("bench_exec: {} hardware threads, load average {:.2f}\n", std::thread::hardware_concurrency(), load);
   fmt::print("(1) runtime overhead per op (compute does nothing; interpreter + rendezvous transport), "
-             "today's thread per stream beside the cooperative runtime\n");
+             "threads created per step: a thread per stream (--runtime threaded), the cooperative runtime with a "
+             "thread per rank (unpinned), and with a pinned thread per core taking turns between its ranks (the "
+             "default where ranks outnumber cores)\n");
   for (const char* s : {"1f1b", "zb-h1", "interleaved"}) {
     try {
       bench_overhead(sc, s, 2, 16);

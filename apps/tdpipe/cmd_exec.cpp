@@ -39,6 +39,7 @@ struct ExecArgs {
   bool check = false;
   bool pin = false, no_pin = false;    // cpu backend
   std::string runtime = "cooperative";  // cpu backend
+  int rank_threads = 0;                 // cpu backend, cooperative (0: automatic)
   std::string rank_speed;              // "r:speed,…"
   int balance_every = 0;               // re-balance every K steps (0: never)
   double balance_alpha = 0.3;
@@ -131,6 +132,7 @@ void run_exec(const ExecArgs& a) {
                       : a.no_pin ? exec::cpu::CpuRunOptions::Pinning::off
                                  : exec::cpu::CpuRunOptions::Pinning::automatic;
   opt.runtime = a.runtime == "threaded" ? exec::Runtime::threaded : exec::Runtime::cooperative;
+  opt.rank_threads = a.rank_threads;
   opt.train.rank_speed = parse_rank_speed(a.rank_speed, plan.num_ranks());
   opt.train.inject_overflow = parse_injection(a.inject_overflow);
   opt.faults = faults;
@@ -210,6 +212,11 @@ void add_exec_command(CLI::App& app) {
                   "CPU backend: cooperative (a rank's compute and p2p streams on one thread) or threaded (a "
                   "thread per stream)")
       ->check(CLI::IsMember({"cooperative", "threaded"}));
+  cmd->add_option("--rank-threads", args->rank_threads,
+                  "CPU backend, cooperative runtime: run the p × d ranks on N threads, each taking turns between a "
+                  "contiguous block of ranks (default: a thread per rank, or one per core where the ranks outnumber "
+                  "the cores and none needs its own: fp16, injected faults, --rank-speed)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--balance-every", args->balance_every,
                   "Every K steps, re-partition the layers by the measured stage times (tdpipe balance) and "
                   "continue from the same weights and Adam state (cuda backend: loopback transport)")

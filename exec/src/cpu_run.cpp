@@ -25,28 +25,6 @@
 namespace tdpipe::exec::cpu {
 namespace {
 
-// The cores this process may run on (its affinity mask: taskset, a cgroup's cpuset).
-std::vector<int> allowed_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cores;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0)
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) cores.push_back(c);
-  return cores;
-}
-
-// Pins the calling thread to the (w mod n)-th allowed core; the stream threads a rank
-// starts inherit the mask. Pinning is a placement hint: where it fails, the thread stays
-// where the kernel puts it.
-void pin_to_core(int w, const std::vector<int>& cores) {
-  if (cores.empty()) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cores[static_cast<std::size_t>(w) % cores.size()], &set);
-  (void)pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-}
-
 /// Bytes the CPU backend holds for `plan` (all ranks and replicas in this process), in
 /// its fp64 model: weights, gradients and Adam's two moments (4 values per parameter;
 /// 1-bit Adam's error feedback adds 1 + 1/d),
@@ -104,6 +82,61 @@ void check_cpu_memory(const GptConfig& config, const ir::Plan& plan) {
 
 }  // namespace
 
+std::vector<int> allowed_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cores;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cores.push_back(c);
+  return cores;
+}
+
+// Pinning is a placement hint: where it fails, the thread stays where the kernel puts it.
+void pin_to_core(int w, const std::vector<int>& cores) {
+  if (cores.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cores[static_cast<std::size_t>(w) % cores.size()], &set);
+  (void)pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+std::vector<std::vector<int>> rank_groups(int ranks, int threads) {
+  if (ranks < 1 || threads < 1 || threads > ranks)
+    throw Error(fmt::format("{} threads for {} ranks: expected 1 to {} threads", threads, ranks, std::max(1, ranks)));
+  std::vector<std::vector<int>> groups(static_cast<std::size_t>(threads));
+  for (int g = 0, w = 0; g < threads; ++g)
+    for (int k = 0; k < ranks / threads + (g < ranks % threads); ++k) groups[static_cast<std::size_t>(g)].push_back(w++);
+  return groups;
+}
+
+int rank_thread_count(const ir::Plan& plan, const CpuRunOptions& options) {
+  const int ranks = plan.num_ranks() * std::max(1, plan.data);
+  const bool cooperative = options.runtime == Runtime::cooperative;
+  const bool fp16 = plan.scenario.model.dtype == "fp16";
+  const bool faults = !options.faults.inject.empty();
+  const bool speeds = std::any_of(options.train.rank_speed.begin(), options.train.rank_speed.end(),
+                                  [](double s) { return s != 1; });
+  if (options.rank_threads != 0) {
+    if (options.rank_threads < 0 || options.rank_threads > ranks)
+      throw Error(fmt::format("rank threads = {}: the run has {} ranks (p × d); expected 1 to {}", options.rank_threads,
+                              ranks, ranks));
+    if (options.rank_threads < ranks) {
+      std::string why = !cooperative ? "the threaded runtime gives each stream a thread"
+                        : fp16       ? "fp16 training agrees on overflow flags at OPT, a wait for every rank"
+                        : faults     ? "an injected fault stops its rank's thread"
+                                     : "";
+      if (!why.empty())
+        throw Error(fmt::format("rank threads = {} < {} ranks: {}; each rank needs a thread of its own",
+                                options.rank_threads, ranks, why));
+    }
+    return options.rank_threads;
+  }
+  const int cores = std::max<int>(1, static_cast<int>(allowed_cores().size()));
+  if (ranks <= cores || !cooperative || fp16 || faults || speeds) return ranks;
+  return cores;
+}
+
 void check_injection(const TrainOptions::OverflowInjection& inject, const ir::Plan& plan, int first, int steps) {
   if (inject.step < 0) return;
   if (plan.scenario.model.dtype != "fp16")
@@ -147,7 +180,8 @@ struct World {
   std::vector<std::unique_ptr<CpuCompute>> computes;
   std::vector<std::unique_ptr<CpuTransport>> transports;
   CpuClock* clock = nullptr;
-  std::vector<int> pin_cores;  ///< rank w's threads on pin_cores[w mod size]; empty: unpinned
+  std::vector<int> pin_cores;  ///< thread g on pin_cores[g mod size]; empty: unpinned
+  std::vector<std::vector<int>> groups;  ///< the world ranks each thread runs (rank_groups)
   Runtime runtime = Runtime::cooperative;
   std::int64_t wire_before = 0;
 
@@ -167,18 +201,23 @@ std::string kind_text(const RetryRecord& r) {
 
 std::int64_t World::run_step(int step, FaultInjector& injector, Heartbeats* heartbeats,
                              std::vector<RankStepResult>& outs, RunResult& result) {
-  const int ranks = static_cast<int>(computes.size()), p = plan->num_ranks();
+  const int p = plan->num_ranks();
   fabric.begin_step(step);
   const std::int64_t start = now_ns();
   wire_before = fabric.bytes_moved(CpuFabric::kDP);
   std::vector<std::thread> threads;
-  for (int w = 0; w < ranks; ++w)
-    threads.emplace_back([&, w] {
-      Backend backend{computes[static_cast<std::size_t>(w)].get(), transports[static_cast<std::size_t>(w)].get(), clock,
-                      &injector, heartbeats, runtime};
-      if (!pin_cores.empty()) pin_to_core(w, pin_cores);
+  for (int g = 0; g < static_cast<int>(groups.size()); ++g)
+    threads.emplace_back([&, g] {
+      std::vector<RankSlot> slots;
+      for (int w : groups[static_cast<std::size_t>(g)])
+        slots.push_back({w % p, w,
+                         Backend{computes[static_cast<std::size_t>(w)].get(), transports[static_cast<std::size_t>(w)].get(),
+                                 clock, &injector, heartbeats, runtime}});
+      if (!pin_cores.empty()) pin_to_core(g, pin_cores);
       try {
-        outs[static_cast<std::size_t>(w)] = run_rank_step(*plan, w % p, w, step, backend, control);
+        auto results = run_rank_steps(*plan, slots, step, control);
+        for (std::size_t k = 0; k < slots.size(); ++k)
+          outs[static_cast<std::size_t>(slots[k].trace_rank)] = std::move(results[k]);
       } catch (const Aborted&) {
       }
     });
@@ -220,12 +259,14 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   FaultInjector injector(fo.inject);
 
   CpuClock clock(std::chrono::steady_clock::now());
+  const int threads = rank_thread_count(plan, options);
   // Builds the ranks and loads the state of a checkpoint, else the start.
   auto build = [&](const std::optional<CheckpointManifest>& from) {
     auto w = std::make_unique<World>(config, plan, corpus, options, injector);
     w->clock = &clock;
     std::vector<int> cores = allowed_cores();
-    const bool own_cores = p * d <= static_cast<int>(cores.size());
+    w->groups = rank_groups(p * d, threads);
+    const bool own_cores = static_cast<int>(w->groups.size()) <= static_cast<int>(cores.size());
     if (options.pinning == CpuRunOptions::Pinning::on ||
         (options.pinning == CpuRunOptions::Pinning::automatic && own_cores))
       w->pin_cores = std::move(cores);
@@ -298,6 +339,7 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   auto& md = result.trace.metadata;
   md["backend"] = "cpu";
   md["threads"] = std::to_string(p * d);
+  md["rank_threads"] = std::to_string(threads);
   md["restarts"] = std::to_string(result.restarts);
   md["retries"] = std::to_string(result.retries);
   md["retry_seconds"] = fmt::format("{:.6f}", result.retry_seconds);

@@ -39,11 +39,20 @@ struct Item {
   int first = 0, last = 0;  // ops [first, last) of the rank, posted together
 };
 
+// What the threads of a rank (or of a group of ranks on one thread) sleep on: a count
+// of the changes they may be waiting for, and its condition variable (under
+// control.mutex()).
+struct Waker {
+  std::atomic<std::uint64_t> wakes{0};
+  std::condition_variable cv;
+};
+
 class RankRun {
  public:
   RankRun(const ir::Plan& plan, int rank, int trace_rank, int step, const Backend& backend,
-          RunControl& control)
-      : plan_(plan),
+          RunControl& control, Waker* shared = nullptr)
+      : waker_(shared ? shared : &own_waker_),
+        plan_(plan),
         ops_(plan.ranks.at(static_cast<std::size_t>(rank))),
         rank_(rank),
         trace_rank_(trace_rank),
@@ -132,26 +141,111 @@ class RankRun {
     }
   }
 
-  RankStepResult run() {
+  // Starts the step: the backend's, and the threads of the streams the rank's main
+  // thread does not run (cooperative: the dp and copy streams; threaded: all but compute).
+  void begin() {
     backend_.compute->begin_step(step_);
     agrees_ = !backend_.compute->overflow_flags().empty();
-    // Cooperative: the compute and p2p streams share this thread (their batches start
-    // without waiting); the dp and copy streams keep threads of their own.
-    const bool cooperative = backend_.runtime == Runtime::cooperative && backend_.transport->can_start();
-    std::array<std::thread, ir::kStreamCount> threads;
-    for (int s = cooperative ? 2 : 1; s < ir::kStreamCount; ++s)
-      if (!items_[static_cast<std::size_t>(s)].empty()) threads[static_cast<std::size_t>(s)] = std::thread([this, s] { worker(s); });
-    if (cooperative)
-      cooperate();
-    else
-      worker(0);
-    for (auto& t : threads)
+    for (int s = cooperative() ? 2 : 1; s < ir::kStreamCount; ++s)
+      if (!items_[static_cast<std::size_t>(s)].empty()) threads_[static_cast<std::size_t>(s)] = std::thread([this, s] { worker(s); });
+  }
+  // Joins the stream threads and ends the step (Aborted if the run failed).
+  RankStepResult end() {
+    for (auto& t : threads_)
       if (t.joinable()) t.join();
     if (control_.failed()) throw Aborted{};
     RankStepResult out;
     out.loss = backend_.compute->end_step();
     out.events = std::move(events_);
     return out;
+  }
+  // Cooperative: the compute and p2p streams share the rank's thread (their batches
+  // start without waiting); the dp and copy streams keep threads of their own.
+  bool cooperative() const { return backend_.runtime == Runtime::cooperative && backend_.transport->can_start(); }
+  // Can this rank share its thread with other ranks (run_rank_steps)? Not when it can
+  // block on another rank inside an op: OPT's overflow agreement, an injected hang.
+  void check_shareable() const {
+    if (!cooperative())
+      throw Error(fmt::format("rank {}: ranks share a thread only in the cooperative runtime over a transport "
+                              "that starts batches", trace_rank_));
+    if (agrees_)
+      throw Error(fmt::format("rank {}: fp16 training agrees on overflow flags at OPT, a wait for every rank: "
+                              "give each rank a thread of its own", trace_rank_));
+    if (backend_.faults && !backend_.faults->empty())
+      throw Error(fmt::format("rank {}: injected faults stop a rank's thread: give each rank a thread of its own",
+                              trace_rank_));
+  }
+
+  RankStepResult run() {
+    begin();
+    if (cooperative()) {
+      RankRun* self = this;
+      cooperate(&self, 1, *waker_);
+    } else {
+      worker(0);
+    }
+    return end();
+  }
+
+  // Cooperative: the compute and p2p streams of `n` ranks (sharing `waker`) in their
+  // orders on this one thread. Each rank's turn starts its p2p stream's next batch once
+  // it is ready (Transport::start: without waiting for the peer), tests the batch in
+  // flight, and runs its compute stream's next op once it is ready; a running op takes
+  // every rank's p2p turn between its layer blocks (ComputeOp::poll). With nothing to do
+  // the thread spins briefly (yielding the core), then parks until a peer, another
+  // stream or a retry's deadline wakes it. Each stream keeps its order and one batch in
+  // flight, as with a thread per stream, so the plans that complete there complete here
+  // (ranks sharing a thread must not block inside an op: check_shareable).
+  static void cooperate(RankRun* const* group, std::size_t n, Waker& waker) {
+    RunControl& control = group[0]->control_;
+    // Called by the compute backend between a long op's layer blocks: the transfers keep
+    // posting and completing while it runs, as on a device with a stream for each. An
+    // error in another rank's turn is that rank's; the running op then stops (Aborted).
+    const std::function<void()> poll = [&] {
+      auto deadline = turn_deadline();
+      for (std::size_t k = 0; k < n; ++k) {
+        RankRun& r = *group[k];
+        try {
+          r.p2p_turn(deadline, true);
+        } catch (const Aborted&) {
+          throw;
+        } catch (const std::exception& e) {
+          r.fail_in(r.coop_.current_stream, r.coop_.current, e);
+          throw Aborted{};
+        }
+      }
+    };
+    std::vector<char> over(n, 0);  // the rank's streams finished, or it failed
+    for (std::size_t k = 0; k < n; ++k) group[k]->poll_ = &poll;
+    while (true) {
+      if (control.failed()) break;
+      const std::uint64_t seen = waker.wakes.load(std::memory_order_acquire);
+      auto deadline = turn_deadline();
+      bool moved = false, left = false;
+      for (std::size_t k = 0; k < n; ++k) {
+        if (over[k]) continue;
+        RankRun& r = *group[k];
+        try {
+          moved |= r.coop_turn(deadline);
+          over[k] = r.coop_finished();
+        } catch (const Aborted&) {
+          over[k] = 1;
+        } catch (const std::exception& e) {
+          r.fail_in(r.coop_.current_stream, r.coop_.current, e);
+          over[k] = 1;
+        }
+        left |= !over[k];
+      }
+      if (!left) break;
+      if (!moved) park(group, n, waker, seen, deadline);
+    }
+    for (std::size_t k = 0; k < n; ++k) {
+      RankRun& r = *group[k];
+      r.poll_ = nullptr;
+      r.coop_.request.reset();  // withdraws a batch left in flight (the run is stopping)
+      r.control_.set_waiting(r.trace_rank_, ir::Stream::Compute, "");
+      r.control_.set_waiting(r.trace_rank_, ir::Stream::P2P, "");
+    }
   }
 
  private:
@@ -219,14 +313,15 @@ class RankRun {
   // Under control_.mutex(): wakes this rank's waiters (its stream threads, or its
   // cooperative thread) after a change they may be waiting for.
   void notify() {
-    wakes_.fetch_add(1, std::memory_order_release);
-    cv_.notify_all();
+    waker_->wakes.fetch_add(1, std::memory_order_release);
+    waker_->cv.notify_all();
   }
-  // Sleeps until a notify() after wake count `seen`, a failure, or `deadline`.
-  void sleep_until_woken(std::uint64_t seen, std::chrono::steady_clock::time_point deadline) {
-    std::unique_lock lock(control_.mutex());
-    cv_.wait_until(lock, deadline,
-                   [&] { return wakes_.load(std::memory_order_relaxed) != seen || control_.failed(); });
+  // Sleeps until a notify() on `waker` after wake count `seen`, a failure, or `deadline`.
+  static void sleep_until_woken(RunControl& control, Waker& waker, std::uint64_t seen,
+                                std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(control.mutex());
+    waker.cv.wait_until(lock, deadline,
+                        [&] { return waker.wakes.load(std::memory_order_relaxed) != seen || control.failed(); });
   }
   // The latest time a waiting stream looks again (an abort, a transport's retry).
   static std::chrono::steady_clock::time_point turn_deadline() {
@@ -239,7 +334,7 @@ class RankRun {
   void wait_for(std::unique_lock<std::mutex>& lock, ir::Stream stream, RunControl::Describe what, Ready ready) {
     if (ready()) return;
     control_.set_waiting(trace_rank_, stream, std::move(what));
-    control_.wait(lock, cv_, ready);
+    control_.wait(lock, waker_->cv, ready);
     control_.set_waiting(trace_rank_, stream, RunControl::Describe{});
   }
 
@@ -334,10 +429,10 @@ class RankRun {
         // Started, then tested as it progresses: each pair ends on its own.
         const auto request = backend_.transport->start(f.batch, [this] { notify(); });
         while (true) {
-          const std::uint64_t seen = wakes_.load(std::memory_order_acquire);
+          const std::uint64_t seen = waker_->wakes.load(std::memory_order_acquire);
           auto deadline = turn_deadline();
           if (advance(f, *request, deadline, stream)) break;
-          sleep_until_woken(seen, deadline);
+          sleep_until_woken(control_, *waker_, seen, deadline);
         }
       } else {
         backend_.transport->post(f.batch);  // one NCCL group: it ends as a whole
@@ -383,147 +478,127 @@ class RankRun {
     control_.set_waiting(trace_rank_, stream, "");
   }
 
-  // Cooperative: the compute and p2p streams' items in their orders on this one thread.
-  // Each turn starts the p2p stream's next batch once it is ready (Transport::start:
-  // without waiting for the peer), tests the batch in flight, and runs the compute
-  // stream's next op once it is ready (which takes the p2p stream's turn between its
-  // layer blocks: ComputeOp::poll); with nothing to do it spins briefly (yielding the
-  // core), then parks until a peer, another stream or a retry's deadline wakes it. A
-  // stream keeps its order and one batch in flight, as with a thread per stream, so the
-  // plans that complete there complete here.
-  void cooperate() {
-    constexpr auto kCompute = ir::Stream::Compute, kP2P = ir::Stream::P2P;
-    const auto& compute = items_[static_cast<std::size_t>(kCompute)];
+  // ---- the cooperative runtime (cooperate): one turn of a rank's compute and p2p streams ----
+
+  // The p2p stream's turn: tests the batch in flight, starts the next one once ready
+  // (and, between compute ops, runs a non-transfer item of the stream). True if it moved.
+  bool p2p_turn(std::chrono::steady_clock::time_point& deadline, bool in_compute) {
+    constexpr auto kP2P = ir::Stream::P2P;
     const auto& p2p = items_[static_cast<std::size_t>(kP2P)];
-    std::size_t next_compute = 0, next_p2p = 0;
-    std::optional<Flight> flight;
-    std::unique_ptr<P2PRequest> request;
-    const Item* current = nullptr;
-    ir::Stream current_stream = kCompute;
-    const bool faults = backend_.faults && !backend_.faults->empty();
-    auto wake = [this] { notify(); };  // the transport calls it under control_.mutex()
-    // The p2p stream's turn: tests the batch in flight, starts the next one once ready
-    // (and, between compute ops, runs a non-transfer item of the stream). True if it moved.
-    auto p2p_turn = [&](std::chrono::steady_clock::time_point& deadline, bool in_compute) {
-      // An error in here is the p2p stream's, with the item it was at (also inside a poll).
-      const Item* const outer = current;
-      const ir::Stream outer_stream = current_stream;
-      auto at = [&](const Item* item) {
-        current = item;
-        current_stream = kP2P;
-      };
-      auto back = [&] {
-        current = outer;
-        current_stream = outer_stream;
-      };
-      bool moved = false;
-      if (request) {
-        at(&p2p[next_p2p]);
-        const std::size_t ended = flight->ended;
-        if (advance(*flight, *request, deadline, kP2P)) {
-          request.reset();
-          flight.reset();
-          ++next_p2p;
-          moved = true;
-        } else if (flight->ended != ended) {
-          moved = true;  // a RECV's consumer may be ready
-        }
-      }
-      bool p2p_ready = false;
-      {
-        std::lock_guard lock(control_.mutex());
-        p2p_ready = !request && next_p2p < p2p.size() && ready(p2p[next_p2p]);
-      }
-      const Item* item = p2p_ready ? &p2p[next_p2p] : nullptr;
-      const bool transfer = item && ir::is_p2p(ops_[static_cast<std::size_t>(item->first)].kind);
-      if (!item || (in_compute && !transfer)) {
-        back();
-        return moved;
-      }
-      at(item);
-      if (faults) fault_point(ops_[static_cast<std::size_t>(item->first)], kP2P);
-      if (transfer) {
-        flight = begin_batch(*item, kP2P);
-        request = backend_.transport->start(flight->batch, wake);
-      } else {
-        execute(*item, kP2P);
-        ++next_p2p;
-      }
-      back();
-      return true;
+    Coop& c = coop_;
+    // An error in here is the p2p stream's, with the item it was at (also inside a poll).
+    const Item* const outer = c.current;
+    const ir::Stream outer_stream = c.current_stream;
+    auto at = [&](const Item* item) {
+      c.current = item;
+      c.current_stream = kP2P;
     };
-    // Called by the compute backend between a long op's layer blocks: the transfers keep
-    // posting and completing while it runs, as on a device with a stream for each.
-    const std::function<void()> poll = [&] {
-      auto deadline = turn_deadline();
-      p2p_turn(deadline, true);
+    auto back = [&] {
+      c.current = outer;
+      c.current_stream = outer_stream;
     };
-    try {
-      while (next_compute < compute.size() || next_p2p < p2p.size()) {
-        if (control_.failed()) throw Aborted{};
-        const std::uint64_t seen = wakes_.load(std::memory_order_acquire);
-        auto deadline = turn_deadline();
-        bool moved = p2p_turn(deadline, false);
-        if (moved) undescribe();
-        bool compute_ready = false;
-        {
-          std::lock_guard lock(control_.mutex());
-          compute_ready = next_compute < compute.size() && ready(compute[next_compute]);
-          // An OPT that agrees on overflow flags blocks until every rank reaches it: first
-          // let the transfers before it end, so no peer waits for one of them meanwhile.
-          if (compute_ready && agrees_ && compute[next_compute].first == opt_)
-            compute_ready = next_p2p == p2p.size() || p2p[next_p2p].first > opt_;
-        }
-        if (compute_ready) {
-          const Item& item = compute[next_compute];
-          current = &item;
-          current_stream = kCompute;
-          if (faults) fault_point(ops_[static_cast<std::size_t>(item.first)], kCompute);
-          if (ir::is_p2p(ops_[static_cast<std::size_t>(item.first)].kind))
-            throw Error(fmt::format("rank {}: {} is on the compute stream; the lowering puts SEND and RECV on the "
-                                    "p2p stream", rank_, op_label(ops_[static_cast<std::size_t>(item.first)])));
-          undescribe();
-          poll_ = &poll;
-          execute(item, kCompute);
-          poll_ = nullptr;
-          ++next_compute;
-          moved = true;
-        }
-        if (!moved) park(seen, deadline, next_compute < compute.size() ? &compute[next_compute] : nullptr,
-                         next_p2p < p2p.size() ? &p2p[next_p2p] : nullptr, request != nullptr);
+    bool moved = false;
+    if (c.request) {
+      at(&p2p[c.next_p2p]);
+      const std::size_t ended = c.flight->ended;
+      if (advance(*c.flight, *c.request, deadline, kP2P)) {
+        c.request.reset();
+        c.flight.reset();
+        ++c.next_p2p;
+        moved = true;
+      } else if (c.flight->ended != ended) {
+        moved = true;  // a RECV's consumer may be ready
       }
-    } catch (const Aborted&) {
-    } catch (const std::exception& e) {
-      fail_in(current_stream, current, e);
     }
-    request.reset();  // withdraws a batch left in flight (the run is stopping)
-    control_.set_waiting(trace_rank_, kCompute, "");
-    control_.set_waiting(trace_rank_, kP2P, "");
+    bool p2p_ready = false;
+    {
+      std::lock_guard lock(control_.mutex());
+      p2p_ready = !c.request && c.next_p2p < p2p.size() && ready(p2p[c.next_p2p]);
+    }
+    const Item* item = p2p_ready ? &p2p[c.next_p2p] : nullptr;
+    const bool transfer = item && ir::is_p2p(ops_[static_cast<std::size_t>(item->first)].kind);
+    if (!item || (in_compute && !transfer)) {
+      back();
+      return moved;
+    }
+    at(item);
+    if (backend_.faults && !backend_.faults->empty()) fault_point(ops_[static_cast<std::size_t>(item->first)], kP2P);
+    if (transfer) {
+      c.flight = begin_batch(*item, kP2P);
+      c.request = backend_.transport->start(c.flight->batch, [this] { notify(); });  // called under control_.mutex()
+    } else {
+      execute(*item, kP2P);
+      ++c.next_p2p;
+    }
+    back();
+    return true;
   }
 
-  // Nothing to do since wake count `seen`: spin a little, yielding the core (a peer's
-  // hand-off often comes within microseconds), then sleep until woken or `deadline`,
-  // saying what each stream waits for.
-  void park(std::uint64_t seen, std::chrono::steady_clock::time_point deadline, const Item* compute,
-            const Item* p2p, bool in_flight) {
+  // One turn of the rank: its p2p stream's, then its compute stream's next op if ready.
+  // True if either moved.
+  bool coop_turn(std::chrono::steady_clock::time_point& deadline) {
+    constexpr auto kCompute = ir::Stream::Compute;
+    const auto& compute = items_[static_cast<std::size_t>(kCompute)];
+    const auto& p2p = items_[static_cast<std::size_t>(ir::Stream::P2P)];
+    Coop& c = coop_;
+    bool moved = p2p_turn(deadline, false);
+    if (moved) undescribe();
+    bool compute_ready = false;
+    {
+      std::lock_guard lock(control_.mutex());
+      compute_ready = c.next_compute < compute.size() && ready(compute[c.next_compute]);
+      // An OPT that agrees on overflow flags blocks until every rank reaches it: first
+      // let the transfers before it end, so no peer waits for one of them meanwhile.
+      if (compute_ready && agrees_ && compute[c.next_compute].first == opt_)
+        compute_ready = c.next_p2p == p2p.size() || p2p[c.next_p2p].first > opt_;
+    }
+    if (!compute_ready) return moved;
+    const Item& item = compute[c.next_compute];
+    c.current = &item;
+    c.current_stream = kCompute;
+    if (backend_.faults && !backend_.faults->empty()) fault_point(ops_[static_cast<std::size_t>(item.first)], kCompute);
+    if (ir::is_p2p(ops_[static_cast<std::size_t>(item.first)].kind))
+      throw Error(fmt::format("rank {}: {} is on the compute stream; the lowering puts SEND and RECV on the "
+                              "p2p stream", rank_, op_label(ops_[static_cast<std::size_t>(item.first)])));
+    undescribe();
+    execute(item, kCompute);
+    ++c.next_compute;
+    return true;
+  }
+  bool coop_finished() const {
+    return coop_.next_compute == items_[static_cast<std::size_t>(ir::Stream::Compute)].size() &&
+           coop_.next_p2p == items_[static_cast<std::size_t>(ir::Stream::P2P)].size();
+  }
+
+  // Nothing to do for any rank of the group since wake count `seen`: spin a little,
+  // yielding the core (a peer's hand-off often comes within microseconds), then sleep
+  // until woken or `deadline`, each rank saying what its streams wait for.
+  static void park(RankRun* const* group, std::size_t n, Waker& waker, std::uint64_t seen,
+                   std::chrono::steady_clock::time_point deadline) {
     constexpr auto kSpin = std::chrono::microseconds(50);
     const auto until = std::min(deadline, std::chrono::steady_clock::now() + kSpin);
-    while (wakes_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)
+    while (waker.wakes.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)
       std::this_thread::yield();
-    if (wakes_.load(std::memory_order_acquire) != seen) return;
-    // Said once per wait, however many parks it takes (and kept across the spins between
-    // them, so that a watchdog report never finds it blank): undescribe() clears it once
-    // the rank moves.
-    if (!described_) {
-      described_ = true;
-      if (compute)
-        control_.set_waiting(trace_rank_, ir::Stream::Compute, [this, compute] { return waiting_text(*compute); });
-      if (p2p)
-        control_.set_waiting(trace_rank_, ir::Stream::P2P, [this, p2p, in_flight] {
-          return in_flight ? transport_text(*p2p) : waiting_text(*p2p);
-        });
-    }
-    sleep_until_woken(seen, deadline);
+    if (waker.wakes.load(std::memory_order_acquire) != seen) return;
+    for (std::size_t k = 0; k < n; ++k) group[k]->describe();
+    sleep_until_woken(group[0]->control_, waker, seen, deadline);
+  }
+  // Said once per wait, however many parks it takes (and kept across the spins between
+  // them, so that a watchdog report never finds it blank): undescribe() clears it once
+  // the rank moves.
+  void describe() {
+    if (described_ || coop_finished()) return;
+    described_ = true;
+    const auto& compute = items_[static_cast<std::size_t>(ir::Stream::Compute)];
+    const auto& p2p = items_[static_cast<std::size_t>(ir::Stream::P2P)];
+    const Item* c = coop_.next_compute < compute.size() ? &compute[coop_.next_compute] : nullptr;
+    const Item* q = coop_.next_p2p < p2p.size() ? &p2p[coop_.next_p2p] : nullptr;
+    const bool in_flight = coop_.request != nullptr;
+    if (c) control_.set_waiting(trace_rank_, ir::Stream::Compute, [this, c] { return waiting_text(*c); });
+    if (q)
+      control_.set_waiting(trace_rank_, ir::Stream::P2P, [this, q, in_flight] {
+        return in_flight ? transport_text(*q) : waiting_text(*q);
+      });
   }
   void undescribe() {
     if (!described_) return;
@@ -557,7 +632,7 @@ class RankRun {
     }
     control_.set_waiting(trace_rank_, stream, what);
     std::unique_lock lock(control_.mutex());
-    control_.wait(lock, cv_, [] { return false; });  // throws Aborted once the run is stopped
+    control_.wait(lock, waker_->cv, [] { return false; });  // throws Aborted once the run is stopped
   }
 
   void run_compute(int i, ir::Stream stream) {
@@ -650,6 +725,15 @@ class RankRun {
     std::int64_t start = 0;
     std::vector<char> done;  // [op of the batch] ended (started batches: each on its own)
     std::size_t ended = 0;
+  };
+
+  // Where the cooperative runtime is in the rank's compute and p2p streams.
+  struct Coop {
+    std::size_t next_compute = 0, next_p2p = 0;
+    std::optional<Flight> flight;           // the p2p stream's batch in flight
+    std::unique_ptr<P2PRequest> request;    // and its transport request
+    const Item* current = nullptr;          // the item an error is reported at
+    ir::Stream current_stream = ir::Stream::Compute;
   };
 
   // A ready batch's ops: the SENDs' tensors, fresh RECV buffers; the batch starts now.
@@ -830,6 +914,8 @@ class RankRun {
     finish({i, i + 1}, start, end);
   }
 
+  Waker own_waker_;
+  Waker* waker_;  // this rank's, or its thread's group's (run_rank_steps)
   const ir::Plan& plan_;
   const std::vector<Op>& ops_;
   int rank_, trace_rank_, step_;
@@ -839,10 +925,10 @@ class RankRun {
   Backend backend_;
   RunControl& control_;
   std::array<std::vector<Item>, ir::kStreamCount> items_;
-  std::condition_variable cv_;                  // this rank's stream threads wait here
+  std::array<std::thread, ir::kStreamCount> threads_;  // streams with a thread of their own
+  Coop coop_;                                   // cooperative: the compute and p2p streams
   const std::function<void()>* poll_ = nullptr;  // cooperative: the compute op's ComputeOp::poll
   bool described_ = false;                      // cooperative: park() said what the streams wait for
-  std::atomic<std::uint64_t> wakes_{0};         // notify()s so far (changed under control_.mutex())
   std::vector<char> done_;                      // guarded by control_.mutex()
   std::map<TensorKey, Buffer> tensors_;         // guarded by control_.mutex()
   std::vector<std::vector<int>> grad_ops_;      // per chunk: its last gradient ops
@@ -878,6 +964,40 @@ int stage_of(const ir::Plan& plan, int rank, int chunk) {
     throw Error(fmt::format("plan.stage_of[{}][{}] = {} is not a virtual stage (p·v = {})", rank,
                             chunk, s, plan.virtual_stages()));
   return s;
+}
+
+std::vector<RankStepResult> run_rank_steps(const ir::Plan& plan, const std::vector<RankSlot>& slots, int step,
+                                           RunControl& control) {
+  if (slots.size() == 1) return {run_rank_step(plan, slots[0].rank, slots[0].trace_rank, step, slots[0].backend, control)};
+  Waker waker;
+  std::vector<std::unique_ptr<RankRun>> runs;
+  std::vector<RankRun*> group;
+  std::size_t begun = 0, at = 0;  // ranks begun; the slot an error is at
+  std::vector<RankStepResult> out;
+  try {
+    for (; at < slots.size(); ++at) {
+      const RankSlot& s = slots[at];
+      runs.push_back(std::make_unique<RankRun>(plan, s.rank, s.trace_rank, step, s.backend, control, &waker));
+      group.push_back(runs.back().get());
+    }
+    for (at = 0; at < group.size(); ++at) {
+      group[at]->begin();
+      ++begun;
+      group[at]->check_shareable();
+    }
+  } catch (const std::exception& e) {
+    control.fail(fmt::format("rank {}: {}", slots[at].trace_rank, e.what()));
+  }
+  if (!control.failed()) RankRun::cooperate(group.data(), group.size(), waker);
+  // Every rank begun joins its stream threads (they end once the run failed).
+  bool aborted = false;
+  for (std::size_t k = 0; k < begun; ++k) try {
+      out.push_back(group[k]->end());
+    } catch (const Aborted&) {
+      aborted = true;
+    }
+  if (aborted || control.failed()) throw Aborted{};
+  return out;
 }
 
 RankStepResult run_rank_step(const ir::Plan& plan, int rank, int trace_rank, int step,

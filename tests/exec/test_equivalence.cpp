@@ -27,10 +27,17 @@ struct Layout {
 
 }  // namespace
 
-// Both runtimes (a thread per stream; one thread per rank with cooperative streams).
+// Both runtimes (a thread per stream; cooperative streams on a thread per rank, or on one
+// thread taking turns between every rank).
 TEST_CASE("every schedule matches the single-device run for 3 Adam steps", "[exec][equivalence]") {
-  const std::vector<std::pair<Runtime, const char*>> runtimes = {{Runtime::cooperative, "cooperative"},
-                                                                 {Runtime::threaded, "threaded"}};
+  struct Runtimes {
+    Runtime runtime;
+    bool one_thread;
+    const char* name;
+  };
+  const std::vector<Runtimes> runtimes = {{Runtime::cooperative, false, "cooperative"},
+                                          {Runtime::cooperative, true, "cooperative, one thread for all ranks"},
+                                          {Runtime::threaded, false, "threaded"}};
   const std::vector<Layout> layouts = {{2, 1, 4, 1}, {4, 1, 8, 1}, {2, 2, 4, 2}};
   const std::vector<std::pair<std::string, int>> schedules = {
       {"gpipe", 1}, {"1f1b", 1}, {"interleaved", 1}, {"zb-h1", 1}, {"zb-h2", 1},
@@ -40,7 +47,7 @@ TEST_CASE("every schedule matches the single-device run for 3 Adam steps", "[exe
     const ir::Scenario sc = test::small_scenario(L.p, L.d, L.m, L.b);
     const cpu::RunResult ref = cpu::run_reference(sc, L.d, L.m, test::train_options(kSteps));
     REQUIRE(ref.loss_per_step.size() == kSteps);
-    for (const auto& [runtime, runtime_name] : runtimes) {
+    for (const auto& [runtime, one_thread, runtime_name] : runtimes) {
       for (const auto& [name, slices] : schedules) DYNAMIC_SECTION(
           fmt::format("{} S={} on p={} d={} m={} b={}, {} runtime", name, slices, L.p, L.d, L.m, L.b,
                       runtime_name)) {
@@ -50,6 +57,7 @@ TEST_CASE("every schedule matches the single-device run for 3 Adam steps", "[exe
         cpu::CpuRunOptions opt;
         opt.train = test::train_options(kSteps);
         opt.runtime = runtime;
+        opt.rank_threads = one_thread ? 1 : L.p * L.d;
         const cpu::RunResult got = cpu::run_cpu(built.lowered, opt);
         REQUIRE(got.loss_per_step.size() == kSteps);
         for (int s = 0; s < kSteps; ++s) {

@@ -1,11 +1,13 @@
 // test_runtime.cpp — the runtime's failure behaviour (watchdog naming blocked ranks,
 // a throwing rank stopping the run), its measured trace, and real training.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include <catch2/catch.hpp>
 
@@ -88,11 +90,14 @@ TEST_CASE("the watchdog names every blocked rank, its op and its peer", "[exec][
                    p2p(OpKind::SEND, OpKind::F, 0, 1), compute(OpKind::BW, 0)};
   plan.ranks[1] = {p2p(OpKind::RECV, OpKind::F, 0, 0), compute(OpKind::F, 0), compute(OpKind::BW, 0),
                    p2p(OpKind::SEND, OpKind::B, 0, 0)};
-  // The same report whether each stream has its thread or the rank's thread runs them all.
-  for (const auto& [runtime, name] : {std::pair{Runtime::cooperative, "cooperative"},
-                                      std::pair{Runtime::threaded, "threaded"}}) DYNAMIC_SECTION(name) {
+  // The same report whether each stream has its thread, the rank's thread runs them all,
+  // or one thread takes turns between both ranks.
+  for (const auto& [runtime, threads, name] : {std::tuple{Runtime::cooperative, 2, "cooperative"},
+                                               std::tuple{Runtime::cooperative, 1, "cooperative, one thread"},
+                                               std::tuple{Runtime::threaded, 2, "threaded"}}) DYNAMIC_SECTION(name) {
     auto opt = quick(0.3);
     opt.runtime = runtime;
+    opt.rank_threads = threads;
     const auto t0 = std::chrono::steady_clock::now();
     std::string message;
     try {
@@ -139,18 +144,78 @@ TEST_CASE("a rank that throws stops the run with its error, no hang", "[exec][ru
   // rank 0 sits in RECV waiting for a gradient that will never come.
   plan.ranks[1] = {p2p(OpKind::RECV, OpKind::F, 0, 0), compute(OpKind::F, 0), compute(OpKind::BW, 7),
                    p2p(OpKind::SEND, OpKind::B, 0, 0)};
-  const auto t0 = std::chrono::steady_clock::now();
-  std::string message;
-  try {
-    cpu::run_cpu(plan, quick(60));
-  } catch (const Error& e) {
-    message = e.what();
+  for (int threads : {2, 1}) DYNAMIC_SECTION(threads << " rank threads") {
+    auto opt = quick(60);
+    opt.rank_threads = threads;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string message;
+    try {
+      cpu::run_cpu(plan, opt);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO(message);
+    CHECK_THAT(message, Catch::StartsWith("rank 1 (compute stream) failed in BW7: "));
+    CHECK_THAT(message, Catch::Contains("micro-batch 7 out of range (m = 1)"));
+    CHECK(waited < 5.0);  // ended by the failure, not by the 60 s watchdog
   }
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  INFO(message);
-  CHECK_THAT(message, Catch::StartsWith("rank 1 (compute stream) failed in BW7: "));
-  CHECK_THAT(message, Catch::Contains("micro-batch 7 out of range (m = 1)"));
-  CHECK(waited < 5.0);  // ended by the failure, not by the 60 s watchdog
+}
+
+TEST_CASE("ranks sharing a thread take turns: one thread runs 4 stages and 2 replicas, ops never overlap",
+          "[exec][runtime]") {
+  const ir::Scenario sc = test::small_scenario(4, 2, 8, 1);
+  const auto built = planner::build_plan(sc, "1f1b", 1);
+  const cpu::RunResult ref = cpu::run_reference(sc, 2, 8, test::train_options(2));
+  for (int threads : {1, 3}) DYNAMIC_SECTION(threads << " threads for 8 ranks") {
+    cpu::CpuRunOptions opt;
+    opt.train = test::train_options(2);
+    opt.rank_threads = threads;
+    const cpu::RunResult got = cpu::run_cpu(built.lowered, opt);
+    CHECK(got.trace.metadata.at("rank_threads") == std::to_string(threads));
+    for (int s = 0; s < 2; ++s) CHECK(std::abs(got.loss_per_step[s] - ref.loss_per_step[s]) <= 1e-5 * ref.loss_per_step[s]);
+    CHECK(test::max_rel_error(got.weights, ref.weights, nullptr) <= 1e-5);
+    CHECK(got.replica_divergence == 0.0);
+    // The compute-stream ops of the ranks of one thread never run at the same time (their
+    // p2p batches may: they are in flight while an op runs).
+    const auto groups = cpu::rank_groups(8, threads);
+    for (const auto& group : groups) {
+      std::vector<std::pair<std::int64_t, std::int64_t>> spans;
+      for (const auto& e : got.trace.events)
+        if (e.stream == static_cast<int>(Stream::Compute) &&
+            std::find(group.begin(), group.end(), e.rank) != group.end())
+          spans.push_back({e.start_ns, e.end_ns()});
+      std::sort(spans.begin(), spans.end());
+      REQUIRE(spans.size() > group.size());
+      for (std::size_t k = 1; k < spans.size(); ++k) CHECK(spans[k].first >= spans[k - 1].second);
+    }
+  }
+}
+
+TEST_CASE("rank threads: contiguous blocks, and counts a run cannot use are refused", "[exec][runtime]") {
+  CHECK(cpu::rank_groups(4, 2) == std::vector<std::vector<int>>{{0, 1}, {2, 3}});
+  CHECK(cpu::rank_groups(5, 2) == std::vector<std::vector<int>>{{0, 1, 2}, {3, 4}});
+  CHECK(cpu::rank_groups(3, 3) == std::vector<std::vector<int>>{{0}, {1}, {2}});
+  CHECK_THROWS_WITH(cpu::rank_groups(2, 3), Catch::Contains("3 threads for 2 ranks"));
+  const auto built = planner::build_plan(test::small_scenario(2, 1, 4, 1), "1f1b", 1);
+  cpu::CpuRunOptions opt;
+  opt.train = test::train_options(1);
+  opt.rank_threads = 3;
+  CHECK_THROWS_WITH(cpu::run_cpu(built.lowered, opt), Catch::Contains("rank threads = 3: the run has 2 ranks"));
+  opt.rank_threads = 1;
+  opt.runtime = Runtime::threaded;
+  CHECK_THROWS_WITH(cpu::run_cpu(built.lowered, opt), Catch::Contains("the threaded runtime gives each stream"));
+  opt.runtime = Runtime::cooperative;
+  opt.faults.inject = {parse_fault_spec("slow:rank=1,step=0,factor=2")};
+  CHECK_THROWS_WITH(cpu::run_cpu(built.lowered, opt), Catch::Contains("an injected fault stops its rank's thread"));
+  opt.faults.inject.clear();
+  ir::Scenario fp16 = test::small_scenario(2, 1, 4, 1);
+  fp16.model.dtype = "fp16";
+  const auto half = planner::build_plan(fp16, "1f1b", 1);
+  CHECK_THROWS_WITH(cpu::run_cpu(half.lowered, opt), Catch::Contains("fp16 training agrees on overflow flags"));
+  // Automatic: a rank that needs a thread of its own gets one.
+  opt.rank_threads = 0;
+  CHECK(cpu::rank_thread_count(half.lowered, opt) == 2);
 }
 
 TEST_CASE("a SEND matched with a RECV of another tensor is an error naming both", "[exec][runtime]") {

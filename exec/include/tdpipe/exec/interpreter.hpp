@@ -2,7 +2,7 @@
 //
 // Nothing schedule-specific: each stream's ops run in plan order, on a host thread of
 // their own or (Backend::runtime, cooperative) the compute and p2p streams taking turns
-// on one thread with p2p batches in flight while compute runs (and tested between its
+// on one thread (of one rank, or of several: run_rank_steps) with p2p batches in flight while compute runs (and tested between its
 // layer blocks: ComputeOp::poll); a stream's order and its one op (batch) at a time are
 // the same either way. A started batch's SEND/RECVs each end when their own pair
 // completed (P2PRequest::op_done), as in the plan's semantics (ir/replay.hpp); a batch
@@ -47,6 +47,24 @@ struct RankStepResult {
 /// failed elsewhere; any error inside is reported to `control` first.
 RankStepResult run_rank_step(const ir::Plan& plan, int rank, int trace_rank, int step,
                              const Backend& backend, RunControl& control);
+
+/// One rank of a thread's group (run_rank_steps).
+struct RankSlot {
+  int rank = 0;        ///< pipeline rank (of plan.ranks)
+  int trace_rank = 0;  ///< world rank: replica · p + rank
+  Backend backend;
+};
+
+/// Runs step `step` of several ranks on the calling thread, as run_rank_step runs one:
+/// the cooperative runtime with every rank's compute and p2p streams taking turns (a
+/// running op takes every rank's p2p turn between its layer blocks), so that on a
+/// machine with fewer cores than ranks a hand-off between ranks of one thread costs no
+/// OS thread switch. Each rank's dp and copy streams keep threads of their own. Ranks
+/// sharing a thread must not block inside an op on another rank: fp16's overflow
+/// agreement and injected faults are refused (the run fails naming the rank), as is a
+/// transport that cannot start batches. Results in the order of `slots`.
+std::vector<RankStepResult> run_rank_steps(const ir::Plan& plan, const std::vector<RankSlot>& slots, int step,
+                                           RunControl& control);
 
 /// The virtual stage that F/B of `op` (on `rank`) runs, checking plan.stage_of.
 int stage_of(const ir::Plan& plan, int rank, int chunk);

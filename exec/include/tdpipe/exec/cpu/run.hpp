@@ -63,6 +63,13 @@ struct CpuRunOptions {
   /// How each rank's streams get threads (Backend::runtime): cooperative (the default)
   /// puts its compute and p2p streams on one thread.
   Runtime runtime = Runtime::cooperative;
+  /// Threads that run the ranks' compute and p2p streams (cooperative runtime), each
+  /// taking a contiguous block of world ranks in turns (exec::run_rank_steps): a
+  /// hand-off between ranks of one thread costs no OS thread switch. 0 (automatic): one
+  /// per rank, or one per core where the ranks outnumber the cores the process may use
+  /// and no rank needs a thread of its own (fp16's overflow agreement, injected faults,
+  /// --rank-speed's sleeps). Pinning puts thread g on the g-th core.
+  int rank_threads = 0;
   /// Also keep every step's timeline in RunResult::step_traces (calibration).
   bool keep_step_traces = false;
   /// Injected faults, heartbeats, retries, checkpoints and resume (exec/faults.hpp). With
@@ -110,6 +117,21 @@ struct RunResult {
   std::vector<traces::Trace> step_traces;  ///< every step's, if keep_step_traces
   TrainState state;  ///< replica 0 after the last step, to continue from
 };
+
+/// The cores this process may run on (its affinity mask: taskset, a cgroup's cpuset).
+std::vector<int> allowed_cores();
+
+/// Pins the calling thread to the (w mod n)-th of `cores`; the threads it starts inherit
+/// the mask.
+void pin_to_core(int w, const std::vector<int>& cores);
+
+/// World ranks 0 … ranks − 1 in `threads` contiguous blocks whose sizes differ by at most
+/// one (the first ones larger): the ranks each thread of a run takes turns with.
+std::vector<std::vector<int>> rank_groups(int ranks, int threads);
+
+/// The threads a run of `plan` with `options` gives its ranks (CpuRunOptions::rank_threads,
+/// its automatic choice resolved); throws tdpipe::Error on a count the run cannot use.
+int rank_thread_count(const ir::Plan& plan, const CpuRunOptions& options);
 
 /// Throws tdpipe::Error naming what is wrong when `inject` (step ≥ 0) cannot happen in a
 /// run of `plan` taking steps [first, first + steps): training not in fp16, a slice, step
