@@ -230,6 +230,9 @@ traces::Profile calibrate(const ir::Plan& plan, const CalibrateOptions& options)
   run.train = options.train;
   run.train.steps = options.warmup_steps + options.steps;
   run.keep_step_traces = true;
+  // A thread per rank, whatever the cores: the profile's model is rank threads sharing
+  // the machine's cores (processor sharing), not ranks taking turns on a thread.
+  run.rank_threads = plan.num_ranks() * std::max(1, plan.data);
   const RunResult r = run_cpu(plan, run);
   const std::vector<traces::Trace> measured(r.step_traces.begin() + options.warmup_steps, r.step_traces.end());
 
