@@ -1,9 +1,13 @@
 // cmd_calibrate.cpp — `tdpipe calibrate --backend cpu SCENARIO -o profile.json`:
 // measure this machine's op costs for the scenario's layers and its transport, as a
-// profile `tdpipe sim --profile` reads.
+// profile `tdpipe sim --profile` reads; and `tdpipe calibrate --from-run SCENARIO
+// --iteration-time T`: fit the software stack's compute efficiency to one observed run,
+// as a profile that predicts any layout and scale on those GPUs.
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -13,8 +17,10 @@
 #include "exec_common.hpp"
 #include "tdpipe/exec/cpu/calibrate.hpp"
 #include "tdpipe/ir/error.hpp"
+#include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/generators.hpp"
+#include "tdpipe/planner/stack_fit.hpp"
 #include "tdpipe/traces/profile.hpp"
 
 namespace tdpipe::apps {
@@ -31,7 +37,54 @@ struct CalibrateArgs {
   std::string corpus;
   std::string shared_capacity;  // "", "fit" or a number
   std::int64_t max_ops = 0;
+  bool from_run = false;        // fit the compute efficiency to an observed run
+  double iteration_time = 0, mfu = 0, tokens_per_s = 0;  // the observation (one of them)
 };
+
+// ---- --from-run: one observed run → cluster.compute_efficiency (planner/stack_fit.hpp) ----
+
+void run_calibrate_from_run(const CalibrateArgs& a) {
+  const int given = (a.iteration_time > 0) + (a.mfu > 0) + (a.tokens_per_s > 0);
+  if (given != 1)
+    throw Error("--from-run needs exactly one observation of the run: --iteration-time SECONDS, --mfu PERCENT "
+                "or --tokens-per-s N");
+  ir::Scenario sc = ir::load_scenario(a.scenario);
+  const std::string schedule = a.schedule.empty() ? sc.schedule : a.schedule;
+  sc.cluster.compute_efficiency = 1;
+  const planner::StackFit modelled = planner::predict_with_efficiency(sc, schedule, a.slices, 1, a.max_ops);
+  // MFU and tokens/s are inversely proportional to the iteration for a fixed layout.
+  const double at_one = modelled.fitted_seconds;
+  const double target = a.iteration_time > 0 ? a.iteration_time
+                        : a.mfu > 0          ? at_one * (100 * modelled.fitted_mfu) / a.mfu
+                                             : double(sc.parallel.global_batch) * sc.model.seq / a.tokens_per_s;
+  const planner::StackFit fit = planner::fit_compute_efficiency(sc, schedule, a.slices, target, a.max_ops);
+  const double efficiency = fit.efficiency;
+  sc.cluster.compute_efficiency = efficiency;
+
+  traces::Profile prof;
+  prof.compute_efficiency = efficiency;
+  prof.platform.backend = "from-run";
+  std::string gpus;
+  for (const auto& g : sc.cluster.groups)
+    if (("," + gpus + ",").find("," + g.gpu.name + ",") == std::string::npos) gpus += (gpus.empty() ? "" : ",") + g.gpu.name;
+  prof.platform.device = gpus;
+  prof.platform.description = fmt::format("software stack fitted to an observed iteration of {:.6g} s of {} ({}, "
+                                          "t={} p={} d={}, {} GPUs)", target, sc.name, schedule, sc.parallel.tensor,
+                                          sc.parallel.pipeline, sc.parallel.data, sc.cluster.gpus());
+  prof.metadata["fitted_from"] = a.scenario;
+  prof.metadata["schedule"] = schedule;
+  prof.metadata["observed_iteration_seconds"] = fmt::format("{:.9g}", target);
+  prof.metadata["modelled_iteration_seconds"] = fmt::format("{:.9g}", fit.modelled_seconds);
+  prof.metadata["fitted_iteration_seconds"] = fmt::format("{:.9g}", fit.fitted_seconds);
+  prof.metadata["engine"] = "analytic";
+  traces::write_profile(prof, a.output);
+  fmt::print("{}: compute efficiency {:.4f} on {} — compute kernels at {:.1f} % of the cost model's speed.\n"
+             "  {} ({}): observed {:.4g} s an iteration; modelled {:.4g} s (MFU {:.1f} %); fitted {:.4g} s "
+             "(MFU {:.1f} %)\n"
+             "  predict any layout or scale on these GPUs: tdpipe sim OTHER.yaml --profile {}\n",
+             a.output, efficiency, gpus, 100 * efficiency, sc.name, schedule, target, fit.modelled_seconds,
+             100 * fit.modelled_mfu, fit.fitted_seconds, 100 * fit.fitted_mfu, a.output);
+}
 
 exec::cpu::SharingChoice sharing_choice(const std::string& text) {
   exec::cpu::SharingChoice c;
@@ -53,6 +106,9 @@ exec::cpu::SharingChoice sharing_choice(const std::string& text) {
 }
 
 void run_calibrate(const CalibrateArgs& a) {
+  if (a.from_run) return run_calibrate_from_run(a);
+  if (a.iteration_time > 0 || a.mfu > 0 || a.tokens_per_s > 0)
+    throw Error("--iteration-time, --mfu and --tokens-per-s describe an observed run: give --from-run too");
 #ifdef TDPIPE_HAVE_CUDA
   if (a.backend == "cuda") {
     CudaCalibrateRequest c;
@@ -116,6 +172,18 @@ void add_calibrate_command(CLI::App& app) {
                   "How many ops the shared device runs at full speed at once: a number, or `fit` (from the "
                   "run; default: the CPU's cores, 1 for a GPU)");
   add_max_ops_option(cmd, args->max_ops);
+  cmd->add_flag("--from-run", args->from_run,
+                "Run nothing: fit the software stack's compute efficiency (cluster.compute_efficiency) so that "
+                "the scenario's predicted iteration equals one observed run's (give one of the next three); the "
+                "profile then predicts any layout or scale on the same GPUs (tdpipe sim --profile)");
+  cmd->add_option("--iteration-time", args->iteration_time, "--from-run: the observed seconds per iteration")
+      ->check(CLI::Range(1e-9, 1e7));
+  cmd->add_option("--mfu", args->mfu,
+                  "--from-run: the observed model FLOPs utilisation in percent (Megatron's model FLOPs, no "
+                  "recompute; as tdpipe reports it)")
+      ->check(CLI::Range(1e-6, 100.0));
+  cmd->add_option("--tokens-per-s", args->tokens_per_s, "--from-run: the observed training tokens per second")
+      ->check(CLI::Range(1e-9, 1e15));
   cmd->callback([args] { run_calibrate(*args); });
 }
 

@@ -22,6 +22,7 @@
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/planner/search.hpp"
+#include "tdpipe/traces/profile.hpp"
 #ifdef TDPIPE_HAVE_SIMGRID
 #include "tdpipe/sim/simulate.hpp"
 #include "tdpipe/traces/metrics.hpp"
@@ -47,6 +48,7 @@ struct SearchArgs {
   bool no_simgrid = false;
   std::string output;
   std::int64_t max_ops = 0;
+  std::string profile;  // a stack profile (tdpipe calibrate --from-run)
 };
 
 /// The processes of an `mpirun` launch (one when not launched by MPI, or built without it).
@@ -164,7 +166,15 @@ std::string loss_kind(const planner::Candidate& c) {
 void run_search(const SearchArgs& a) {
   Workers workers;
   const bool lead = workers.rank() == 0;
-  const ir::Scenario sc = ir::load_scenario(a.scenario);
+  ir::Scenario sc = ir::load_scenario(a.scenario);
+  if (!a.profile.empty()) {
+    const traces::Profile profile = traces::read_profile(a.profile);
+    if (!(profile.compute_efficiency > 0))
+      throw Error(fmt::format("--profile {}: search takes a software stack's profile (tdpipe calibrate --from-run), "
+                              "which holds for any layout; a measured op profile holds for its own layout only",
+                              a.profile));
+    traces::apply_profile_to_scenario(profile, sc);
+  }
   planner::SearchOptions o;
   o.gpus = a.gpus;
   o.global_batches = a.global_batches;
@@ -377,6 +387,9 @@ void add_search_command(CLI::App& app) {
                   "or cost")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--profile", args->profile,
+                  "A software stack's profile (tdpipe calibrate --from-run): its compute efficiency for every layout")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--top", args->top, "K: the best K by the analytic engine, re-simulated with SimGrid")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

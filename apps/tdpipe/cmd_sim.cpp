@@ -323,10 +323,13 @@ void print_faults(const SimArgs& a, const FaultRun& fr, const std::vector<planne
 }
 
 void run_sim(const SimArgs& a) {
-  const ir::Scenario sc = ir::load_scenario(a.scenario);
-  const FaultRun faults = parse_faults(a, sc);
+  ir::Scenario sc = ir::load_scenario(a.scenario);
   std::optional<traces::Profile> profile;
-  if (!a.profile.empty()) profile = traces::read_profile(a.profile);
+  if (!a.profile.empty()) {
+    profile = traces::read_profile(a.profile);
+    traces::apply_profile_to_scenario(*profile, sc);  // a stack profile's compute efficiency
+  }
+  const FaultRun faults = parse_faults(a, sc);
   const auto runs = runs_for(a, sc);
   const bool many = runs.size() > 1;
   std::vector<planner::ScheduleReport> rows;

@@ -110,31 +110,33 @@ std::vector<std::vector<int>> rank_groups(int ranks, int threads) {
   return groups;
 }
 
+namespace {
+// Why each rank of this run needs a thread of its own (empty: ranks may share one).
+std::string own_thread_reason(const ir::Plan& plan, const CpuRunOptions& options) {
+  if (options.runtime != Runtime::cooperative) return "the threaded runtime gives each stream a thread";
+  if (plan.scenario.model.dtype == "fp16") return "fp16 training agrees on overflow flags at OPT, a wait for every rank";
+  for (const FaultSpec& f : options.faults.inject)
+    if (holds_thread(f.kind)) return fmt::format("an injected {} fault holds its rank's thread", to_string(f.kind));
+  for (double s : options.train.rank_speed)
+    if (s != 1) return "--rank-speed stretches a rank's ops by sleeping its thread";
+  return "";
+}
+}  // namespace
+
 int rank_thread_count(const ir::Plan& plan, const CpuRunOptions& options) {
   const int ranks = plan.num_ranks() * std::max(1, plan.data);
-  const bool cooperative = options.runtime == Runtime::cooperative;
-  const bool fp16 = plan.scenario.model.dtype == "fp16";
-  const bool faults = !options.faults.inject.empty();
-  const bool speeds = std::any_of(options.train.rank_speed.begin(), options.train.rank_speed.end(),
-                                  [](double s) { return s != 1; });
+  const std::string reason = own_thread_reason(plan, options);
   if (options.rank_threads != 0) {
     if (options.rank_threads < 0 || options.rank_threads > ranks)
-      throw Error(fmt::format("rank threads = {}: the run has {} ranks (p × d); expected 1 to {}", options.rank_threads,
-                              ranks, ranks));
-    if (options.rank_threads < ranks) {
-      std::string why = !cooperative ? "the threaded runtime gives each stream a thread"
-                        : fp16       ? "fp16 training agrees on overflow flags at OPT, a wait for every rank"
-                        : faults     ? "an injected fault stops its rank's thread"
-                                     : "";
-      if (!why.empty())
-        throw Error(fmt::format("rank threads = {} < {} ranks: {}; each rank needs a thread of its own",
-                                options.rank_threads, ranks, why));
-    }
+      throw Error(fmt::format("rank threads = {}: the run has {} ranks (p × d); expected 1 to {} (or 0: automatic)",
+                              options.rank_threads, ranks, ranks));
+    if (options.rank_threads < ranks && !reason.empty())
+      throw Error(fmt::format("rank threads = {} < {} ranks: {}; each rank needs a thread of its own",
+                              options.rank_threads, ranks, reason));
     return options.rank_threads;
   }
   const int cores = std::max<int>(1, static_cast<int>(allowed_cores().size()));
-  if (ranks <= cores || !cooperative || fp16 || faults || speeds) return ranks;
-  return cores;
+  return ranks <= cores || !reason.empty() ? ranks : cores;
 }
 
 void check_injection(const TrainOptions::OverflowInjection& inject, const ir::Plan& plan, int first, int steps) {
@@ -266,7 +268,10 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
     w->clock = &clock;
     std::vector<int> cores = allowed_cores();
     w->groups = rank_groups(p * d, threads);
-    const bool own_cores = static_cast<int>(w->groups.size()) <= static_cast<int>(cores.size());
+    // A core per thread: a thread per rank, or ranks sharing one thread per core (not a
+    // few shared threads on many cores, whose ranks' stream threads would inherit a mask).
+    const int n = static_cast<int>(w->groups.size()), have = static_cast<int>(cores.size());
+    const bool own_cores = n <= have && (n == p * d || n == have);
     if (options.pinning == CpuRunOptions::Pinning::on ||
         (options.pinning == CpuRunOptions::Pinning::automatic && own_cores))
       w->pin_cores = std::move(cores);
@@ -338,8 +343,8 @@ RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {
   add_run_metadata(result.trace, plan, config, result, steps, trace_step);
   auto& md = result.trace.metadata;
   md["backend"] = "cpu";
-  md["threads"] = std::to_string(p * d);
-  md["rank_threads"] = std::to_string(threads);
+  md["ranks"] = std::to_string(p * d);
+  md["rank_threads"] = std::to_string(threads);  // threads running the ranks' compute and p2p streams
   md["restarts"] = std::to_string(result.restarts);
   md["retries"] = std::to_string(result.retries);
   md["retry_seconds"] = fmt::format("{:.6f}", result.retry_seconds);

@@ -146,6 +146,8 @@ class RankRun {
   void begin() {
     backend_.compute->begin_step(step_);
     agrees_ = !backend_.compute->overflow_flags().empty();
+  }
+  void start_threads() {
     for (int s = cooperative() ? 2 : 1; s < ir::kStreamCount; ++s)
       if (!items_[static_cast<std::size_t>(s)].empty()) threads_[static_cast<std::size_t>(s)] = std::thread([this, s] { worker(s); });
   }
@@ -166,18 +168,20 @@ class RankRun {
   // block on another rank inside an op: OPT's overflow agreement, an injected hang.
   void check_shareable() const {
     if (!cooperative())
-      throw Error(fmt::format("rank {}: ranks share a thread only in the cooperative runtime over a transport "
-                              "that starts batches", trace_rank_));
+      throw Error("ranks share a thread only in the cooperative runtime over a transport that starts batches");
     if (agrees_)
-      throw Error(fmt::format("rank {}: fp16 training agrees on overflow flags at OPT, a wait for every rank: "
-                              "give each rank a thread of its own", trace_rank_));
-    if (backend_.faults && !backend_.faults->empty())
-      throw Error(fmt::format("rank {}: injected faults stop a rank's thread: give each rank a thread of its own",
-                              trace_rank_));
+      throw Error("fp16 training agrees on overflow flags at OPT, a wait for every rank: give each rank a thread "
+                  "of its own");
+    if (backend_.faults)
+      for (const FaultSpec& f : backend_.faults->specs())
+        if (holds_thread(f.kind) && f.rank == trace_rank_)
+          throw Error(fmt::format("an injected {} fault holds its rank's thread: give each rank a thread of its own",
+                                  to_string(f.kind)));
   }
 
   RankStepResult run() {
     begin();
+    start_threads();
     if (cooperative()) {
       RankRun* self = this;
       cooperate(&self, 1, *waker_);
@@ -206,7 +210,7 @@ class RankRun {
       for (std::size_t k = 0; k < n; ++k) {
         RankRun& r = *group[k];
         try {
-          r.p2p_turn(deadline, true);
+          if (r.p2p_turn(deadline, true)) r.undescribe();  // what it waited for moved
         } catch (const Aborted&) {
           throw;
         } catch (const std::exception& e) {
@@ -228,6 +232,7 @@ class RankRun {
         try {
           moved |= r.coop_turn(deadline);
           over[k] = r.coop_finished();
+          if (over[k]) r.undescribe();  // (its last transfer may have ended in another rank's poll)
         } catch (const Aborted&) {
           over[k] = 1;
         } catch (const std::exception& e) {
@@ -313,8 +318,12 @@ class RankRun {
   // Under control_.mutex(): wakes this rank's waiters (its stream threads, or its
   // cooperative thread) after a change they may be waiting for.
   void notify() {
-    waker_->wakes.fetch_add(1, std::memory_order_release);
-    waker_->cv.notify_all();
+    own_waker_.wakes.fetch_add(1, std::memory_order_release);
+    own_waker_.cv.notify_all();
+    if (waker_ != &own_waker_) {
+      waker_->wakes.fetch_add(1, std::memory_order_release);
+      waker_->cv.notify_all();
+    }
   }
   // Sleeps until a notify() on `waker` after wake count `seen`, a failure, or `deadline`.
   static void sleep_until_woken(RunControl& control, Waker& waker, std::uint64_t seen,
@@ -334,7 +343,7 @@ class RankRun {
   void wait_for(std::unique_lock<std::mutex>& lock, ir::Stream stream, RunControl::Describe what, Ready ready) {
     if (ready()) return;
     control_.set_waiting(trace_rank_, stream, std::move(what));
-    control_.wait(lock, waker_->cv, ready);
+    control_.wait(lock, own_waker_.cv, ready);
     control_.set_waiting(trace_rank_, stream, RunControl::Describe{});
   }
 
@@ -429,10 +438,10 @@ class RankRun {
         // Started, then tested as it progresses: each pair ends on its own.
         const auto request = backend_.transport->start(f.batch, [this] { notify(); });
         while (true) {
-          const std::uint64_t seen = waker_->wakes.load(std::memory_order_acquire);
+          const std::uint64_t seen = own_waker_.wakes.load(std::memory_order_acquire);
           auto deadline = turn_deadline();
           if (advance(f, *request, deadline, stream)) break;
-          sleep_until_woken(control_, *waker_, seen, deadline);
+          sleep_until_woken(control_, own_waker_, seen, deadline);
         }
       } else {
         backend_.transport->post(f.batch);  // one NCCL group: it ends as a whole
@@ -632,7 +641,7 @@ class RankRun {
     }
     control_.set_waiting(trace_rank_, stream, what);
     std::unique_lock lock(control_.mutex());
-    control_.wait(lock, waker_->cv, [] { return false; });  // throws Aborted once the run is stopped
+    control_.wait(lock, own_waker_.cv, [] { return false; });  // throws Aborted once the run is stopped
   }
 
   void run_compute(int i, ir::Stream stream) {
@@ -914,8 +923,8 @@ class RankRun {
     finish({i, i + 1}, start, end);
   }
 
-  Waker own_waker_;
-  Waker* waker_;  // this rank's, or its thread's group's (run_rank_steps)
+  Waker own_waker_;  // what this rank's threads wait on (its ops, tensors, transfers)
+  Waker* waker_;     // what its cooperative thread parks on: own_waker_, or its group's
   const ir::Plan& plan_;
   const std::vector<Op>& ops_;
   int rank_, trace_rank_, step_;
@@ -968,6 +977,7 @@ int stage_of(const ir::Plan& plan, int rank, int chunk) {
 
 std::vector<RankStepResult> run_rank_steps(const ir::Plan& plan, const std::vector<RankSlot>& slots, int step,
                                            RunControl& control) {
+  if (slots.empty()) return {};
   if (slots.size() == 1) return {run_rank_step(plan, slots[0].rank, slots[0].trace_rank, step, slots[0].backend, control)};
   Waker waker;
   std::vector<std::unique_ptr<RankRun>> runs;
@@ -982,21 +992,27 @@ std::vector<RankStepResult> run_rank_steps(const ir::Plan& plan, const std::vect
     }
     for (at = 0; at < group.size(); ++at) {
       group[at]->begin();
+      group[at]->check_shareable();  // before its stream threads start
+      group[at]->start_threads();
       ++begun;
-      group[at]->check_shareable();
     }
   } catch (const std::exception& e) {
     control.fail(fmt::format("rank {}: {}", slots[at].trace_rank, e.what()));
   }
-  if (!control.failed()) RankRun::cooperate(group.data(), group.size(), waker);
+  try {
+    if (!control.failed()) RankRun::cooperate(group.data(), group.size(), waker);
+  } catch (const std::exception& e) {
+    control.fail(fmt::format("ranks {} to {} (one thread): {}", slots.front().trace_rank, slots.back().trace_rank,
+                             e.what()));
+  }
   // Every rank begun joins its stream threads (they end once the run failed).
-  bool aborted = false;
   for (std::size_t k = 0; k < begun; ++k) try {
       out.push_back(group[k]->end());
     } catch (const Aborted&) {
-      aborted = true;
+    } catch (const std::exception& e) {
+      control.fail(fmt::format("rank {}: {}", slots[k].trace_rank, e.what()));
     }
-  if (aborted || control.failed()) throw Aborted{};
+  if (control.failed() || out.size() != slots.size()) throw Aborted{};
   return out;
 }
 

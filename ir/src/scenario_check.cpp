@@ -81,6 +81,11 @@ void check_cluster(Rules& r, const ClusterConfig& c) {
   r.non_negative("cluster.ib_latency_seconds", c.ib_latency_seconds, "network latency");
   r.non_negative("cluster.shared_capacity", c.shared_capacity, "0: each rank its own device");
   r.non_negative("cluster.host_bytes_per_second", c.host_bytes_per_second, "0: the GPU's usual host link");
+  r.positive("cluster.compute_efficiency", c.compute_efficiency, "the software stack's speed relative to the cost model");
+  if (r.ok() && !(c.compute_efficiency >= 0.01 && c.compute_efficiency <= 100))
+    r.fail("cluster.compute_efficiency",
+           fmt::format("expected 0.01 to 100 (the software stack's speed relative to the cost model; 1: as modelled), "
+                       "got {}", c.compute_efficiency));
   r.member("cluster.topology", c.topology, scenario_topologies());
 }
 

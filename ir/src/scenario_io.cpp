@@ -345,7 +345,8 @@ ModelConfig read_model(const MapReader& r) {
 ClusterConfig read_cluster(const Reporter& rep, const YAML::Node& node, YAML::Mark where) {
   MapReader r(rep, node, "cluster", where,
               with({"gpu", "nodes", "groups", "gpus_per_node", "nvlink_gbps", "ib_gbps_per_nic",
-                    "nics_per_node", "topology", "nvlink_latency_us", "ib_latency_us", "host_gbps"},
+                    "nics_per_node", "topology", "nvlink_latency_us", "ib_latency_us", "host_gbps",
+                    "compute_efficiency"},
                    kGpuOverrideKeys));
   ClusterConfig c;
   if (r.has("groups")) {
@@ -391,6 +392,9 @@ ClusterConfig read_cluster(const Reporter& rep, const YAML::Node& node, YAML::Ma
   c.ib_latency_seconds = us_to_seconds(r.get_number("ib_latency_us", kDefaultIbLatencyUs, false, "network latency in µs"));
   if (r.has("host_gbps"))
     c.host_bytes_per_second = gbps_to_bytes(r.get_number("host_gbps", {}, true, "host-GPU (PCIe) Gb/s per GPU each way"));
+  c.compute_efficiency = r.get_number("compute_efficiency", 1.0, true,
+                                      "the software stack's speed relative to the cost model, e.g. from "
+                                      "`tdpipe calibrate --from-run`");
   return c;
 }
 #endif  // TDPIPE_HAVE_YAML
@@ -647,7 +651,8 @@ json to_json(const Scenario& s) {
         {"nvlink_latency_seconds", s.cluster.nvlink_latency_seconds},
         {"ib_latency_seconds", s.cluster.ib_latency_seconds},
         {"host_bytes_per_second", s.cluster.host_bytes_per_second},
-        {"shared_capacity", s.cluster.shared_capacity}}},
+        {"shared_capacity", s.cluster.shared_capacity},
+        {"compute_efficiency", s.cluster.compute_efficiency}}},
       {"parallel",
        {{"tensor", s.parallel.tensor}, {"pipeline", s.parallel.pipeline}, {"data", s.parallel.data},
         {"chunks", s.parallel.chunks}, {"micro_batch", s.parallel.micro_batch},
@@ -701,7 +706,7 @@ Scenario scenario_from_json(const json& j) {
   JsonReader c(r.at("cluster"), r.path("cluster"),
                {"groups", "gpus_per_node", "nvlink_bytes_per_second", "ib_bytes_per_second_per_nic",
                 "nics_per_node", "topology", "nvlink_latency_seconds", "ib_latency_seconds", "shared_capacity",
-                "host_bytes_per_second"});
+                "host_bytes_per_second", "compute_efficiency"});
   const json& groups = c.at("groups");
   if (!groups.is_array()) throw Error(fmt::format("{}: expected an array", c.path("groups")));
   for (std::size_t i = 0; i < groups.size(); ++i) {
@@ -718,6 +723,7 @@ Scenario scenario_from_json(const json& j) {
   s.cluster.ib_latency_seconds = c.get_double("ib_latency_seconds");
   if (c.has("shared_capacity")) s.cluster.shared_capacity = c.get_double("shared_capacity");
   if (c.has("host_bytes_per_second")) s.cluster.host_bytes_per_second = c.get_double("host_bytes_per_second");
+  if (c.has("compute_efficiency")) s.cluster.compute_efficiency = c.get_double("compute_efficiency");
 
   JsonReader p(r.at("parallel"), r.path("parallel"),
                {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",

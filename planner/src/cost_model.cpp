@@ -107,6 +107,9 @@ Shape shape_of(const ir::Scenario& sc) {
                m.mlp == "swiglu", m.attention == "flash"};
 }
 
+// 1 / cluster.compute_efficiency: how much longer than modelled each compute kernel runs.
+double stack_slowdown(const ir::Scenario& sc) { return 1 / sc.cluster.compute_efficiency; }
+
 // Time of one GEMM (or `batch` of them) on `gpu`.
 double gemm_seconds(double m, double n, double k, const ir::GpuSpec& gpu, double batch, double e) {
   const double flops = 2 * m * n * k * batch;
@@ -169,8 +172,12 @@ LayerCostD layer_cost_d(const ir::Scenario& sc, const ir::GpuSpec& gpu, double l
   const double ew_replicated = T * (10 * e * s.h + 2 * s.h) / (s.sp ? s.t : 1.0);
   const double ew_mlp = T * (s.swiglu ? 3 : 2) * e * s.ffn / s.t;
   const double ew_attn = s.flash ? 0.0 : T * K * s.a * (4 * e + 1) / s.t;
-  const double f_ew = hbm_seconds(ew_replicated + ew_mlp + ew_attn, gpu);
-  const double attn_ew = hbm_seconds(ew_attn, gpu);
+  // The software stack's speed on this cluster (cluster.compute_efficiency) scales every
+  // kernel above; the tensor-parallel collectives below keep the network's model.
+  const double slow = stack_slowdown(sc);
+  f_gemm *= slow, b_gemm *= slow, w_gemm *= slow, f_attn *= slow, b_attn *= slow;
+  const double f_ew = slow * hbm_seconds(ew_replicated + ew_mlp + ew_attn, gpu);
+  const double attn_ew = slow * hbm_seconds(ew_attn, gpu);
 
   // Tensor-parallel collectives on b·len·h elements, folded into the op that waits on them.
   const double bytes = T * s.h * e;
@@ -270,15 +277,16 @@ LayerCostD ends_cost(const ir::Scenario& sc, const ir::GpuSpec& gpu, int vs, int
   const double bytes = T * s.h * e;
   const int t = int(s.t);
   const bool last = vs == vstages - 1;
+  const double slow = stack_slowdown(sc);  // compute kernels only, as in layer_cost_d
   (void)prefix;
   if (vs == 0) {
     // Gather rows of the vocab-parallel table, add positions, dropout; the partial
     // results are summed across the TP ranks (scattered with SP). Gradient: scatter-add.
-    c.f.seconds += hbm_seconds(T * s.h * (3 * e + 1), gpu);
+    c.f.seconds += slow * hbm_seconds(T * s.h * (3 * e + 1), gpu);
     if (t > 1)
       c.f.seconds += tp_collective_seconds(sc, gpu, s.sp ? OpKind::REDUCE_SCATTER : OpKind::ALLREDUCE,
                                            bytes, t);
-    c.w.seconds += hbm_seconds(T * s.h * 3 * e, gpu);
+    c.w.seconds += slow * hbm_seconds(T * s.h * 3 * e, gpu);
   } else if (t > 1 && !s.sp) {
     // Megatron's scatter/gather of pipeline tensors: each TP rank received 1/t, the full
     // activation is rebuilt with an NVLink all-gather.
@@ -291,14 +299,14 @@ LayerCostD ends_cost(const ir::Scenario& sc, const ir::GpuSpec& gpu, int vs, int
     const double logits = T * V / s.t;
     const double head_flops = 2 * T * s.h * V / s.t;
     c.f.flops += head_flops;
-    c.f.seconds += hbm_seconds(2 * e * T * s.h / (s.sp ? s.t : 1.0), gpu)  // final LayerNorm
-                   + gemm_seconds(T, V / s.t, s.h, gpu, 1, e)
-                   + hbm_seconds(logits * (e + 8), gpu);  // vocab-parallel softmax + loss, fp32
+    c.f.seconds += slow * (hbm_seconds(2 * e * T * s.h / (s.sp ? s.t : 1.0), gpu)  // final LayerNorm
+                           + gemm_seconds(T, V / s.t, s.h, gpu, 1, e)
+                           + hbm_seconds(logits * (e + 8), gpu));  // vocab-parallel softmax + loss, fp32
     c.b.flops += head_flops;
-    c.b.seconds += gemm_seconds(T, s.h, V / s.t, gpu, 1, e) + hbm_seconds(logits * (4 + e), gpu) +
-                   hbm_seconds(4 * e * T * s.h / (s.sp ? s.t : 1.0), gpu);
+    c.b.seconds += slow * (gemm_seconds(T, s.h, V / s.t, gpu, 1, e) + hbm_seconds(logits * (4 + e), gpu) +
+                           hbm_seconds(4 * e * T * s.h / (s.sp ? s.t : 1.0), gpu));
     c.w.flops += head_flops;
-    c.w.seconds += gemm_seconds(s.h, V / s.t, T, gpu, 1, e);
+    c.w.seconds += slow * gemm_seconds(s.h, V / s.t, T, gpu, 1, e);
     if (t > 1) {
       if (s.sp) {
         c.f.seconds += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
@@ -484,8 +492,7 @@ double activation_bytes(const ir::Scenario& sc, int virtual_stage, int virtual_s
 }
 
 double optimizer_seconds(const ir::Scenario& sc, const ir::GpuSpec& gpu, double params) {
-  (void)sc;
-  return hbm_seconds(params * default_efficiencies().optimizer_bytes_per_param, gpu);
+  return stack_slowdown(sc) * hbm_seconds(params * default_efficiencies().optimizer_bytes_per_param, gpu);
 }
 
 double host_copy_seconds(const ir::Scenario& sc, const ir::GpuSpec& gpu, double bytes) {
@@ -495,7 +502,7 @@ double host_copy_seconds(const ir::Scenario& sc, const ir::GpuSpec& gpu, double 
 double onebit_compress_seconds(const ir::Scenario& sc, const ir::GpuSpec& gpu, double elements) {
   const Efficiencies& eff = default_efficiencies();
   const double d = std::max(1, sc.parallel.data);
-  return hbm_seconds(elements * (eff.onebit_bytes_per_element + eff.onebit_server_bytes / d), gpu);
+  return stack_slowdown(sc) * hbm_seconds(elements * (eff.onebit_bytes_per_element + eff.onebit_server_bytes / d), gpu);
 }
 
 std::vector<int> solve_slices_by(int seq, int slices,

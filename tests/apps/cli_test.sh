@@ -107,6 +107,57 @@ assert p["metadata"]["shared_capacity"] == "1.5 (given)", p["metadata"]["shared_
 assert "fitted_shared_capacity" in p["metadata"], p["metadata"].keys()
 PY
     ;;
+  calibrate-from-run)
+    # One observed run of GPT-3 175B on 8x8 A100 (1F1B), 10 % slower than modelled: the
+    # fitted profile reproduces it, and prices another model, layout and scale on A100s.
+    base=$("$tdpipe" sim scenarios/gpt3-175b-a100-8x8.yaml --engine analytic --schedule 1f1b --json) || fail "sim exited $?"
+    t=$(python3 -c 'import json,sys; print(1.1 * json.loads(sys.argv[1])["iteration_time"])' "$base")
+    out=$("$tdpipe" calibrate --from-run scenarios/gpt3-175b-a100-8x8.yaml --schedule 1f1b --iteration-time "$t" \
+          -o "$work/stack.json") || fail "calibrate --from-run exited $?"
+    expect "$out" 'compute efficiency 0\.[89][0-9]* on a100-80g' "the fitted efficiency"
+    fitted=$("$tdpipe" sim scenarios/gpt3-175b-a100-8x8.yaml --engine analytic --schedule 1f1b --json \
+             --profile "$work/stack.json") || fail "sim --profile exited $?"
+    python3 - "$t" "$fitted" <<'PY' || fail "the fit reproduces the observed iteration"
+import json, sys
+t, got = float(sys.argv[1]), json.loads(sys.argv[2])["iteration_time"]
+assert abs(got / t - 1) < 1e-4, (got, t)
+PY
+    # The same profile on the 530B (35x8 A100): slower than without it, by less than 1/e
+    # (its communication keeps its own model).
+    a=$("$tdpipe" sim scenarios/turing-530b-a100-35x8.yaml --engine analytic --schedule 1f1b --json) || fail "sim 530B"
+    b=$("$tdpipe" sim scenarios/turing-530b-a100-35x8.yaml --engine analytic --schedule 1f1b --json \
+        --profile "$work/stack.json") || fail "sim 530B --profile exited $?"
+    python3 - "$a" "$b" "$work/stack.json" <<'PY' || fail "the profile carries to another model and scale"
+import json, sys
+a, b = json.loads(sys.argv[1])["iteration_time"], json.loads(sys.argv[2])["iteration_time"]
+e = json.load(open(sys.argv[3]))["compute_efficiency"]
+assert 1 < b / a < 1 / e, (a, b, e)
+PY
+    # An H100 scenario is refused; so are no observation, two, and an impossible one.
+    out=$("$tdpipe" sim scenarios/mixed-a100-h100.yaml --engine analytic --profile "$work/stack.json" 2>&1) \
+      && fail "an H100 scenario took an A100 stack profile"
+    expect "$out" 'fitted on a100-80g GPUs, but scenario .* has h100' "GPU mismatch"
+    out=$("$tdpipe" calibrate --from-run scenarios/gpt3-175b-a100-8x8.yaml -o "$work/x.json" 2>&1) \
+      && fail "--from-run without an observation exited 0"
+    expect "$out" 'needs exactly one observation' "no observation"
+    out=$("$tdpipe" calibrate --from-run scenarios/gpt3-175b-a100-8x8.yaml --mfu 40 --iteration-time 3 \
+          -o "$work/x.json" 2>&1) && fail "two observations exited 0"
+    expect "$out" 'needs exactly one observation' "two observations"
+    out=$("$tdpipe" calibrate --from-run scenarios/gpt3-175b-a100-8x8.yaml --iteration-time 0.01 -o "$work/x.json" 2>&1) \
+      && fail "an impossible observation exited 0"
+    expect "$out" 'communication and bubbles alone take longer' "impossible observation"
+    [ -e "$work/x.json" ] && fail "a failed fit wrote its profile"
+    out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --iteration-time 3 -o "$work/x.json" 2>&1) \
+      && fail "--iteration-time without --from-run exited 0"
+    expect "$out" 'give --from-run too' "observation without --from-run"
+    # --mfu: the fitted run reports that MFU.
+    "$tdpipe" calibrate --from-run scenarios/gpt3-175b-a100-8x8.yaml --schedule 1f1b --mfu 40 -o "$work/m.json" \
+      > /dev/null || fail "--mfu exited $?"
+    m=$("$tdpipe" sim scenarios/gpt3-175b-a100-8x8.yaml --engine analytic --schedule 1f1b --json \
+        --profile "$work/m.json") || fail "sim --profile (mfu)"
+    python3 -c 'import json,sys; r=json.loads(sys.argv[1]); assert abs(r["mfu"] - 0.40) < 1e-4, r["mfu"]' "$m" \
+      || fail "the --mfu fit reports 40 %"
+    ;;
   exec-compare)
     "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cpu --schedule zb-h1 --steps 2 --json \
         --trace-out "$work/meas.json" > "$work/exec.json" || fail "exec exited $?"

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <tuple>
+
 #include <catch2/catch.hpp>
 
 #include "../recovery_test_util.hpp"
@@ -154,16 +156,20 @@ TEST_CASE("a hung rank without checkpoints restarts the run from its start, bit-
 TEST_CASE("a lost and a corrupt message are sent again: no restart, bit-identical, retries in the trace",
           "[exec][faults]") {
   const ir::Plan plan = plan_of("1f1b", 2, 1);
-  // Either poster does the due retries of a pair: the same under both runtimes.
-  for (const auto& [runtime, name] : {std::pair{Runtime::cooperative, "cooperative"},
-                                      std::pair{Runtime::threaded, "threaded"}}) DYNAMIC_SECTION(name) {
+  // Either poster does the due retries of a pair: the same under both runtimes, and with
+  // both ranks taking turns on one thread.
+  for (const auto& [runtime, threads, name] : {std::tuple{Runtime::cooperative, 2, "cooperative"},
+                                               std::tuple{Runtime::cooperative, 1, "cooperative, one thread"},
+                                               std::tuple{Runtime::threaded, 2, "threaded"}}) DYNAMIC_SECTION(name) {
     auto o = options(4);
     o.trace_step = 1;
     o.runtime = runtime;
+    o.rank_threads = threads;
     const cpu::RunResult clean = cpu::run_cpu(plan, o);
     auto f = options(4, {"drop:rank=0,peer=1,step=1", "corrupt:rank=1,peer=0,step=1,message=2,times=2"});
     f.trace_step = 1;
     f.runtime = runtime;
+    f.rank_threads = threads;
     const cpu::RunResult r = cpu::run_cpu(plan, f);
     require_identical(r, clean);
     CHECK(r.restarts == 0);

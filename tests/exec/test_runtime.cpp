@@ -9,6 +9,8 @@
 #include <set>
 #include <tuple>
 
+#include <sched.h>
+
 #include <catch2/catch.hpp>
 
 #include "exec_test_util.hpp"
@@ -207,15 +209,41 @@ TEST_CASE("rank threads: contiguous blocks, and counts a run cannot use are refu
   CHECK_THROWS_WITH(cpu::run_cpu(built.lowered, opt), Catch::Contains("the threaded runtime gives each stream"));
   opt.runtime = Runtime::cooperative;
   opt.faults.inject = {parse_fault_spec("slow:rank=1,step=0,factor=2")};
-  CHECK_THROWS_WITH(cpu::run_cpu(built.lowered, opt), Catch::Contains("an injected fault stops its rank's thread"));
+  CHECK_THROWS_WITH(cpu::run_cpu(built.lowered, opt), Catch::Contains("an injected slow fault holds its rank's thread"));
+  // A dropped transfer is retried inside the transport's test: ranks may share a thread.
+  opt.faults.inject = {parse_fault_spec("drop:rank=0,peer=1,step=0")};
+  CHECK(cpu::rank_thread_count(built.lowered, opt) == 1);
   opt.faults.inject.clear();
+  opt.train.rank_speed = {1, 0.5};
+  CHECK_THROWS_WITH(cpu::run_cpu(built.lowered, opt), Catch::Contains("--rank-speed stretches a rank's ops"));
+  opt.train.rank_speed.clear();
   ir::Scenario fp16 = test::small_scenario(2, 1, 4, 1);
   fp16.model.dtype = "fp16";
   const auto half = planner::build_plan(fp16, "1f1b", 1);
   CHECK_THROWS_WITH(cpu::run_cpu(half.lowered, opt), Catch::Contains("fp16 training agrees on overflow flags"));
-  // Automatic: a rank that needs a thread of its own gets one.
+
+  // Automatic, on one core: ranks share it unless one needs a thread of its own.
+  cpu_set_t before;
+  REQUIRE(sched_getaffinity(0, sizeof(before), &before) == 0);
+  const std::vector<int> cores = cpu::allowed_cores();
+  REQUIRE(!cores.empty());
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cores.front(), &one);
+  REQUIRE(sched_setaffinity(0, sizeof(one), &one) == 0);
   opt.rank_threads = 0;
-  CHECK(cpu::rank_thread_count(half.lowered, opt) == 2);
+  const int fp32_threads = cpu::rank_thread_count(built.lowered, opt);
+  const int fp16_threads = cpu::rank_thread_count(half.lowered, opt);
+  opt.train.rank_speed = {1, 0.5};
+  const int slow_threads = cpu::rank_thread_count(built.lowered, opt);
+  opt.train.rank_speed.clear();
+  opt.runtime = Runtime::threaded;
+  const int threaded_threads = cpu::rank_thread_count(built.lowered, opt);
+  REQUIRE(sched_setaffinity(0, sizeof(before), &before) == 0);
+  CHECK(fp32_threads == 1);
+  CHECK(fp16_threads == 2);
+  CHECK(slow_threads == 2);
+  CHECK(threaded_threads == 2);
 }
 
 TEST_CASE("a SEND matched with a RECV of another tensor is an error naming both", "[exec][runtime]") {

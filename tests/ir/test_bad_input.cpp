@@ -186,6 +186,20 @@ TEST_CASE("YAML rules checked after reading still point at their line", "[scenar
                                  "Adam state through OPT; it is not built for distributed_optimizer: true (ZeRO-1)"));
   REQUIRE_THROWS_WITH(parse_scenario(zero1.substr(0, zero1.find("  distributed")) + "  param_offload: weights\n", "s.yaml"),
                       StartsWith("s.yaml:7: parallel.param_offload: unknown param_offload 'weights'"));
+  // A software stack's compute efficiency (calibrate --from-run): positive, and 0.01 to 100.
+  const std::string efficiency =
+      "model: {layers: 8, hidden: 64, heads: 4, seq: 32, vocab: 64}\n"
+      "cluster: {gpu: cpu, nodes: 1, gpus_per_node: 2,\n"
+      "          compute_efficiency: EFF}\n"
+      "parallel: {pipeline: 2, global_batch: 4}\n";
+  auto with_efficiency = [&](const std::string& v) {
+    return efficiency.substr(0, efficiency.find("EFF")) + v + efficiency.substr(efficiency.find("EFF") + 3);
+  };
+  REQUIRE_THROWS_WITH(parse_scenario(with_efficiency("0"), "s.yaml"),
+                      StartsWith("s.yaml:3: cluster.compute_efficiency: expected a positive"));
+  REQUIRE_THROWS_WITH(parse_scenario(with_efficiency("1000"), "s.yaml"),
+                      StartsWith("s.yaml:3: cluster.compute_efficiency: expected 0.01 to 100"));
+  CHECK(parse_scenario(with_efficiency("0.85"), "s.yaml").cluster.compute_efficiency == 0.85);
   const std::string chunks =
       "model: {layers: 8, hidden: 64, heads: 4, seq: 32, vocab: 64}\n"
       "cluster: {gpu: cpu, nodes: 1, gpus_per_node: 2}\n"

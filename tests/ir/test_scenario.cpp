@@ -314,7 +314,7 @@ TEST_CASE("bad scenarios are rejected with file:line: field: what was expected",
     REQUIRE_THROWS_WITH(parse(base_with({{13, "  colour: blue"}})),
                         "bad.yaml:13: cluster.colour: unknown key; known keys: gpu, nodes, groups, gpus_per_node, "
                         "nvlink_gbps, ib_gbps_per_nic, nics_per_node, topology, nvlink_latency_us, "
-                        "ib_latency_us, host_gbps, peak_tflops, hbm_gib, hbm_gbytes_per_s");
+                        "ib_latency_us, host_gbps, compute_efficiency, peak_tflops, hbm_gib, hbm_gbytes_per_s");
     REQUIRE_THROWS_WITH(parse("synthetic: {stages: 2, microbatches: 2, time: {F: 1, B: 1, Wg: 1}}\n"),
                         StartsWith("bad.yaml:1: synthetic.time.Wg: unknown key; did you mean 'W'?"));
     REQUIRE_THROWS_WITH(

@@ -12,6 +12,7 @@
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/cost_model.hpp"
 #include "tdpipe/planner/evaluator.hpp"
+#include "tdpipe/planner/stack_fit.hpp"
 #include "tdpipe/traces/metrics.hpp"
 
 using namespace tdpipe;
@@ -522,4 +523,62 @@ TEST_CASE("Memory per rank with parameter offload: the layers' weights and Adam 
   sc.cluster.host_bytes_per_second = 50e9;  // a Gen5 host
   REQUIRE(planner::lowering_options(plan, sc).copy_seconds(0, 25'000'000'000) ==
           Approx(0.5 + planner::kHostCopyLatencySeconds));
+}
+
+TEST_CASE("cluster.compute_efficiency divides every compute kernel's time and leaves communication alone",
+          "[planner][cost][from-run]") {
+  // t = 1: no tensor-parallel collective inside the ops, so F, B, W and OPT scale exactly.
+  ir::Scenario sc = megatron(4096, 32, 8, 1, 2, 1, 16, 1, ir::Recompute::None, false);
+  sc.cluster.groups = {{a100(), 1}};
+  sc.parallel.data = 4;
+  const auto one = planner::build_plan(sc, "1f1b").lowered;
+  sc.cluster.compute_efficiency = 0.8;
+  const auto slow = planner::build_plan(sc, "1f1b").lowered;
+  REQUIRE(one.ranks.size() == slow.ranks.size());
+  int compute = 0, comm = 0;
+  for (std::size_t r = 0; r < one.ranks.size(); ++r)
+    for (std::size_t i = 0; i < one.ranks[r].size(); ++i) {
+      const ir::Op& a = one.ranks[r][i];
+      const ir::Op& b = slow.ranks[r][i];
+      if (ir::is_compute(a.kind)) {
+        CHECK(b.est_seconds == Approx(a.est_seconds / 0.8).epsilon(1e-12));
+        ++compute;
+      } else if (a.est_seconds > 0 || a.bytes > 0) {
+        CHECK(b.est_seconds == a.est_seconds);  // SEND/RECV, ALLREDUCE
+        CHECK(b.bytes == a.bytes);
+        ++comm;
+      }
+    }
+  CHECK(compute > 0);
+  CHECK(comm > 0);
+  // With t = 8 the layer's all-reduces keep their time: less than 1/e slower overall.
+  ir::Scenario tp = megatron(8192, 64, 8, 8, 2, 1, 16, 1, ir::Recompute::None, false);
+  const double f1 = chunk_cost(tp, a100(), OpKind::F, 0, 2, 4, 2048, 0).seconds;
+  tp.cluster.compute_efficiency = 0.5;
+  const double f2 = chunk_cost(tp, a100(), OpKind::F, 0, 2, 4, 2048, 0).seconds;
+  CHECK(f2 > 1.5 * f1);
+  CHECK(f2 < 2 * f1);
+}
+
+TEST_CASE("a compute efficiency fitted to one observed iteration reproduces it, and impossible ones are refused",
+          "[planner][cost][from-run]") {
+  const ir::Scenario sc = megatron(12288, 96, 96, 8, 12, 1, 1536, 1, ir::Recompute::Full, false);
+  const planner::StackFit modelled = planner::predict_with_efficiency(sc, "1f1b", 0, 1);
+  for (double factor : {0.9, 1.0, 1.25}) {
+    const double observed = factor * modelled.fitted_seconds;
+    const planner::StackFit fit = planner::fit_compute_efficiency(sc, "1f1b", 0, observed);
+    INFO("observed " << observed << " efficiency " << fit.efficiency);
+    CHECK(fit.fitted_seconds == Approx(observed).epsilon(1e-5));
+    CHECK(fit.modelled_seconds == modelled.fitted_seconds);
+    // Communication keeps its time, so compute must change by more than the iteration.
+    if (factor > 1) CHECK(fit.efficiency < 1 / factor);
+    if (factor == 1.0) CHECK(fit.efficiency == Approx(1).epsilon(1e-5));
+    if (factor < 1) CHECK(fit.efficiency > 1 / factor);
+    CHECK(fit.fitted_mfu == Approx(modelled.fitted_mfu / factor).epsilon(1e-5));
+  }
+  CHECK_THROWS_WITH(planner::fit_compute_efficiency(sc, "1f1b", 0, 0.01 * modelled.fitted_seconds),
+                    Catch::Contains("communication and bubbles alone take longer"));
+  CHECK_THROWS_WITH(planner::fit_compute_efficiency(sc, "1f1b", 0, 1000 * modelled.fitted_seconds),
+                    Catch::Contains("longer than tdpipe predicts with compute at 0.01"));
+  CHECK_THROWS_WITH(planner::fit_compute_efficiency(sc, "1f1b", 0, -1), Catch::Contains("expected a positive"));
 }

@@ -159,3 +159,35 @@ TEST_CASE("a profile of other slice cuts is refused for a plan with as many slic
   plan.slice_tokens = {30, 20, 14};
   CHECK_NOTHROW(apply_profile(p, plan, true));
 }
+
+TEST_CASE("a software stack's profile (calibrate --from-run) round-trips and applies to scenarios on its GPUs only",
+          "[traces][profile][from-run]") {
+  Profile p;
+  p.compute_efficiency = 0.87;
+  p.platform.backend = "from-run";
+  p.platform.device = "a100-80g,h100-80g";
+  const Profile back = profile_from_json(to_json(p), "stack.json");
+  CHECK(back == p);
+  ir::Scenario sc;
+  sc.name = "other";
+  ir::GpuSpec a100, h100, h200;
+  a100.name = "a100-80g", h100.name = "h100-80g", h200.name = "h200";
+  sc.cluster.groups = {{a100, 2}, {h100, 1}};
+  apply_profile_to_scenario(p, sc);
+  CHECK(sc.cluster.compute_efficiency == 0.87);
+  sc.cluster.groups.push_back({h200, 1});
+  sc.cluster.compute_efficiency = 1;
+  CHECK_THROWS_WITH(apply_profile_to_scenario(p, sc),
+                    Catch::Contains("fitted on a100-80g,h100-80g GPUs, but scenario 'other' has h200"));
+  CHECK(sc.cluster.compute_efficiency == 1);
+  // A measured op profile leaves the scenario alone.
+  Profile ops = sample();
+  apply_profile_to_scenario(ops, sc);
+  CHECK(sc.cluster.compute_efficiency == 1);
+  // Out of range in a file: named.
+  nlohmann::json j = to_json(p);
+  j["compute_efficiency"] = 0.001;
+  CHECK_THROWS_WITH(profile_from_json(j, "stack.json"), Catch::Contains("compute_efficiency"));
+  j["compute_efficiency"] = 500;
+  CHECK_THROWS_WITH(profile_from_json(j, "stack.json"), Catch::Contains("compute_efficiency"));
+}

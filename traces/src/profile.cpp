@@ -114,7 +114,32 @@ std::optional<double> profile_seconds(const Profile& profile, ir::OpKind kind, i
   return std::nullopt;
 }
 
+void apply_profile_to_scenario(const Profile& profile, ir::Scenario& scenario) {
+  if (!(profile.compute_efficiency > 0)) return;
+  const std::string& fitted = profile.platform.device;
+  for (const auto& g : scenario.cluster.groups) {
+    bool known = false;
+    for (std::size_t at = 0; at <= fitted.size();) {
+      const std::size_t end = std::min(fitted.find(',', at), fitted.size());
+      known = known || fitted.substr(at, end - at) == g.gpu.name;
+      at = end + 1;
+    }
+    if (!known)
+      throw Error(fmt::format("profile's compute efficiency was fitted on {} GPUs, but scenario '{}' has {}: a "
+                              "software stack's speed does not carry to another GPU; calibrate from a run on {}",
+                              fitted.empty() ? "unnamed" : fitted, scenario.name, g.gpu.name, g.gpu.name));
+  }
+  scenario.cluster.compute_efficiency = profile.compute_efficiency;
+}
+
 ProfileApplied apply_profile(const Profile& profile, ir::Plan& plan, bool ops_only) {
+  if (profile.compute_efficiency > 0) {
+    if (plan.scenario.cluster.compute_efficiency != profile.compute_efficiency)
+      throw Error(fmt::format("a compute-efficiency profile ({}) applies to the scenario before planning "
+                              "(apply_profile_to_scenario); the plan was built with {}",
+                              profile.compute_efficiency, plan.scenario.cluster.compute_efficiency));
+    return {};
+  }
   if (!profile.scenario.empty() && profile.scenario != plan.scenario.name)
     throw Error(fmt::format("profile was measured for scenario '{}', but the plan is for '{}'; "
                             "calibrate this scenario first (tdpipe calibrate)",
@@ -200,12 +225,14 @@ nlohmann::json to_json(const Profile& p) {
           {"collective", transport_json(p.collective)},
           {"metadata", p.metadata}};
   if (p.stages > 0) j["stages"] = p.stages;  // 0: unknown, left out
+  if (p.compute_efficiency > 0) j["compute_efficiency"] = p.compute_efficiency;
   return j;
 }
 
 Profile profile_from_json(const nlohmann::json& j, const std::string& source) {
   const Fields top(j, source, "",
-                   {"tdpipe_profile", "scenario", "stages", "platform", "ops", "p2p", "collective", "metadata"});
+                   {"tdpipe_profile", "scenario", "stages", "platform", "ops", "p2p", "collective", "metadata",
+                    "compute_efficiency"});
   const json* version = top.find("tdpipe_profile");
   if (!version) top.fail("tdpipe_profile", "missing (not a tdpipe calibration profile)");
   if (!version->is_number_integer() || version->get<int>() != kFormatVersion)
@@ -213,6 +240,10 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& source) {
   Profile p;
   top.str("scenario", p.scenario);
   top.integer("stages", p.stages, 1);  // absent: unknown (0)
+  if (top.find("compute_efficiency")) {
+    top.number("compute_efficiency", p.compute_efficiency, 100);
+    if (p.compute_efficiency < 0.01) top.fail("compute_efficiency", "expected 0.01 to 100");
+  }
   if (top.find("platform")) {
     const Fields f = top.sub("platform", {"backend", "device", "description", "cores", "ranks",
                                           "threads_per_rank", "shared_capacity"});

@@ -120,8 +120,9 @@ struct ComputeOp {
   /// Any set: the step is skipped (no parameter changes) and the loss scales move.
   const std::vector<std::uint8_t>* overflow = nullptr;
   /// Cooperative runtime (Runtime::cooperative): call it between the op's layer blocks,
-  /// on run()'s thread, so the rank's p2p stream posts and completes its transfers while
-  /// a long op runs; its time is the runtime's, not the op's work. Null: nothing to call.
+  /// on run()'s thread, so the p2p streams of the rank (and of the ranks sharing its
+  /// thread: run_rank_steps) post and complete their transfers while a long op runs; its
+  /// time is the runtime's, not the op's work. Null: nothing to call.
   const std::function<void()>* poll = nullptr;
 };
 

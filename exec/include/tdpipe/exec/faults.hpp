@@ -37,6 +37,12 @@ struct FaultSpec {
 
 const char* to_string(FaultSpec::Kind kind);
 
+/// Does a fault of this kind hold its rank's thread (kill and hang stop it, slow sleeps
+/// it)? Such a rank cannot share its thread with other ranks (exec::run_rank_steps).
+inline bool holds_thread(FaultSpec::Kind kind) {
+  return kind == FaultSpec::Kind::Kill || kind == FaultSpec::Kind::Hang || kind == FaultSpec::Kind::Slow;
+}
+
 /// Parses "KIND:key=value,…" (kinds kill, hang, drop, corrupt, slow, ckpt-fail). Throws
 /// tdpipe::Error naming the spec, the key and what was expected.
 FaultSpec parse_fault_spec(std::string_view text);

@@ -61,6 +61,11 @@ struct ClusterConfig {
   /// GPU's loopback: 1). Set from a calibration profile (traces::apply_profile), not
   /// from scenario files; 0: each rank its own GPU.
   double shared_capacity = 0;
+  /// The software stack's speed on this cluster relative to tdpipe's cost model: every
+  /// compute kernel (GEMMs, attention, element-wise and optimizer passes) takes the cost
+  /// model's time divided by it; communication keeps its own model. 1: the model's
+  /// documented efficiencies; fitted to one observed run by `tdpipe calibrate --from-run`.
+  double compute_efficiency = 1;
   friend bool operator==(const ClusterConfig&, const ClusterConfig&) = default;
 
   int nodes() const;

@@ -60,8 +60,17 @@ struct Profile {
   TransportProfile p2p;         ///< pipeline SEND/RECV
   TransportProfile collective;  ///< data-parallel all-reduce (bus bandwidth)
   std::map<std::string, std::string> metadata;
+  /// > 0: a software stack's speed fitted to one observed run (`tdpipe calibrate
+  /// --from-run`): no op times, but cluster.compute_efficiency for any scenario — any
+  /// model, layout or scale — on the GPUs named in platform.device (comma-separated).
+  double compute_efficiency = 0;
   friend bool operator==(const Profile&, const Profile&) = default;
 };
+
+/// A stack profile (compute_efficiency > 0) sets `scenario`'s cluster.compute_efficiency,
+/// before it is planned; throws tdpipe::Error if the scenario has a GPU the profile was
+/// not fitted on. Other profiles leave the scenario alone (apply_profile prices the plan).
+void apply_profile_to_scenario(const Profile& profile, ir::Scenario& scenario);
 
 /// Seconds of an op of `kind` at (virtual_stage, slice): the most specific entry
 /// (stage and slice, then stage, then slice, then neither); BW falls back to B + W.
@@ -75,7 +84,8 @@ struct ProfileApplied {
   bool links = false;        ///< the scenario's link figures were replaced
 };
 
-/// Puts a profile's measurements into `plan`, so that every engine (analytic and
+/// Puts a profile's measurements into `plan` (a stack profile: nothing, its efficiency is
+/// the scenario's: apply_profile_to_scenario), so that every engine (analytic and
 /// SimGrid) predicts with them through the fields it reads anyway: each compute op's
 /// est_seconds from profile_seconds() at its virtual stage and slice (OPT: the rank's
 /// first chunk's stage, where calibration files it); unless `ops_only`, the profile's

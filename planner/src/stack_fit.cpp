@@ -1,0 +1,57 @@
+// stack_fit.cpp — cluster.compute_efficiency from one observed iteration (bisection).
+#include "tdpipe/planner/stack_fit.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "tdpipe/ir/error.hpp"
+#include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/planner/evaluator.hpp"
+#include "tdpipe/planner/schedule_report.hpp"
+
+namespace tdpipe::planner {
+
+StackFit predict_with_efficiency(const ir::Scenario& scenario, const std::string& schedule, int slices,
+                                 double efficiency, std::int64_t max_ops) {
+  ir::Scenario sc = scenario;
+  sc.cluster.compute_efficiency = efficiency;
+  const BuiltPlan built = build_plan(sc, schedule, slices, max_ops);
+  const ScheduleReport r = make_report(built, evaluate(built.lowered), "analytic");
+  StackFit f;
+  f.efficiency = efficiency;
+  f.fitted_seconds = r.iteration_seconds;
+  f.fitted_mfu = r.mfu;
+  return f;
+}
+
+StackFit fit_compute_efficiency(const ir::Scenario& scenario, const std::string& schedule, int slices,
+                                double observed_seconds, std::int64_t max_ops) {
+  constexpr double kLo = 0.01, kHi = 100;  // the range scenario_check accepts
+  if (!(observed_seconds > 0) || !std::isfinite(observed_seconds))
+    throw Error(fmt::format("{}: observed iteration {} s: expected a positive number of seconds", scenario.name,
+                            observed_seconds));
+  auto at = [&](double e) { return predict_with_efficiency(scenario, schedule, slices, e, max_ops).fitted_seconds; };
+  const double fastest = at(kHi), slowest = at(kLo);
+  if (observed_seconds < fastest)
+    throw Error(fmt::format("{}: the observed {:.4g} s an iteration is shorter than tdpipe predicts for this layout "
+                            "({}) even with compute {:g}x faster than modelled ({:.4g} s): its communication and "
+                            "bubbles alone take longer; check the scenario's layout, batch and cluster",
+                            scenario.name, observed_seconds, schedule, kHi, fastest));
+  if (observed_seconds > slowest)
+    throw Error(fmt::format("{}: the observed {:.4g} s an iteration is longer than tdpipe predicts with compute at {:g} "
+                            "of the modelled speed ({:.4g} s); check the scenario's layout, batch and cluster",
+                            scenario.name, observed_seconds, kLo, slowest));
+  double lo = std::log(kLo), hi = std::log(kHi);  // at(e^lo) ≥ observed ≥ at(e^hi)
+  for (int k = 0; k < 64 && hi - lo > 1e-7; ++k) {
+    const double mid = 0.5 * (lo + hi);
+    (at(std::exp(mid)) > observed_seconds ? lo : hi) = mid;
+  }
+  StackFit fit = predict_with_efficiency(scenario, schedule, slices, std::exp(0.5 * (lo + hi)), max_ops);
+  const StackFit modelled = predict_with_efficiency(scenario, schedule, slices, 1, max_ops);
+  fit.modelled_seconds = modelled.fitted_seconds;
+  fit.modelled_mfu = modelled.fitted_mfu;
+  return fit;
+}
+
+}  // namespace tdpipe::planner
