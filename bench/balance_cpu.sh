@@ -2,7 +2,7 @@
 # balance_cpu.sh — the load balancer in the loop, executed: the tiny scenario (and
 # copies of it with more layers) with one pipeline rank slowed down, re-balanced every
 # K steps from its measured stage times (`tdpipe exec --rank-speed --balance-every`).
-# Usage: bench/balance_cpu.sh [BUILD_DIR] [REPEATS]; prints one row per run: the
+# Usage: [SPEEDS="0.4 0.5"] bench/balance_cpu.sh [BUILD_DIR] [REPEATS]; prints one row per run: the
 # stages' measured spread (slowest / fastest F+B+W per micro-batch, median over a
 # segment's steps) and iteration before balancing and in the last segment, the
 # partition the balancer chose and the spread it predicted for it.
@@ -18,7 +18,7 @@ for layers in 4 8 12; do
   sed "s/^  layers: 4\$/  layers: $layers/; s/^name: tiny-gpt-cpu/name: tiny-gpt-cpu-${layers}l/" \
     scenarios/tiny-gpt-cpu.yaml > "$work/tiny-$layers.yaml"
   grep -q "^  layers: $layers\$" "$work/tiny-$layers.yaml"
-  for speed in 0.5 0.7; do
+  for speed in ${SPEEDS:-0.4 0.5 0.7}; do
     for run in $(seq 1 "$repeats"); do
       "$tdpipe" exec "$work/tiny-$layers.yaml" --pin --rank-speed "1:$speed" --balance-every 10 --steps 40 \
         >/dev/null 2>"$work/err"

@@ -12,6 +12,13 @@
 //   tdpipe), whose last op before the optimizer step is a BW:
 //   T ≥ fill_r + busy_r − opt_r + drain_r + opt_0, drain_r the backward chain below
 //       its first stage.
+// And for the memory-bounded `auto` scheduler, whose rank r holds at most budget_r bytes
+// of activations: an F of slice j adds act_rj bytes that stay until its B starts, and
+// that B cannot start before the slice went forward through the stages after r and back
+// (occ_rj: F there, every later stage's F and B, the transfers both ways). The live bytes
+// are a function of the rank's op order alone, so they stay within the budget in the
+// engine's timeline too, and ∫ live dt ≤ budget_r · (the rank's last B start):
+//   T ≥ m · Σ_j act_rj · occ_rj / budget_r + opt_r.
 // Collectives, contention and every wait beyond these are left out, so the bound never
 // exceeds the engine's time (checked for every layout of small spaces in the tests).
 #include "tdpipe/planner/search.hpp"
@@ -211,10 +218,37 @@ Shape shape_of(const ir::Scenario& sc, const std::string& schedule, int slices, 
 }
 
 
+/// `auto`'s memory bound on rank r (the argument at the top): m · Σ_j act_rj · occ_rj /
+/// budget_r, with the budget as auto_costs sets it (from the same static memory) and a
+/// 1 % margin over it; 0 for other schedules, slices not cut yet, or no budget to speak of.
+double memory_area_seconds(const ir::Scenario& sc, const std::string& schedule, const Shape& s, int r,
+                           const std::vector<double>& f, const std::vector<double>& b,
+                           const std::vector<double>& hop) {
+  if (schedule != "auto" || s.least_cut || s.v != 1 || sc.synthetic) return 0;
+  const int VS = s.p, vs = r;
+  double per_mb = 0, area = 0;
+  for (int j = 0; j < s.S; ++j) {
+    const double act = activation_bytes(sc, vs, VS, s.layers[vs], s.tokens[j], s.prefix[j]);
+    double occ = f[vs * s.S + j];
+    for (int k = vs + 1; k < VS; ++k) occ += f[k * s.S + j] + b[k * s.S + j];
+    for (int k = vs; k + 1 < VS; ++k) occ += 2 * hop[k * s.S + j];
+    per_mb += act;
+    area += act * occ;
+  }
+  const std::string& name = sc.parallel.memory_budget;
+  double budget = 0;
+  if (name == "1f1b") budget = std::min(s.p, s.m) * per_mb;
+  else if (name == "2x1f1b") budget = 2.0 * std::min(s.p, s.m) * per_mb;
+  else if (auto gib = ir::memory_budget_gib(name)) budget = *gib * double(1u << 30);
+  else budget = s.gpu[r].hbm_bytes - static_memory(sc, s.params[r], rank_layers(s, r)).total_bytes();
+  if (!(budget >= per_mb) || !(area > 0)) return 0;  // (build_plan refuses it, naming why)
+  return s.m * area / (1.01 * budget);
+}
+
 TimeBound bound_of(const ir::Scenario& sc, const std::string& schedule, const Shape& s, BoundCache& cache) {
   const int VS = s.p * s.v;
   // Per virtual stage and slice: F, B, W seconds on the owner's GPU.
-  std::vector<double> f(static_cast<std::size_t>(VS) * s.S), bw(f.size()), all(f.size());
+  std::vector<double> f(static_cast<std::size_t>(VS) * s.S), b(f.size()), bw(f.size()), all(f.size());
   for (int vs = 0; vs < VS; ++vs) {
     const ir::GpuSpec& gpu = s.gpu[s.owner[vs]];
     for (int j = 0; j < s.S; ++j) {
@@ -227,6 +261,7 @@ TimeBound bound_of(const ir::Scenario& sc, const std::string& schedule, const Sh
       const auto& ends = VS == 1 ? c.both : vs == 0 ? c.first : vs == VS - 1 ? c.last : c.middle;
       const double F = c.layer.f * n + ends.f, B = c.layer.b * n + ends.b, W = c.layer.w * n + ends.w;
       f[vs * s.S + j] = F;
+      b[vs * s.S + j] = B;
       bw[vs * s.S + j] = B + W;
       all[vs * s.S + j] = F + B + W;
     }
@@ -311,6 +346,7 @@ TimeBound bound_of(const ir::Scenario& sc, const std::string& schedule, const Sh
     }
     double t = fill + compute + least_reduce[r] + opt + gather[static_cast<std::size_t>(r)];
     if (fused_backward(schedule) && r > 0) t = std::max(t, fill + compute + drain + reduce_vs0 + opt0);
+    if (const double area = memory_area_seconds(sc, schedule, s, r, f, b, hop); area > 0) t = std::max(t, area + opt);
     out.seconds = std::max(out.seconds, t);
     out.compute_seconds = std::max(out.compute_seconds, compute + opt);
   }
