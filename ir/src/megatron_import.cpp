@@ -290,7 +290,6 @@ MegatronImport import_megatron(const std::vector<std::string>& tokens, const Meg
          "model's dtype");
   if (a.flag.count("overlap-param-gather"))
     note("--overlap-param-gather: not modelled (the all-gathers follow OPT)");
-  if (a.flag.count("tp-comm-overlap")) note("--tp-comm-overlap: not modelled (tensor-parallel collectives are exposed)");
 
   YAML::Emitter y;
   std::string given;
@@ -327,6 +326,7 @@ MegatronImport import_megatron(const std::vector<std::string>& tokens, const Meg
   y << YAML::Key << "sequence_parallel" << YAML::Value << (a.flag.count("sequence-parallel") > 0);
   if (!stage_layers.empty()) y << YAML::Key << "layers_per_stage" << YAML::Value << YAML::Flow << stage_layers;
   y << YAML::Key << "overlap_grad_reduce" << YAML::Value << (a.flag.count("overlap-grad-reduce") > 0);
+  if (a.flag.count("tp-comm-overlap")) y << YAML::Key << "tp_comm_overlap" << YAML::Value << true;
   y << YAML::Key << "bucket_mb" << YAML::Value << bucket_params * grad_bytes / (1024.0 * 1024.0);
   y << YAML::Key << "distributed_optimizer" << YAML::Value << (a.flag.count("use-distributed-optimizer") > 0);
   if (dtype == "fp16") {

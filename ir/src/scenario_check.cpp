@@ -213,6 +213,10 @@ void check_parallel(Rules& r, const Scenario& s) {
     return r.fail("parallel.slices",
                   fmt::format("expected at most seq = {} slices (each slice needs a token), got {}",
                               model.seq, p.slices));
+  if (r.ok() && p.tp_comm_overlap && p.tensor > 1 && !p.sequence_parallel)
+    r.fail("parallel.tp_comm_overlap",
+           "overlapping the tensor-parallel collectives with their GEMMs needs sequence_parallel: true (as "
+           "Megatron-LM's --tp-comm-overlap does)");
   if (r.ok() && p.sequence_parallel && model.seq % p.tensor != 0)
     r.fail("parallel.sequence_parallel",
            fmt::format("sequence parallelism splits seq = {} over tensor = {}; expected seq to be "

@@ -403,7 +403,7 @@ ClusterConfig read_cluster(const Reporter& rep, const YAML::Node& node, YAML::Ma
 ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::Mark where) {
   MapReader r(rep, node, "parallel", where,
               {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
-               "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce",
+               "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce", "tp_comm_overlap",
                "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps", "param_offload",
                "loss_scale", "initial_loss_scale", "loss_scale_window", "min_loss_scale"});
   ParallelConfig p;
@@ -421,6 +421,7 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
     p.slices = r.get_int("slices", 1, 1, "temporal slices per micro-batch, or auto");
   p.memory_budget = r.get_string("memory_budget", "max", "1f1b, 2x1f1b, max or GiB for the auto scheduler");
   p.overlap_grad_reduce = r.get_bool("overlap_grad_reduce", true);
+  p.tp_comm_overlap = r.get_bool("tp_comm_overlap", false);
   p.bucket_mb = r.get_number("bucket_mb", 40.0, true, "MiB of gradients per data-parallel bucket");
   p.distributed_optimizer = r.get_bool("distributed_optimizer", false);
   p.optimizer = r.get_choice("optimizer", "adam", "optimizer", scenario_optimizer_names());
@@ -663,6 +664,7 @@ json to_json(const Scenario& s) {
         {"layers_per_stage",
          s.parallel.layers_per_stage_auto ? json("auto") : json(s.parallel.layers_per_stage)},
         {"overlap_grad_reduce", s.parallel.overlap_grad_reduce},
+        {"tp_comm_overlap", s.parallel.tp_comm_overlap},
         {"bucket_mb", s.parallel.bucket_mb},
         {"distributed_optimizer", s.parallel.distributed_optimizer},
         {"optimizer", s.parallel.optimizer},
@@ -727,7 +729,7 @@ Scenario scenario_from_json(const json& j) {
 
   JsonReader p(r.at("parallel"), r.path("parallel"),
                {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
-                "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce",
+                "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce", "tp_comm_overlap",
                 "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps", "param_offload",
                "loss_scale", "initial_loss_scale", "loss_scale_window", "min_loss_scale"});
   s.parallel.tensor = p.get_int("tensor");
@@ -748,6 +750,7 @@ Scenario scenario_from_json(const json& j) {
   if (p.has("memory_budget")) s.parallel.memory_budget = p.get_string("memory_budget");  // older files: default
   // Older files: Megatron's defaults (overlap on, 40 MiB buckets, no sharded optimizer).
   if (p.has("overlap_grad_reduce")) s.parallel.overlap_grad_reduce = p.get_bool("overlap_grad_reduce");
+  if (p.has("tp_comm_overlap")) s.parallel.tp_comm_overlap = p.get_bool("tp_comm_overlap");
   if (p.has("bucket_mb")) s.parallel.bucket_mb = p.get_double("bucket_mb");
   if (p.has("distributed_optimizer")) s.parallel.distributed_optimizer = p.get_bool("distributed_optimizer");
   if (p.has("optimizer")) s.parallel.optimizer = p.get_string("optimizer");

@@ -136,12 +136,17 @@ LayerCostD layer_cost_d(const ir::Scenario& sc, const ir::GpuSpec& gpu, double l
   const double up = s.swiglu ? 2 * s.ffn : s.ffn;
   const G gemms[] = {{T, (s.h + 2 * s.kv) / s.t, s.h}, {T, s.h, s.h / s.t},
                      {T, up / s.t, s.h}, {T, s.h, s.ffn / s.t}};
+  // The software stack's speed on this cluster (cluster.compute_efficiency) scales every
+  // kernel; the tensor-parallel collectives keep the network's model.
+  const double slow = stack_slowdown(sc);
   double gemm_flops = 0, f_gemm = 0, b_gemm = 0, w_gemm = 0;
-  for (const G& g : gemms) {
+  double fg[4], bg[4], wg[4];  // each GEMM's forward, data-gradient and weight-gradient time
+  for (int i = 0; i < 4; ++i) {
+    const G& g = gemms[i];
     gemm_flops += 2 * g.m * g.n * g.k;
-    f_gemm += gemm_seconds(g.m, g.n, g.k, gpu, 1, e);  // Y = X·W
-    b_gemm += gemm_seconds(g.m, g.k, g.n, gpu, 1, e);  // dX = dY·Wᵀ
-    w_gemm += gemm_seconds(g.k, g.n, g.m, gpu, 1, e);  // dW = Xᵀ·dY
+    f_gemm += fg[i] = slow * gemm_seconds(g.m, g.n, g.k, gpu, 1, e);  // Y = X·W
+    b_gemm += bg[i] = slow * gemm_seconds(g.m, g.k, g.n, gpu, 1, e);  // dX = dY·Wᵀ
+    w_gemm += wg[i] = slow * gemm_seconds(g.k, g.n, g.m, gpu, 1, e);  // dW = Xᵀ·dY
   }
   // Attention core: scores QKᵀ (len×d·d×K) and values P·V (len×K·K×d) per query head (GQA
   // changes nothing here: every query head still meets K keys). These are model FLOPs, the
@@ -172,10 +177,7 @@ LayerCostD layer_cost_d(const ir::Scenario& sc, const ir::GpuSpec& gpu, double l
   const double ew_replicated = T * (10 * e * s.h + 2 * s.h) / (s.sp ? s.t : 1.0);
   const double ew_mlp = T * (s.swiglu ? 3 : 2) * e * s.ffn / s.t;
   const double ew_attn = s.flash ? 0.0 : T * K * s.a * (4 * e + 1) / s.t;
-  // The software stack's speed on this cluster (cluster.compute_efficiency) scales every
-  // kernel above; the tensor-parallel collectives below keep the network's model.
-  const double slow = stack_slowdown(sc);
-  f_gemm *= slow, b_gemm *= slow, w_gemm *= slow, f_attn *= slow, b_attn *= slow;
+  f_attn *= slow, b_attn *= slow;
   const double f_ew = slow * hbm_seconds(ew_replicated + ew_mlp + ew_attn, gpu);
   const double attn_ew = slow * hbm_seconds(ew_attn, gpu);
 
@@ -184,7 +186,20 @@ LayerCostD layer_cost_d(const ir::Scenario& sc, const ir::GpuSpec& gpu, double l
   const int t = int(s.t);
   double f_comm = 0, b_comm = 0, w_comm = 0;
   if (t > 1) {
-    if (s.sp) {
+    if (s.sp && sc.parallel.tp_comm_overlap) {
+      // Megatron's --tp-comm-overlap (Transformer Engine userbuffers): each collective is
+      // cut into t chunks pipelined with the GEMM it feeds (all-gather → QKV, fc1) or
+      // drains (proj, fc2 → reduce-scatter), the backward's mirror images likewise, and
+      // W's re-gathers with the weight-gradient GEMMs they feed. A pipeline of two stages
+      // over t chunks exposes one chunk of the shorter and all the longer has beyond the
+      // other. (The copy engines move the chunks: no GEMM slowdown is charged.)
+      const double ag = tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
+      const double rs = tp_collective_seconds(sc, gpu, OpKind::REDUCE_SCATTER, bytes, t);
+      auto exposed = [t](double comm, double gemm) { return std::max(0.0, comm - gemm) + std::min(comm, gemm) / t; };
+      f_comm = exposed(ag, fg[0]) + exposed(rs, fg[1]) + exposed(ag, fg[2]) + exposed(rs, fg[3]);
+      b_comm = exposed(rs, bg[0]) + exposed(ag, bg[1]) + exposed(rs, bg[2]) + exposed(ag, bg[3]);
+      w_comm = exposed(ag, wg[0]) + exposed(ag, wg[2]);
+    } else if (s.sp) {
       const double ag = tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
       const double rs = tp_collective_seconds(sc, gpu, OpKind::REDUCE_SCATTER, bytes, t);
       f_comm = 2 * ag + 2 * rs;

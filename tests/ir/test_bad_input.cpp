@@ -200,6 +200,18 @@ TEST_CASE("YAML rules checked after reading still point at their line", "[scenar
   REQUIRE_THROWS_WITH(parse_scenario(with_efficiency("1000"), "s.yaml"),
                       StartsWith("s.yaml:3: cluster.compute_efficiency: expected 0.01 to 100"));
   CHECK(parse_scenario(with_efficiency("0.85"), "s.yaml").cluster.compute_efficiency == 0.85);
+  // Megatron's --tp-comm-overlap overlaps the sequence-parallel collectives: it needs them.
+  const std::string tp_overlap =
+      "model: {layers: 8, hidden: 64, heads: 4, seq: 32, vocab: 64}\n"
+      "cluster: {gpu: cpu, nodes: 1, gpus_per_node: 4}\n"
+      "parallel:\n"
+      "  tensor: 2\n"
+      "  pipeline: 2\n"
+      "  global_batch: 4\n"
+      "  tp_comm_overlap: true\n";
+  REQUIRE_THROWS_WITH(parse_scenario(tp_overlap, "s.yaml"),
+                      StartsWith("s.yaml:7: parallel.tp_comm_overlap: overlapping the tensor-parallel collectives"));
+  CHECK(parse_scenario(tp_overlap + "  sequence_parallel: true\n", "s.yaml").parallel.tp_comm_overlap);
   const std::string chunks =
       "model: {layers: 8, hidden: 64, heads: 4, seq: 32, vocab: 64}\n"
       "cluster: {gpu: cpu, nodes: 1, gpus_per_node: 2}\n"

@@ -69,6 +69,7 @@ TEST_CASE("megatron import: GPT-3 175B on 1,024 GPUs - Megatron's derived values
   CHECK(s.parallel.sequence_parallel);
   CHECK(s.parallel.overlap_grad_reduce);
   CHECK(s.parallel.distributed_optimizer);
+  CHECK(!s.parallel.tp_comm_overlap);
   // Megatron's DDP bucket: max(40 M, 1 M · d) parameters of 2-byte gradients.
   CHECK(s.parallel.bucket_mb == Approx(40e6 * 2 / (1 << 20)));
   CHECK(s.schedule == "interleaved");
@@ -76,6 +77,11 @@ TEST_CASE("megatron import: GPT-3 175B on 1,024 GPUs - Megatron's derived values
   CHECK(parse_scenario(got.yaml, "imported.yaml") == s);
   REQUIRE(!got.notes.empty());
   CHECK_THAT(got.notes[0], Contains("ffn-hidden-size 49152"));
+  // --tp-comm-overlap is modelled (parallel.tp_comm_overlap), and the file keeps it.
+  const MegatronImport overlap = import_megatron(split(kGpt3 + " --tp-comm-overlap"), gpus(1024));
+  CHECK(overlap.scenario.parallel.tp_comm_overlap);
+  CHECK(parse_scenario(overlap.yaml, "imported.yaml") == overlap.scenario);
+  for (const auto& n : overlap.notes) CHECK_THAT(n, !Contains("tp-comm-overlap"));
 }
 
 TEST_CASE("megatron import: Llama-2 70B - GQA, SwiGLU, untied head noted, Megatron's defaults when left out",

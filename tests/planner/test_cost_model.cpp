@@ -582,3 +582,34 @@ TEST_CASE("a compute efficiency fitted to one observed iteration reproduces it, 
                     Catch::Contains("longer than tdpipe predicts with compute at 0.01"));
   CHECK_THROWS_WITH(planner::fit_compute_efficiency(sc, "1f1b", 0, -1), Catch::Contains("expected a positive"));
 }
+
+TEST_CASE("tp_comm_overlap: each sequence-parallel collective hides behind its GEMM but for one of t chunks",
+          "[planner][cost]") {
+  // GPT-3 175B's layer at t = 8 with sequence parallelism: every GEMM outlasts its 50 MB
+  // all-gather / reduce-scatter over NVLink, so each exposes exactly 1/t of itself.
+  ir::Scenario sc = megatron(12288, 96, 8, 8, 1, 1, 8, 1, ir::Recompute::None, true);
+  const double bytes = 2048.0 * 12288 * 2;
+  const double ag = planner::tp_collective_seconds(sc, a100(), OpKind::ALL_GATHER, bytes, 8);
+  const double rs = planner::tp_collective_seconds(sc, a100(), OpKind::REDUCE_SCATTER, bytes, 8);
+  auto layer = [&](bool overlap) {
+    sc.parallel.tp_comm_overlap = overlap;
+    return planner::layer_cost(sc, a100(), 2048, 0);
+  };
+  const planner::LayerCost plain = layer(false), hidden = layer(true);
+  CHECK(hidden.f.seconds == Approx(plain.f.seconds - (2 * ag + 2 * rs) * (1 - 1.0 / 8)).epsilon(1e-12));
+  CHECK(hidden.b.seconds == Approx(plain.b.seconds - (2 * ag + 2 * rs) * (1 - 1.0 / 8)).epsilon(1e-12));
+  CHECK(hidden.w.seconds == Approx(plain.w.seconds - 2 * ag * (1 - 1.0 / 8)).epsilon(1e-12));
+  CHECK(hidden.f.flops == plain.f.flops);
+  // A collective longer than its GEMM (a slow link) exposes the difference plus a chunk.
+  sc.cluster.nvlink_bytes_per_second = 1e9;
+  const double slow_ag = planner::tp_collective_seconds(sc, a100(), OpKind::ALL_GATHER, bytes, 8);
+  const double slow_rs = planner::tp_collective_seconds(sc, a100(), OpKind::REDUCE_SCATTER, bytes, 8);
+  const planner::LayerCost slow_plain = layer(false), slow_hidden = layer(true);
+  CHECK(slow_hidden.f.seconds < slow_plain.f.seconds);
+  CHECK(slow_hidden.f.seconds > slow_plain.f.seconds - (2 * slow_ag + 2 * slow_rs) * (1 - 1.0 / 8));
+  // Without tensor parallelism there is nothing to overlap.
+  ir::Scenario one = megatron(4096, 32, 8, 1, 2, 1, 16, 1, ir::Recompute::None, false);
+  one.parallel.tp_comm_overlap = true;
+  CHECK(planner::layer_cost(one, a100(), 2048, 0).f.seconds ==
+        planner::layer_cost(megatron(4096, 32, 8, 1, 2, 1, 16, 1, ir::Recompute::None, false), a100(), 2048, 0).f.seconds);
+}

@@ -108,6 +108,11 @@ struct ParallelConfig {
   /// its gradients are final (its chunk's last W/BW), on the dp stream beside compute;
   /// false: every reduction waits for the rank's last backward op.
   bool overlap_grad_reduce = true;
+  /// Megatron's --tp-comm-overlap (Transformer Engine's userbuffers): each sequence-parallel
+  /// all-gather / reduce-scatter of a layer runs in t chunks pipelined with the GEMM that
+  /// consumes or produces it, so only its first chunk and what outlasts the GEMM stay
+  /// exposed (planner/src/cost_model.cpp). Needs sequence_parallel when tensor > 1.
+  bool tp_comm_overlap = false;
   /// Gradient bytes per data-parallel bucket, in MiB (Megatron's 40 MB default).
   double bucket_mb = 40;
   /// Megatron's --use-distributed-optimizer (ZeRO-1): gradients are reduce-scattered, each
