@@ -3,6 +3,7 @@
 // prints JSON (scripts/gpu-layer-vs-torch.py compares it with PyTorch eager).
 //   bench_cuda_layer [--hidden 1536] [--heads 12] [--ffn 6144] [--seq 2048] [--micro-batch 1]
 //                    [--warmup 5] [--iters 20]
+#include "bench_help.hpp"
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "tdpipe/exec/cuda/calibrate.hpp"
 
 int main(int argc, char** argv) {
+  if (tdpipe::bench::help_requested(argc, argv)) return 0;
   tdpipe::exec::cuda::LayerShape s;
   int warmup = 5, iters = 20;
   for (int i = 1; i + 1 < argc; i += 2) {

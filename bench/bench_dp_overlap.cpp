@@ -7,6 +7,7 @@
 // engine's prediction of the same choices for GPT-3 175B at scale.
 //
 //   build/<dir>/bench/bench_dp_overlap [SOURCE_DIR] [STEPS]
+#include "bench_help.hpp"
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -111,6 +112,7 @@ void predict_case(const ir::Scenario& base, int d, bool overlap, bool sharded) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (tdpipe::bench::help_requested(argc, argv)) return 0;
   const std::string root = argc > 1 ? argv[1] : TDPIPE_SOURCE_DIR;
   const int steps = argc > 2 ? std::max(2, std::atoi(argv[2])) : 8;
   ir::Scenario sc = ir::load_scenario(root + "/scenarios/tiny-gpt-cpu.yaml");

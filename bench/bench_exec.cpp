@@ -5,6 +5,7 @@
 // with a thread per stream (Runtime::threaded), the cooperative runtime, and the
 // cooperative runtime with a core per rank. `--explain SCHEDULE …` prints one step op by
 // op beside its replay: where the measured step falls behind the schedule.
+#include "bench_help.hpp"
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -200,6 +201,7 @@ void bench_iteration(const ir::Scenario& sc, const std::string& schedule, int sl
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (tdpipe::bench::help_requested(argc, argv)) return 0;
   const std::string root = argc > 1 && argv[1][0] != '-' ? argv[1] : TDPIPE_SOURCE_DIR;
   const ir::Scenario sc = ir::load_scenario(root + "/scenarios/tiny-gpt-cpu.yaml");
   if (argc > 2 && std::string(argv[1]) == "--explain") {

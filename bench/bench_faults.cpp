@@ -9,6 +9,7 @@
 //  5. a lost message: what its retry adds to the step.
 //
 //   build/<dir>/bench/bench_faults [SOURCE_DIR] [STEPS]
+#include "bench_help.hpp"
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -59,6 +60,7 @@ std::string temp_dir() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (tdpipe::bench::help_requested(argc, argv)) return 0;
   const std::string root = argc > 1 ? argv[1] : TDPIPE_SOURCE_DIR;
   const int steps = argc > 2 ? std::atoi(argv[2]) : 12;
   if (steps < 4) {

@@ -2,6 +2,7 @@
 // (compute-only plans, no lowering). Prints figures; never passes or fails on time.
 // Best of 3 runs; cpu_ms is the process CPU time, a steadier figure than wall time on
 // a shared machine.
+#include "bench_help.hpp"
 #include <sys/resource.h>
 
 #include <chrono>
@@ -22,7 +23,8 @@ long max_rss_kib() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (tdpipe::bench::help_requested(argc, argv)) return 0;
   using clock = std::chrono::steady_clock;
   struct Case {
     const char* name;

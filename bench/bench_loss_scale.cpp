@@ -10,6 +10,7 @@
 //     gradient store rounded through binary16) over fp64's.
 //
 //   build/<dir>/bench/bench_loss_scale [SOURCE_DIR] [LOSS_STEPS]
+#include "bench_help.hpp"
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -60,6 +61,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (tdpipe::bench::help_requested(argc, argv)) return 0;
   const std::string root = argc > 1 ? argv[1] : TDPIPE_SOURCE_DIR;
   const int steps = argc > 2 ? std::max(1, std::atoi(argv[2])) : 200;
   ir::Scenario fp64 = ir::load_scenario(root + "/scenarios/tiny-gpt-cpu.yaml");  // dtype fp32: the executor's fp64

@@ -6,6 +6,7 @@
 // case), both engines, four schedules; and the copy stream's share of the step.
 //
 //   build/default/bench/bench_offload [SCENARIO]
+#include "bench_help.hpp"
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -80,6 +81,7 @@ void executed(int layers) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (tdpipe::bench::help_requested(argc, argv)) return 0;
   fmt::print("Executed (CPU backend, none → layers):\n");
   executed(4);
   executed(8);

@@ -8,6 +8,7 @@
 //     d = 16 on HDR InfiniBand — DP time per rank and the iteration time.
 //
 //   build/<dir>/bench/bench_onebit [SOURCE_DIR] [LOSS_STEPS] [WARMUP]
+#include "bench_help.hpp"
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -70,6 +71,7 @@ std::pair<double, double> dp_ms(const traces::Trace& t) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (tdpipe::bench::help_requested(argc, argv)) return 0;
   const std::string root = argc > 1 ? argv[1] : TDPIPE_SOURCE_DIR;
   const int loss_steps = argc > 2 ? std::max(20, std::atoi(argv[2])) : 300;
   const int warmup = argc > 3 ? std::max(1, std::atoi(argv[3])) : loss_steps / 5;

@@ -7,6 +7,7 @@
 //   build/<dir>/bench/bench_planner --build-plan-only   (first section only, e.g. under a profiler)
 //   build/<dir>/bench/bench_planner --phases-only       (build_plan's phases one by one)
 //   build/<dir>/bench/bench_planner --partition-only    (layers_per_stage auto, slices auto)
+#include "bench_help.hpp"
 #include <malloc.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -327,6 +328,7 @@ void partition_and_slices() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (tdpipe::bench::help_requested(argc, argv)) return 0;
   if (argc > 1 && std::strcmp(argv[1], "--partition-only") == 0) {
     partition_and_slices();
     return 0;

@@ -8,6 +8,7 @@
 //                                  the search's best, on Megatron's GPU counts and batches
 //   bench_search --from-run        the compute efficiency fitted to the smallest of those runs
 //                                  (calibrate --from-run), the others predicted with it
+#include "bench_help.hpp"
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -163,6 +164,7 @@ int megatron() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (tdpipe::bench::help_requested(argc, argv)) return 0;
   if (argc == 2 && std::string(argv[1]) == "--megatron") return megatron();
   if (argc == 2 && std::string(argv[1]) == "--from-run") return from_run();
   if (argc == 4) {

@@ -12,6 +12,7 @@
 //
 // DP buckets follow Megatron-core's default: max(40 M, 1 M · d) parameters of bf16
 // gradients, so the plain mode's ring-step flow count stays what Megatron would post.
+#include "bench_help.hpp"
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -168,6 +169,7 @@ int claims() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (tdpipe::bench::help_requested(argc, argv)) return 0;
   if (argc > 1 && !std::strcmp(argv[1], "--published")) return published();
   if (argc > 1 && !std::strcmp(argv[1], "--claims")) return claims();
   std::vector<int> datas = {1, 16, 160};

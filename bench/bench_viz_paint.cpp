@@ -3,6 +3,7 @@
 // pixel) and zoomed in, and a pan step. Prints figures; never pass/fail.
 //
 //   QT_QPA_PLATFORM=offscreen bench_viz_paint [ops_per_rank=12500] [ranks=8]
+#include "bench_help.hpp"
 #include <QApplication>
 #include <QImage>
 #include <QScrollBar>
@@ -67,6 +68,7 @@ double paint_ms(viz::TimelineView& view, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (tdpipe::bench::help_requested(argc, argv)) return 0;
   if (qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM")) qputenv("QT_QPA_PLATFORM", "offscreen");
   int qt_argc = 1;
   QApplication app(qt_argc, argv);

@@ -4,12 +4,18 @@
 #include <cstdint>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "tdpipe/planner/build_plan.hpp"
 
 namespace tdpipe::apps {
+
+/// The command line `tdpipe` was started with (main sets it): what `--backend cuda`
+/// hands to tdpipe-cuda unchanged.
+void set_invocation(int argc, char** argv);
+const std::vector<std::string>& invocation();
 
 /// --max-ops N on a command that builds plans (planner::kDefaultMaxOps by default).
 inline void add_max_ops_option(CLI::App* cmd, std::int64_t& max_ops) {
@@ -51,6 +57,7 @@ void add_compare_command(CLI::App& app);  // cmd_compare.cpp
 void add_balance_command(CLI::App& app);  // cmd_balance.cpp
 void add_search_command(CLI::App& app);   // cmd_search.cpp
 void add_import_command(CLI::App& app);   // cmd_import.cpp
+void add_completion_command(CLI::App& app);  // cmd_completion.cpp: after the others
 #ifdef TDPIPE_HAVE_EXEC
 void add_exec_command(CLI::App& app);       // cmd_exec.cpp
 void add_calibrate_command(CLI::App& app);  // cmd_calibrate.cpp

@@ -3,14 +3,23 @@
 
 #include "exec_common.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "commands.hpp"
 
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
@@ -30,6 +39,28 @@ LoadedPlan load_plan(const std::string& scenario_path, const std::string& schedu
 }
 
 void check_cpu_backend(const std::string& backend) {
+#ifdef TDPIPE_CUDA_BINARY
+  if (backend == "cuda") {
+    // The same command, run by the binary that has the CUDA backend (it replaces this process).
+    std::error_code ec;
+    const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    const std::filesystem::path cuda = self.parent_path() / TDPIPE_CUDA_BINARY;
+    if (ec || !std::filesystem::exists(cuda))
+      throw Error(fmt::format("--backend cuda: {} is not next to this tdpipe ({}): it runs the CUDA backend; "
+                              "build it (the default or gpu preset on a machine with nvcc and NCCL) or install both",
+                              TDPIPE_CUDA_BINARY, ec ? std::string("unknown location") : self.parent_path().string()));
+    std::vector<std::string> args = invocation();
+    if (args.empty()) args.push_back("tdpipe");
+    args[0] = cuda.string();
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::execv(cuda.c_str(), argv.data());
+    throw Error(fmt::format("--backend cuda: could not start {}: {}", cuda.string(), std::strerror(errno)));
+  }
+#endif
   if (backend == "cuda")
     throw Error("--backend cuda: this tdpipe was built without the CUDA backend (configure with "
                 "-DTDPIPE_WITH_CUDA=ON on a machine with nvcc and NCCL, e.g. the `gpu` preset)");

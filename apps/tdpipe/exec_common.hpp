@@ -25,8 +25,10 @@ struct LoadedPlan {
 LoadedPlan load_plan(const std::string& scenario_path, const std::string& schedule, int slices,
                      std::int64_t max_ops = planner::kDefaultMaxOps);
 
-/// Throws for a --backend other than cpu/cuda; `cuda` reaches here only in a build
-/// without the CUDA backend, and that throws too, saying how to get one.
+/// Throws for a --backend other than cpu/cuda. `cuda` reaches here only in a binary
+/// without the CUDA backend: `tdpipe` hands the whole command line to tdpipe-cuda, next
+/// to it, which has it (so that tdpipe itself never loads the CUDA libraries); a build
+/// without one throws, saying how to get one.
 void check_cpu_backend(const std::string& backend);
 
 /// The training options `exec` takes from its command line, on either backend.

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -47,7 +49,16 @@ Corpus Corpus::load(const std::string& path) {
 
 std::string Corpus::default_path() {
   if (const char* dir = std::getenv("TDPIPE_DATA_DIR")) return std::string(dir) + "/tiny_corpus.txt";
-  return std::string(TDPIPE_EXEC_DATA_DIR) + "/tiny_corpus.txt";
+  const std::string built = std::string(TDPIPE_EXEC_DATA_DIR) + "/tiny_corpus.txt";
+  if (std::filesystem::exists(built)) return built;
+  // Installed (cmake --install): PREFIX/bin/tdpipe reads PREFIX/share/tdpipe/data.
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const std::filesystem::path installed = self.parent_path().parent_path() / "share/tdpipe/data/tiny_corpus.txt";
+    if (std::filesystem::exists(installed)) return installed.string();
+  }
+  return built;
 }
 
 std::string Corpus::decode(const std::vector<int>& ids) const {

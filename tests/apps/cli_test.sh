@@ -107,6 +107,28 @@ assert p["metadata"]["shared_capacity"] == "1.5 (given)", p["metadata"]["shared_
 assert "fitted_shared_capacity" in p["metadata"], p["metadata"].keys()
 PY
     ;;
+  did-you-mean)
+    out=$("$tdpipe" smi scenarios/tiny-gpt-cpu.yaml 2>&1) && fail "a mistyped subcommand exited 0"
+    expect "$out" "did you mean 'tdpipe sim'\\?" "subcommand suggestion"
+    out=$("$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --enigne analytic 2>&1) && fail "a mistyped flag exited 0"
+    expect "$out" "did you mean --engine for --enigne\\?" "flag suggestion"
+    out=$("$tdpipe" search scenarios/tiny-gpt-cpu.yaml --top=3 --objectiv time 2>&1) && fail "a mistyped flag exited 0"
+    expect "$out" "did you mean --objective for --objectiv\\?" "flag suggestion, another command"
+    out=$("$tdpipe" zzzzzz 2>&1) && fail "nonsense exited 0"
+    grep -q "did you mean" <<<"$out" && fail "a suggestion for nonsense: $out"
+    ;;
+  completion)
+    "$tdpipe" completion bash -o "$work/c.bash" || fail "completion exited $?"
+    complete_words() {  # complete_words WORD… — what the script offers for the last word
+      bash -c 'source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _tdpipe; echo "${COMPREPLY[*]}"' \
+        _ "$work/c.bash" "$@"
+    }
+    expect "$(complete_words tdpipe si)" '^sim$' "subcommand"
+    expect "$(complete_words tdpipe sim x.yaml --eng)" '^--engine$' "option of sim"
+    expect "$(complete_words tdpipe exec x.yaml --rank-t)" '^--rank-threads$' "option of exec"
+    expect "$(complete_words tdpipe sim x.yaml --schedule zb)" '^zb-h1 zb-h2 zb-v$' "schedule names"
+    expect "$(complete_words tdpipe calibrate x.yaml --from)" '^--from-run$' "option of calibrate"
+    ;;
   calibrate-from-run)
     # One observed run of GPT-3 175B on 8x8 A100 (1F1B), 10 % slower than modelled: the
     # fitted profile reproduces it, and prices another model, layout and scale on A100s.

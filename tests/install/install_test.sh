@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# install_test.sh BUILD_DIR — `cmake --install` into a fresh prefix, then: a project with
+# find_package(tdpipe) builds against it and predicts what the build tree predicts; the
+# installed tdpipe runs, loads no CUDA library, and has its scenarios, corpus, docs and
+# bash completion beside it.
+set -euo pipefail
+build=$(cd "$1" && pwd)
+src=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+cmake --install "$build" --prefix "$work/prefix" > "$work/install.log" || { cat "$work/install.log"; fail "cmake --install"; }
+p=$work/prefix
+for f in bin/tdpipe share/tdpipe/scenarios/gpt3-175b-a100-8x8.yaml share/tdpipe/data/tiny_corpus.txt \
+         share/doc/tdpipe/README.md share/bash-completion/completions/tdpipe lib/cmake/tdpipe/tdpipeConfig.cmake \
+         include/tdpipe/planner/build_plan.hpp; do
+  [ -e "$p/$f" ] || fail "not installed: $f"
+done
+[ -e "$p/include/tdpipe/exec/cuda" ] && fail "the CUDA backend's headers were installed without its library"
+
+# The consumer project.
+cmake -S "$src/tests/install/consumer" -B "$work/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$p" \
+  -DCMAKE_BUILD_TYPE=Release > "$work/configure.log" 2>&1 || { cat "$work/configure.log"; fail "configure the consumer"; }
+cmake --build "$work/consumer" > "$work/build.log" 2>&1 || { cat "$work/build.log"; fail "build the consumer"; }
+got=$("$work/consumer/consumer") || fail "consumer exited $?"
+want=$("$build/apps/tdpipe" sim "$src/scenarios/gpt3-175b-a100-8x8.yaml" --engine analytic --schedule 1f1b --json)
+python3 - "$got" "$want" <<'PY' || fail "the consumer's prediction"
+import json, sys
+name, schedule, seconds = sys.argv[1].split()
+want = json.loads(sys.argv[2])["iteration_time"]
+assert name == "gpt3-175b-a100-8x8" and schedule == "1f1b", sys.argv[1]
+assert abs(float(seconds) - want) <= 1e-9 * want, (seconds, want)
+PY
+
+# The installed command, away from the source tree.
+cd "$work"
+"$p/bin/tdpipe" --version | grep -q "tdpipe" || fail "installed tdpipe --version"
+"$p/bin/tdpipe" sim "$p/share/tdpipe/scenarios/synthetic-uniform-p4-m8.yaml" --engine analytic --schedule 1f1b \
+  > /dev/null || fail "installed tdpipe sim"
+if ldd "$p/bin/tdpipe" | grep -Eq 'libcudart|libcublas|libnccl'; then fail "tdpipe links CUDA libraries"; fi
+bash -c "source '$p/share/bash-completion/completions/tdpipe' && complete -p tdpipe" > /dev/null || fail "completion"
+echo "ok: install"
