@@ -107,6 +107,18 @@ assert p["metadata"]["shared_capacity"] == "1.5 (given)", p["metadata"]["shared_
 assert "fitted_shared_capacity" in p["metadata"], p["metadata"].keys()
 PY
     ;;
+  cuda-handoff)
+    # tdpipe links no CUDA library; --backend cuda runs tdpipe-cuda, beside it, in its place
+    # (here, without a GPU, that one says so); a tdpipe alone says what is missing.
+    ldd "$tdpipe" | grep -Eq 'libcudart|libcublas|libnccl' && fail "tdpipe links CUDA libraries"
+    ldd "$(dirname "$tdpipe")/tdpipe-cuda" | grep -q libcudart || fail "tdpipe-cuda does not link the CUDA runtime"
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --steps 1 2>&1)
+    rc=$?
+    [ $rc -eq 0 ] || expect "$out" 'the CUDA backend needs a GPU but none is visible' "tdpipe-cuda's own message"
+    cp "$tdpipe" "$work/tdpipe"
+    out=$("$work/tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --steps 1 2>&1) && fail "a lone tdpipe ran cuda"
+    expect "$out" 'tdpipe-cuda is not next to this tdpipe' "a lone tdpipe"
+    ;;
   did-you-mean)
     out=$("$tdpipe" smi scenarios/tiny-gpt-cpu.yaml 2>&1) && fail "a mistyped subcommand exited 0"
     expect "$out" "did you mean 'tdpipe sim'\\?" "subcommand suggestion"
