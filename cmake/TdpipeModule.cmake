@@ -11,7 +11,9 @@ function(tdpipe_module name)
   endif()
   add_library(tdpipe_${name} ${ARG_SOURCES})
   add_library(tdpipe::${name} ALIAS tdpipe_${name})
-  set_target_properties(tdpipe_${name} PROPERTIES EXPORT_NAME ${name})
+  # Consumers get C++20 (the headers need it); PIC so that a shared library may link them.
+  set_target_properties(tdpipe_${name} PROPERTIES EXPORT_NAME ${name} POSITION_INDEPENDENT_CODE ON)
+  target_compile_features(tdpipe_${name} PUBLIC cxx_std_20)
   target_include_directories(tdpipe_${name} PUBLIC
     $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)

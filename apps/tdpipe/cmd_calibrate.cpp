@@ -57,7 +57,15 @@ void run_calibrate_from_run(const CalibrateArgs& a) {
   const double target = a.iteration_time > 0 ? a.iteration_time
                         : a.mfu > 0          ? at_one * (100 * modelled.fitted_mfu) / a.mfu
                                              : double(sc.parallel.global_batch) * sc.model.seq / a.tokens_per_s;
-  const planner::StackFit fit = planner::fit_compute_efficiency(sc, schedule, a.slices, target, a.max_ops);
+  planner::StackFit fit;
+  try {
+    fit = planner::fit_compute_efficiency(sc, schedule, a.slices, target, a.max_ops);
+  } catch (const Error& e) {
+    if (a.mfu > 0 && a.mfu < 1)
+      throw Error(fmt::format("{} (--mfu is in percent: {} means {} %, not {:.0f} %)", e.what(), a.mfu, a.mfu,
+                              100 * a.mfu));
+    throw;
+  }
   const double efficiency = fit.efficiency;
   sc.cluster.compute_efficiency = efficiency;
 

@@ -422,6 +422,7 @@ ir::Scenario apply_layout(const ir::Scenario& base, const Layout& l) {
   par.global_batch = l.global_batch;
   par.recompute = l.recompute;
   par.sequence_parallel = l.sequence_parallel;
+  par.tp_comm_overlap = base.parallel.tp_comm_overlap && l.sequence_parallel;  // it overlaps SP's collectives
   par.slices = l.slices > 1 ? l.slices : 1;
   par.slices_auto = l.slices == kAutoSlices;
   par.layers_per_stage.clear();

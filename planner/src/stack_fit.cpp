@@ -28,6 +28,9 @@ StackFit predict_with_efficiency(const ir::Scenario& scenario, const std::string
 StackFit fit_compute_efficiency(const ir::Scenario& scenario, const std::string& schedule, int slices,
                                 double observed_seconds, std::int64_t max_ops) {
   constexpr double kLo = 0.01, kHi = 100;  // the range scenario_check accepts
+  if (scenario.synthetic)
+    throw Error(fmt::format("{}: a synthetic scenario gives its op times, the cost model does not price them: "
+                            "there is no compute efficiency to fit (use a model and a cluster)", scenario.name));
   if (!(observed_seconds > 0) || !std::isfinite(observed_seconds))
     throw Error(fmt::format("{}: observed iteration {} s: expected a positive number of seconds", scenario.name,
                             observed_seconds));
@@ -48,6 +51,13 @@ StackFit fit_compute_efficiency(const ir::Scenario& scenario, const std::string&
     (at(std::exp(mid)) > observed_seconds ? lo : hi) = mid;
   }
   StackFit fit = predict_with_efficiency(scenario, schedule, slices, std::exp(0.5 * (lo + hi)), max_ops);
+  // A plan whose shape moves with the costs (the auto scheduler, auto partitions or slices)
+  // may not fall smoothly with the efficiency: say so rather than hand back a poor fit.
+  if (std::abs(fit.fitted_seconds / observed_seconds - 1) > 1e-3)
+    throw Error(fmt::format("{}: no compute efficiency reproduces {:.6g} s under {} (the closest, {:.4f}, predicts "
+                            "{:.6g} s): the plan changes with the costs; fit a schedule with a fixed order and "
+                            "partition (e.g. 1f1b)", scenario.name, observed_seconds, schedule, fit.efficiency,
+                            fit.fitted_seconds));
   const StackFit modelled = predict_with_efficiency(scenario, schedule, slices, 1, max_ops);
   fit.modelled_seconds = modelled.fitted_seconds;
   fit.modelled_mfu = modelled.fitted_mfu;

@@ -109,14 +109,15 @@ PY
     ;;
   cuda-handoff)
     # tdpipe links no CUDA library; --backend cuda runs tdpipe-cuda, beside it, in its place
-    # (here, without a GPU, that one says so); a tdpipe alone says what is missing.
+    # (here, without a GPU, that one says so); a tdpipe alone says what is missing. (The
+    # JSON scenario: the gpu preset reads no YAML.)
     ldd "$tdpipe" | grep -Eq 'libcudart|libcublas|libnccl' && fail "tdpipe links CUDA libraries"
     ldd "$(dirname "$tdpipe")/tdpipe-cuda" | grep -q libcudart || fail "tdpipe-cuda does not link the CUDA runtime"
-    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --steps 1 2>&1)
+    out=$("$tdpipe" exec tests/exec_cuda/data/tiny-gpt-cpu.json --backend cuda --steps 1 2>&1)
     rc=$?
     [ $rc -eq 0 ] || expect "$out" 'the CUDA backend needs a GPU but none is visible' "tdpipe-cuda's own message"
     cp "$tdpipe" "$work/tdpipe"
-    out=$("$work/tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --steps 1 2>&1) && fail "a lone tdpipe ran cuda"
+    out=$("$work/tdpipe" exec tests/exec_cuda/data/tiny-gpt-cpu.json --backend cuda --steps 1 2>&1) && fail "a lone tdpipe ran cuda"
     expect "$out" 'tdpipe-cuda is not next to this tdpipe' "a lone tdpipe"
     ;;
   did-you-mean)
@@ -126,6 +127,8 @@ PY
     expect "$out" "did you mean --engine for --enigne\\?" "flag suggestion"
     out=$("$tdpipe" search scenarios/tiny-gpt-cpu.yaml --top=3 --objectiv time 2>&1) && fail "a mistyped flag exited 0"
     expect "$out" "did you mean --objective for --objectiv\\?" "flag suggestion, another command"
+    out=$("$tdpipe" sea 2>&1) && fail "a subcommand's beginning exited 0"
+    expect "$out" "did you mean 'tdpipe search'\\?" "the one subcommand it begins"
     out=$("$tdpipe" zzzzzz 2>&1) && fail "nonsense exited 0"
     grep -q "did you mean" <<<"$out" && fail "a suggestion for nonsense: $out"
     ;;

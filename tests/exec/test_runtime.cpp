@@ -67,6 +67,18 @@ cpu::CpuRunOptions quick(double watchdog_seconds) {
   return o;
 }
 
+/// Runs a plan that must fail: its error message and how long it took to fail.
+std::pair<std::string, double> run_failing(const ir::Plan& plan, const cpu::CpuRunOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    cpu::run_cpu(plan, opt);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  return {message, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
 }  // namespace
 
 TEST_CASE("a hand-lowered plan trains like the reference", "[exec][runtime]") {
@@ -100,14 +112,7 @@ TEST_CASE("the watchdog names every blocked rank, its op and its peer", "[exec][
     auto opt = quick(0.3);
     opt.runtime = runtime;
     opt.rank_threads = threads;
-    const auto t0 = std::chrono::steady_clock::now();
-    std::string message;
-    try {
-      cpu::run_cpu(plan, opt);
-    } catch (const Error& e) {
-      message = e.what();
-    }
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto [message, waited] = run_failing(plan, opt);
     INFO(message);
     CHECK_THAT(message, Catch::Contains("watchdog"));
     CHECK_THAT(message, Catch::Contains("rank 0 (p2p stream): RECV(B0<r1) blocked in transport, "
@@ -149,14 +154,7 @@ TEST_CASE("a rank that throws stops the run with its error, no hang", "[exec][ru
   for (int threads : {2, 1}) DYNAMIC_SECTION(threads << " rank threads") {
     auto opt = quick(60);
     opt.rank_threads = threads;
-    const auto t0 = std::chrono::steady_clock::now();
-    std::string message;
-    try {
-      cpu::run_cpu(plan, opt);
-    } catch (const Error& e) {
-      message = e.what();
-    }
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto [message, waited] = run_failing(plan, opt);
     INFO(message);
     CHECK_THAT(message, Catch::StartsWith("rank 1 (compute stream) failed in BW7: "));
     CHECK_THAT(message, Catch::Contains("micro-batch 7 out of range (m = 1)"));

@@ -13,6 +13,7 @@
 #include "tdpipe/planner/cost_model.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/stack_fit.hpp"
+#include "planner_test_util.hpp"
 #include "tdpipe/traces/metrics.hpp"
 
 using namespace tdpipe;
@@ -581,6 +582,8 @@ TEST_CASE("a compute efficiency fitted to one observed iteration reproduces it, 
   CHECK_THROWS_WITH(planner::fit_compute_efficiency(sc, "1f1b", 0, 1000 * modelled.fitted_seconds),
                     Catch::Contains("longer than tdpipe predicts with compute at 0.01"));
   CHECK_THROWS_WITH(planner::fit_compute_efficiency(sc, "1f1b", 0, -1), Catch::Contains("expected a positive"));
+  const ir::Scenario synthetic = ir::load_scenario(planner::test::scenario_path("synthetic-uniform-p4-m8.yaml"));
+  CHECK_THROWS_WITH(planner::fit_compute_efficiency(synthetic, "1f1b", 0, 1.0), Catch::Contains("synthetic scenario"));
 }
 
 TEST_CASE("tp_comm_overlap: each sequence-parallel collective hides behind its GEMM but for one of t chunks",

@@ -246,3 +246,19 @@ TEST_CASE("search: auto's bound counts its memory budget - a budget of one micro
   // the engine's 0.141 s here).
   CHECK(tight.seconds > 1.1 * free_bound.seconds);
 }
+
+TEST_CASE("search: a scenario with tp_comm_overlap searches layouts without sequence parallelism too") {
+  ir::Scenario sc = small_space();
+  sc.parallel.sequence_parallel = true;
+  sc.parallel.tp_comm_overlap = true;
+  planner::SearchOptions o = small_options();
+  o.schedules = {"1f1b"};
+  int with_sp = 0, without = 0;
+  for (const auto& c : planner::enumerate_layouts(sc, o)) {
+    INFO(c.layout.label() << ": " << c.reason);
+    CHECK(c.reason.find("tp_comm_overlap") == std::string::npos);
+    if (c.layout.tensor > 1) (c.layout.sequence_parallel ? with_sp : without)++;
+  }
+  CHECK(with_sp > 0);
+  CHECK(without > 0);
+}

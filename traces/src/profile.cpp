@@ -116,6 +116,9 @@ std::optional<double> profile_seconds(const Profile& profile, ir::OpKind kind, i
 
 void apply_profile_to_scenario(const Profile& profile, ir::Scenario& scenario) {
   if (!(profile.compute_efficiency > 0)) return;
+  if (scenario.synthetic)
+    throw Error(fmt::format("a compute-efficiency profile prices the cost model's kernels; scenario '{}' is synthetic "
+                            "(its op times are given): there is nothing to apply it to", scenario.name));
   const std::string& fitted = profile.platform.device;
   for (const auto& g : scenario.cluster.groups) {
     bool known = false;

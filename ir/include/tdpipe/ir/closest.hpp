@@ -9,9 +9,9 @@
 
 namespace tdpipe::ir {
 
-/// The known name closest to `word`, if it is close enough to be a likely typo: a known
-/// name `word` begins ("a100" → "a100-80g") first, else the least case-insensitive edit
-/// distance, at most max(2, |word| / 3).
+/// The known name closest to `word`, if it is close enough to be a likely typo: the one
+/// known name `word` begins ("a100" → "a100-80g") first, else the least case-insensitive
+/// edit distance, at most max(2, |word| / 3).
 std::optional<std::string> closest(std::string_view word, const std::vector<std::string>& known);
 
 }  // namespace tdpipe::ir
