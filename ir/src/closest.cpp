@@ -28,15 +28,11 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
 }  // namespace
 
 std::optional<std::string> closest(std::string_view word, const std::vector<std::string>& known) {
-  // The one known name the word begins ("a100" → "a100-80g") beats any edit distance;
-  // several ("s" → sim, search) are no answer by prefix.
-  if (!word.empty()) {
-    std::optional<std::string> only;
-    int starts = 0;
+  // A known name the word begins ("a100" → "a100-80g") beats any edit distance; of
+  // several, the first listed (the lists put the usual choice first).
+  if (!word.empty())
     for (const auto& k : known)
-      if (k.size() > word.size() && k.compare(0, word.size(), word) == 0) ++starts, only = k;
-    if (starts == 1) return only;
-  }
+      if (k.size() > word.size() && k.compare(0, word.size(), word) == 0) return k;
   std::optional<std::string> best;
   std::size_t best_d = std::numeric_limits<std::size_t>::max();
   for (const auto& k : known) {

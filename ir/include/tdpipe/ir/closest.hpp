@@ -9,7 +9,7 @@
 
 namespace tdpipe::ir {
 
-/// The known name closest to `word`, if it is close enough to be a likely typo: the one
+/// The known name closest to `word`, if it is close enough to be a likely typo: the first
 /// known name `word` begins ("a100" → "a100-80g") first, else the least case-insensitive
 /// edit distance, at most max(2, |word| / 3).
 std::optional<std::string> closest(std::string_view word, const std::vector<std::string>& known);
