@@ -168,22 +168,26 @@ void add_calibrate_command(CLI::App& app) {
   auto args = std::make_shared<CalibrateArgs>();
   CLI::App* cmd = app.add_subcommand("calibrate", "Measure op costs and transport on this machine");
   cmd->add_option("scenario", args->scenario, "Scenario file (YAML)")->required();
-  cmd->add_option("--backend", args->backend, "Executor backend")->check(CLI::IsMember({"cpu", "cuda"}));
+  CLI::Option* backend =
+      cmd->add_option("--backend", args->backend, "Executor backend")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("-o,--output", args->output, "Profile to write (JSON)")->required();
   cmd->add_option("--schedule", args->schedule, "Schedule whose layout (chunks, slices) is measured")
       ->check(CLI::IsMember(planner::schedule_names()));
   add_slices_option(cmd, args->slices);
-  cmd->add_option("--steps", args->steps, "Measured steps")->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", args->warmup, "Unmeasured steps first")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--corpus", args->corpus, "Training text (default: data/tiny_corpus.txt)");
-  cmd->add_option("--shared-capacity", args->shared_capacity,
+  CLI::Option* steps = cmd->add_option("--steps", args->steps, "Measured steps")->check(CLI::PositiveNumber);
+  CLI::Option* warmup =
+      cmd->add_option("--warmup", args->warmup, "Unmeasured steps first")->check(CLI::NonNegativeNumber);
+  CLI::Option* corpus = cmd->add_option("--corpus", args->corpus, "Training text (default: data/tiny_corpus.txt)");
+  CLI::Option* capacity = cmd->add_option("--shared-capacity", args->shared_capacity,
                   "How many ops the shared device runs at full speed at once: a number, or `fit` (from the "
                   "run; default: the CPU's cores, 1 for a GPU)");
   add_max_ops_option(cmd, args->max_ops);
-  cmd->add_flag("--from-run", args->from_run,
+  CLI::Option* from_run = cmd->add_flag("--from-run", args->from_run,
                 "Run nothing: fit the software stack's compute efficiency (cluster.compute_efficiency) so that "
                 "the scenario's predicted iteration equals one observed run's (give one of the next three); the "
                 "profile then predicts any layout or scale on the same GPUs (tdpipe sim --profile)");
+  // A fit runs nothing: the options of a measured calibration do not go with it.
+  for (CLI::Option* measured : {backend, steps, warmup, corpus, capacity}) from_run->excludes(measured);
   cmd->add_option("--iteration-time", args->iteration_time, "--from-run: the observed seconds per iteration")
       ->check(CLI::Range(1e-9, 1e7));
   cmd->add_option("--mfu", args->mfu,

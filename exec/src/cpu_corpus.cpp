@@ -58,6 +58,12 @@ std::string Corpus::default_path() {
     const std::filesystem::path installed = self.parent_path().parent_path() / "share/tdpipe/data/tiny_corpus.txt";
     if (std::filesystem::exists(installed)) return installed.string();
   }
+#ifdef TDPIPE_EXEC_INSTALLED_DATA_DIR
+  // A program of its own linking an installed libtdpipe_exec: the install's data.
+  if (const std::string prefix = std::string(TDPIPE_EXEC_INSTALLED_DATA_DIR) + "/tiny_corpus.txt";
+      std::filesystem::exists(prefix))
+    return prefix;
+#endif
   return built;
 }
 

@@ -184,6 +184,9 @@ PY
       && fail "an impossible observation exited 0"
     expect "$out" 'communication and bubbles alone take longer' "impossible observation"
     [ -e "$work/x.json" ] && fail "a failed fit wrote its profile"
+    out=$("$tdpipe" calibrate --from-run scenarios/gpt3-175b-a100-8x8.yaml --iteration-time 20 --steps 3 \
+          -o "$work/x.json" 2>&1) && fail "--from-run with --steps exited 0"
+    expect "$out" 'excludes --from-run' "a measured calibration's option"
     out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --iteration-time 3 -o "$work/x.json" 2>&1) \
       && fail "--iteration-time without --from-run exited 0"
     expect "$out" 'give --from-run too' "observation without --from-run"
