@@ -120,6 +120,35 @@ PY
     out=$("$work/tdpipe" exec tests/exec_cuda/data/tiny-gpt-cpu.json --backend cuda --steps 1 2>&1) && fail "a lone tdpipe ran cuda"
     expect "$out" 'tdpipe-cuda is not next to this tdpipe' "a lone tdpipe"
     ;;
+  trace-perfetto)
+    # Perfetto draws a track's slices as a stack: none may overlap another without nesting.
+    # GPT-3 175B 1F1B as predicted (its batched SEND/RECV pairs shared a track before:
+    # 820 overlaps) and the tiny scenario as executed.
+    "$tdpipe" sim scenarios/gpt3-175b-a100-8x8.yaml --engine analytic --schedule 1f1b --trace-out "$work/p.json" \
+      > /dev/null || fail "sim exited $?"
+    "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --trace-out "$work/m.json" > /dev/null || fail "exec exited $?"
+    for f in "$work/p.json" "$work/m.json"; do
+      python3 - "$f" <<'PY' || fail "Perfetto's rules in $f"
+import json, sys, collections
+t = json.load(open(sys.argv[1]))
+tracks, flows, sends = collections.defaultdict(list), collections.defaultdict(list), 0
+for e in t["traceEvents"]:
+    assert "cat" in e and e["pid"] >= 1 and e["tid"] >= 1, e
+    if e["ph"] == "X":
+        start = round(e["ts"] * 1000)  # as Perfetto reads it: ns, each rounded
+        tracks[(e["pid"], e["tid"])].append((start, start + round(e["dur"] * 1000)))
+        sends += e["args"].get("kind") == "SEND"
+    if e["ph"] in "sf":
+        flows[e["id"]].append(e["ph"])
+bad = 0
+for slices in tracks.values():
+    slices.sort()
+    bad += sum(1 for a, b in zip(slices, slices[1:]) if b[0] < a[1] and b[1] > a[1])
+assert bad == 0, f"{bad} slices overlap without nesting"
+assert sends > 0 and len(flows) == sends and all(v == ["s", "f"] for v in flows.values()), (sends, len(flows))
+PY
+    done
+    ;;
   did-you-mean)
     out=$("$tdpipe" smi scenarios/tiny-gpt-cpu.yaml 2>&1) && fail "a mistyped subcommand exited 0"
     expect "$out" "did you mean 'tdpipe sim'\\?" "subcommand suggestion"
@@ -446,7 +475,7 @@ PY
 import json, sys
 t = json.load(open(sys.argv[1]))
 for e in t["traceEvents"]:
-    if e.get("ph") == "X" and e.get("pid") == 1 and e.get("args", {}).get("kind") in ("F", "B", "W", "BW"):
+    if e.get("ph") == "X" and e.get("pid") == 2 and e.get("args", {}).get("kind") in ("F", "B", "W", "BW"):  # rank 1
         e["dur"] = e["dur"] * 2
 json.dump(t, open(sys.argv[2], "w"))
 PY

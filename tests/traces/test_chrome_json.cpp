@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -286,4 +287,68 @@ TEST_CASE("trace files with duplicate keys or deep nesting are refused", "[trace
                              std::string(100, ']') + "}}";
   CHECK_THROWS_WITH(read_trace(path), Catch::StartsWith(path + ": nested deeper than 64 levels"));
   std::remove(path.c_str());
+}
+
+TEST_CASE("what Perfetto draws as written: pid and tid from 1, a cat on every event, no slices overlapping on a "
+          "track, a flow from each SEND to its RECV",
+          "[traces][chrome]") {
+  // A p2p batch on rank 0 (SEND F0 and RECV B0 start together, end apart) and its peers.
+  Trace t;
+  t.origin = "analytic";
+  t.ranks = 2;
+  const int kCompute = 0, kP2P = 1;
+  auto p2p = [&](int rank, const char* name, ir::OpKind kind, int peer, std::int64_t start, std::int64_t dur) {
+    TraceEvent e = ev(rank, kP2P, name, kind, start, dur);
+    e.peer = peer;
+    e.mb = 0;
+    return e;
+  };
+  t.events = {ev(0, kCompute, "F0", ir::OpKind::F, 0, 10'000),
+              p2p(0, "SEND(F0>r1)", ir::OpKind::SEND, 1, 10'000, 5'000),
+              p2p(0, "RECV(B0<r1)", ir::OpKind::RECV, 1, 10'000, 20'000),
+              ev(0, kCompute, "BW0", ir::OpKind::BW, 30'000, 10'000),
+              p2p(1, "RECV(F0<r0)", ir::OpKind::RECV, 0, 0, 15'000),
+              ev(1, kCompute, "F0", ir::OpKind::F, 15'000, 5'000),
+              ev(1, kCompute, "BW0", ir::OpKind::BW, 20'000, 5'000),
+              p2p(1, "SEND(B0>r0)", ir::OpKind::SEND, 0, 25'000, 5'000)};
+  const json j = to_chrome_json(t);
+  std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> tracks;
+  std::map<int, std::vector<std::pair<int, int>>> flow_ends;  // id → (pid, tid) of s, then f
+  for (const json& e : j["traceEvents"]) {
+    INFO(e.dump());
+    CHECK(e.contains("cat"));
+    CHECK(e["pid"].get<int>() >= 1);
+    CHECK(e["tid"].get<int>() >= 1);
+    if (e["ph"] == "X")
+      tracks[{e["pid"], e["tid"]}].push_back({e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
+    if (e["ph"] == "s" || e["ph"] == "f") flow_ends[e["id"].get<int>()].push_back({e["pid"], e["tid"]});
+  }
+  for (auto& [track, slices] : tracks) {
+    std::sort(slices.begin(), slices.end());
+    for (std::size_t k = 1; k < slices.size(); ++k) {
+      INFO("pid " << track.first << " tid " << track.second);
+      CHECK(slices[k].first >= slices[k - 1].second);
+    }
+  }
+  // Rank 0's batch takes two p2p tracks; three tracks on rank 0 in all.
+  int rank0_tracks = 0;
+  for (const auto& [track, slices] : tracks) rank0_tracks += track.first == 1;
+  CHECK(rank0_tracks == 3);
+  // Two flows: rank 0's SEND to rank 1's RECV and back.
+  REQUIRE(flow_ends.size() == 2);
+  for (const auto& [id, ends] : flow_ends) {
+    REQUIRE(ends.size() == 2);
+    CHECK(ends[0].first != ends[1].first);
+  }
+  // And it reads back as written.
+  CHECK(trace_from_chrome_json(j, "perfetto.json") == t);
+  // A format-1 file (pid = rank, tid = stream, older tdpipe) still reads.
+  json old = j;
+  old["otherData"].erase("format");
+  for (json& e : old["traceEvents"])
+    if (e["ph"] == "X") e["pid"] = e["pid"].get<int>() - 1, e["tid"] = e["args"]["stream"];
+  CHECK(trace_from_chrome_json(old, "old.json") == t);
+  json bad = j;
+  bad["otherData"]["format"] = 9;
+  CHECK_THROWS_WITH(trace_from_chrome_json(bad, "bad.json"), Catch::Contains("otherData.format"));
 }

@@ -1,10 +1,16 @@
 // chrome_json.cpp — Trace ⇄ Chrome Trace Event JSON.
 //
-// Writing: `M` events name each rank (pid) and stream (tid) and fix their order; one
-// `X` event per op with ts/dur in fractional µs (ns / 1000, so that nanoseconds survive
-// the round trip: reading takes llround(µs · 1000)); op fields in `args`; trace-level
-// fields under "otherData" with "generator": "tdpipe".
-// Reading: tdpipe traces map pid → rank and tid → stream directly; any other Chrome
+// Writing (format 2, what Perfetto and chrome://tracing draw as written): pid = rank + 1;
+// each stream gets as many tracks (tids ≥ 1, `M` events name and order them) as it needs
+// so that no two slices of a track overlap — a p2p batch's SENDs and RECVs start together
+// and end apart, so each takes a lane of its own ("p2p", "p2p 2", …); one `X` event per op
+// with a `cat` (its stream), ts/dur in fractional µs (ns / 1000, so that nanoseconds
+// survive the round trip: reading takes llround(µs · 1000)), op fields and its stream in
+// `args`; a flow (`s` → `f`) from each SEND to the RECV it meets (the k-th SEND from rank
+// a to b meets the k-th RECV on b from a, NCCL's rule); trace-level fields under
+// "otherData" with "generator": "tdpipe" and "format": 2.
+// Reading: tdpipe traces map pid → rank and args.stream → stream (format 1, older files:
+// pid → rank and tid → stream directly); any other Chrome
 // trace (Kineto, Perfetto exports, …) has its distinct pids and tids renumbered densely
 // in sorted order, times shifted to start at 0, and each event's kind guessed from its
 // name when the name is a tdpipe op's text form.
@@ -17,6 +23,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -43,17 +50,46 @@ std::string stream_name(int stream) {
   return fmt::format("stream {}", stream);
 }
 
-json event_json(const TraceEvent& e) {
-  json args = {{"mb", e.mb}, {"chunk", e.chunk}, {"slice", e.slice}, {"peer", e.peer}, {"bytes", e.bytes}};
+constexpr int kFormat = 2;  // pid = rank + 1, tracks per stream lane, args.stream
+
+json event_json(const TraceEvent& e, int tid) {
+  json args = {{"mb", e.mb},       {"chunk", e.chunk}, {"slice", e.slice},
+               {"peer", e.peer},   {"bytes", e.bytes}, {"stream", e.stream}};
   if (e.kind) args["kind"] = std::string(ir::to_string(*e.kind));
   if (e.layers_ns >= 0) args["layers_us"] = double(e.layers_ns) / 1000.0;
   return json{{"ph", "X"},
+              {"cat", stream_name(e.stream)},
               {"name", e.name},
-              {"pid", e.rank},
-              {"tid", e.stream},
+              {"pid", e.rank + 1},
+              {"tid", tid},
               {"ts", double(e.start_ns) / 1000.0},
               {"dur", double(e.dur_ns) / 1000.0},
               {"args", std::move(args)}};
+}
+
+/// Each event's lane within its (rank, stream): the first lane whose last slice ended by
+/// the event's start (events taken by start, then the longer first), so that the slices
+/// of a lane never overlap.
+std::vector<int> lanes_of(const Trace& trace) {
+  std::vector<std::size_t> order(trace.events.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const auto& x = trace.events[a];
+    const auto& y = trace.events[b];
+    return std::tie(x.rank, x.stream, x.start_ns) < std::tie(y.rank, y.stream, y.start_ns);
+  });
+  std::vector<int> lane(trace.events.size(), 0);
+  std::map<std::pair<int, int>, std::vector<std::int64_t>> ends;  // (rank, stream) → each lane's end
+  for (std::size_t i : order) {
+    const auto& e = trace.events[i];
+    auto& lanes = ends[{e.rank, e.stream}];
+    std::size_t k = 0;
+    while (k < lanes.size() && lanes[k] > e.start_ns) ++k;
+    if (k == lanes.size()) lanes.push_back(0);
+    lanes[k] = e.start_ns + e.dur_ns;
+    lane[i] = static_cast<int>(k);
+  }
+  return lane;
 }
 
 // A pid or tid: integers keep their numeric order, strings come after them.
@@ -93,6 +129,13 @@ class Reader {
 
     Trace trace;
     const bool native = other && other->contains("generator") && (*other)["generator"] == kGenerator;
+    if (native)
+      if (auto f = other->find("format"); f != other->end()) {
+        if (!f->is_number_integer() || f->get<std::int64_t>() < 1 || f->get<std::int64_t>() > kFormat)
+          fail(fmt::format("otherData.format: expected a tdpipe trace format from 1 to {}, got {}", kFormat,
+                           ir::quote_json(*f)));
+        format_ = f->get<int>();
+      }
     if (other) read_other(*other, trace);
     if (!native) trace.origin = trace.origin.empty() ? "chrome" : trace.origin;
 
@@ -128,7 +171,14 @@ class Reader {
       auto name = ev.find("name");
       if (name == ev.end() || !name->is_string()) fail_event(i, "name", "expected a string");
       e.name = name->get<std::string>();
-      if (native) {
+      if (native && format_ >= 2) {
+        e.rank = int_field(ev, "pid", i) - 1;
+        if (e.rank < 0) fail_event(i, "pid", "expected a rank + 1 ≥ 1 (tdpipe trace format 2)");
+        auto a = ev.find("args");
+        if (a == ev.end() || !a->is_object()) fail_event(i, "args", "expected an object with the stream");
+        read_int_arg(*a, "stream", i, 0, e.stream);
+        if (!a->contains("stream")) fail_event(i, "args.stream", "missing (tdpipe trace format 2 names each op's stream)");
+      } else if (native) {
         e.rank = int_field(ev, "pid", i);
         e.stream = int_field(ev, "tid", i);
       } else {
@@ -285,33 +335,76 @@ class Reader {
 
   const json& root_;
   std::string source_;
+  int format_ = 1;  // tdpipe traces: 1 (older files) or 2 (pid = rank + 1, args.stream)
 };
 
 }  // namespace
 
 nlohmann::json to_chrome_json(const Trace& trace) {
   json events = json::array();
-  std::map<int, std::vector<int>> streams;  // rank → streams used
-  for (int r = 0; r < trace.ranks; ++r) streams[r];
-  for (const auto& e : trace.events) {
-    auto& s = streams[e.rank];
-    if (std::find(s.begin(), s.end(), e.stream) == s.end()) s.push_back(e.stream);
+  const std::vector<int> lane = lanes_of(trace);
+  // rank → its (stream, lane) tracks in order; a track's tid is its place + 1.
+  std::map<int, std::vector<std::pair<int, int>>> tracks;
+  for (int r = 0; r < trace.ranks; ++r) tracks[r];
+  for (std::size_t i = 0; i < trace.events.size(); ++i) {
+    auto& t = tracks[trace.events[i].rank];
+    const std::pair<int, int> key{trace.events[i].stream, lane[i]};
+    if (std::find(t.begin(), t.end(), key) == t.end()) t.push_back(key);
   }
-  for (auto& [rank, ss] : streams) {
-    std::sort(ss.begin(), ss.end());
-    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"tid", 0},
+  auto tid_of = [&](int rank, int stream, int l) {
+    const auto& t = tracks.at(rank);
+    return static_cast<int>(std::find(t.begin(), t.end(), std::pair{stream, l}) - t.begin()) + 1;
+  };
+  for (auto& [rank, ts] : tracks) {
+    std::sort(ts.begin(), ts.end());
+    events.push_back({{"ph", "M"}, {"cat", "__metadata"}, {"name", "process_name"}, {"pid", rank + 1}, {"tid", 1},
                       {"args", {{"name", fmt::format("rank {}", rank)}}}});
-    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"tid", 0},
-                      {"args", {{"sort_index", rank}}}});
-    for (int s : ss) {
-      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", s},
-                        {"args", {{"name", stream_name(s)}}}});
-      events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", rank}, {"tid", s},
-                        {"args", {{"sort_index", s}}}});
+    events.push_back({{"ph", "M"}, {"cat", "__metadata"}, {"name", "process_sort_index"}, {"pid", rank + 1},
+                      {"tid", 1}, {"args", {{"sort_index", rank}}}});
+    for (std::size_t k = 0; k < ts.size(); ++k) {
+      const auto [s, l] = ts[k];
+      const int tid = static_cast<int>(k) + 1;
+      events.push_back({{"ph", "M"}, {"cat", "__metadata"}, {"name", "thread_name"}, {"pid", rank + 1}, {"tid", tid},
+                        {"args", {{"name", l == 0 ? stream_name(s) : fmt::format("{} {}", stream_name(s), l + 1)}}}});
+      events.push_back({{"ph", "M"}, {"cat", "__metadata"}, {"name", "thread_sort_index"}, {"pid", rank + 1},
+                        {"tid", tid}, {"args", {{"sort_index", tid}}}});
     }
   }
-  for (const auto& e : trace.events) events.push_back(event_json(e));
+  for (std::size_t i = 0; i < trace.events.size(); ++i) {
+    const auto& e = trace.events[i];
+    events.push_back(event_json(e, tid_of(e.rank, e.stream, lane[i])));
+  }
+  // Flows: the k-th SEND from a to b meets the k-th RECV on b from a (in start order).
+  std::map<std::pair<int, int>, std::vector<std::size_t>> sends, recvs;  // (from, to) → events
+  for (std::size_t i = 0; i < trace.events.size(); ++i) {
+    const auto& e = trace.events[i];
+    if (!e.kind || e.peer < 0) continue;
+    if (*e.kind == ir::OpKind::SEND) sends[{e.rank, e.peer}].push_back(i);
+    if (*e.kind == ir::OpKind::RECV) recvs[{e.peer, e.rank}].push_back(i);
+  }
+  auto by_start = [&](std::size_t a, std::size_t b) { return trace.events[a].start_ns < trace.events[b].start_ns; };
+  int flow = 0;
+  for (auto& [pair, s] : sends) {
+    auto it = recvs.find(pair);
+    if (it == recvs.end()) continue;
+    auto& r = it->second;
+    std::stable_sort(s.begin(), s.end(), by_start);
+    std::stable_sort(r.begin(), r.end(), by_start);
+    for (std::size_t k = 0; k < std::min(s.size(), r.size()); ++k) {
+      const auto& a = trace.events[s[k]];
+      const auto& b = trace.events[r[k]];
+      // Each end inside its slice (the middle), so that it binds to it.
+      const double at_a = (double(a.start_ns) + double(a.dur_ns) / 2) / 1000.0;
+      const double at_b = (double(b.start_ns) + double(b.dur_ns) / 2) / 1000.0;
+      ++flow;
+      events.push_back({{"ph", "s"}, {"cat", "p2p"}, {"name", "p2p"}, {"id", flow}, {"pid", a.rank + 1},
+                        {"tid", tid_of(a.rank, a.stream, lane[s[k]])}, {"ts", at_a}});
+      events.push_back({{"ph", "f"}, {"bp", "e"}, {"cat", "p2p"}, {"name", "p2p"}, {"id", flow}, {"pid", b.rank + 1},
+                        {"tid", tid_of(b.rank, b.stream, lane[r[k]])}, {"ts", std::max(at_a, at_b)}});
+    }
+  }
   json other = {{"generator", kGenerator},
+                {"format", kFormat},
                 {"origin", trace.origin},
                 {"schedule", trace.schedule},
                 {"scenario", trace.scenario},
