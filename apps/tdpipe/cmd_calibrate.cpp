@@ -68,6 +68,12 @@ void run_calibrate_from_run(const CalibrateArgs& a) {
   }
   const double efficiency = fit.efficiency;
   sc.cluster.compute_efficiency = efficiency;
+  // The cost model's efficiencies are what well-tuned kernels reach (docs/BENCHMARKS.md);
+  // a stack much faster than that more likely means an observation of another layout.
+  if (efficiency > 1.25)
+    fmt::print(stderr, "warning: the fit says this stack runs compute {:.0f} % faster than the cost model's "
+                       "efficiencies allow; check the observation and the scenario's layout (batch, t, p, d, "
+                       "recompute) against the run's\n", 100 * (efficiency - 1));
 
   traces::Profile prof;
   prof.compute_efficiency = efficiency;

@@ -174,6 +174,9 @@ void run_search(const SearchArgs& a) {
                               "which holds for any layout; a measured op profile holds for its own layout only",
                               a.profile));
     traces::apply_profile_to_scenario(profile, sc);
+    if (lead)
+      fmt::print(stderr, "note: {}: compute efficiency {:.4f} (fitted on {})\n", a.profile, profile.compute_efficiency,
+                 profile.platform.device);
   }
   planner::SearchOptions o;
   o.gpus = a.gpus;

@@ -328,6 +328,9 @@ void run_sim(const SimArgs& a) {
   if (!a.profile.empty()) {
     profile = traces::read_profile(a.profile);
     traces::apply_profile_to_scenario(*profile, sc);  // a stack profile's compute efficiency
+    if (profile->compute_efficiency > 0)
+      fmt::print(stderr, "note: {}: compute efficiency {:.4f} (fitted on {})\n", a.profile,
+                 profile->compute_efficiency, profile->platform.device);
   }
   const FaultRun faults = parse_faults(a, sc);
   const auto runs = runs_for(a, sc);

@@ -177,9 +177,13 @@ TEST_CASE("a software stack's profile (calibrate --from-run) round-trips and app
   CHECK(sc.cluster.compute_efficiency == 0.87);
   sc.cluster.groups.push_back({h200, 1});
   sc.cluster.compute_efficiency = 1;
+  // Part of a mixed cluster fitted: one efficiency holds for all of it, so it is refused.
   CHECK_THROWS_WITH(apply_profile_to_scenario(p, sc),
-                    Catch::Contains("fitted on a100-80g,h100-80g GPUs, but scenario 'other' has h200"));
+                    Catch::Contains("fitted on a100-80g,h100-80g GPUs, but scenario 'other' also has h200") &&
+                        Catch::Contains("cannot price a mixed one"));
   CHECK(sc.cluster.compute_efficiency == 1);
+  sc.cluster.groups = {{h200, 2}};
+  CHECK_THROWS_WITH(apply_profile_to_scenario(p, sc), Catch::Contains("calibrate from a run on h200"));
   // A measured op profile leaves the scenario alone.
   Profile ops = sample();
   apply_profile_to_scenario(ops, sc);

@@ -120,17 +120,27 @@ void apply_profile_to_scenario(const Profile& profile, ir::Scenario& scenario) {
     throw Error(fmt::format("a compute-efficiency profile prices the cost model's kernels; scenario '{}' is synthetic "
                             "(its op times are given): there is nothing to apply it to", scenario.name));
   const std::string& fitted = profile.platform.device;
-  for (const auto& g : scenario.cluster.groups) {
-    bool known = false;
+  auto fitted_on = [&](const std::string& gpu) {
     for (std::size_t at = 0; at <= fitted.size();) {
       const std::size_t end = std::min(fitted.find(',', at), fitted.size());
-      known = known || fitted.substr(at, end - at) == g.gpu.name;
+      if (fitted.substr(at, end - at) == gpu) return true;
       at = end + 1;
     }
-    if (!known)
-      throw Error(fmt::format("profile's compute efficiency was fitted on {} GPUs, but scenario '{}' has {}: a "
-                              "software stack's speed does not carry to another GPU; calibrate from a run on {}",
-                              fitted.empty() ? "unnamed" : fitted, scenario.name, g.gpu.name, g.gpu.name));
+    return false;
+  };
+  bool some = false;
+  for (const auto& g : scenario.cluster.groups) some = some || fitted_on(g.gpu.name);
+  for (const auto& g : scenario.cluster.groups) {
+    if (fitted_on(g.gpu.name)) continue;
+    if (some)  // a mixed cluster, part of it fitted: one efficiency holds for the whole cluster
+      throw Error(fmt::format("profile's compute efficiency was fitted on {} GPUs, but scenario '{}' also has {}: "
+                              "one compute_efficiency holds for a whole cluster, so a profile fitted on one GPU type "
+                              "cannot price a mixed one; fit on a run of this mixed cluster, or set "
+                              "cluster.compute_efficiency in the scenario if one value suits both",
+                              fitted, scenario.name, g.gpu.name));
+    throw Error(fmt::format("profile's compute efficiency was fitted on {} GPUs, but scenario '{}' has {}: a "
+                            "software stack's speed does not carry to another GPU; calibrate from a run on {}",
+                            fitted.empty() ? "unnamed" : fitted, scenario.name, g.gpu.name, g.gpu.name));
   }
   scenario.cluster.compute_efficiency = profile.compute_efficiency;
 }
