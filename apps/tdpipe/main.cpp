@@ -67,10 +67,19 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     tdpipe::ir::finish_stdout();
   } catch (const CLI::ParseError& e) {
+    const auto& args = tdpipe::apps::invocation();
+    const std::string hint = tdpipe::apps::did_you_mean(app, args);
+    // A word where the subcommand goes that is none: say that, not "a subcommand is required".
+    const auto is_command = [&app](const std::string& word) {
+      return !app.get_subcommands([&word](const CLI::App* s) { return s->get_name() == word; }).empty();
+    };
+    if (e.get_exit_code() != 0 && args.size() > 1 && !args[1].empty() && args[1][0] != '-' && !is_command(args[1])) {
+      std::cerr << "tdpipe: '" << args[1] << "' is not a tdpipe command" << (hint.empty() ? "" : "; ") << hint
+                << "\nRun with --help for the commands.\n";
+      return e.get_exit_code();
+    }
     const int rc = app.exit(e);
-    if (rc != 0)
-      if (const std::string hint = tdpipe::apps::did_you_mean(app, tdpipe::apps::invocation()); !hint.empty())
-        std::cerr << "tdpipe: " << hint << "\n";
+    if (rc != 0 && !hint.empty()) std::cerr << "tdpipe: " << hint << "\n";
     return rc;
   } catch (const tdpipe::Error& e) {
     std::cerr << "tdpipe: error: " << e.what() << "\n";

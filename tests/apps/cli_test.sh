@@ -152,6 +152,8 @@ PY
   did-you-mean)
     out=$("$tdpipe" smi scenarios/tiny-gpt-cpu.yaml 2>&1) && fail "a mistyped subcommand exited 0"
     expect "$out" "did you mean 'tdpipe sim'\\?" "subcommand suggestion"
+    expect "$out" "'smi' is not a tdpipe command" "what is wrong"
+    grep -q "A subcommand is required" <<<"$out" && fail "a mistyped subcommand told it gave none: $out"
     out=$("$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --enigne analytic 2>&1) && fail "a mistyped flag exited 0"
     expect "$out" "did you mean --engine for --enigne\\?" "flag suggestion"
     out=$("$tdpipe" search scenarios/tiny-gpt-cpu.yaml --top=3 --objectiv time 2>&1) && fail "a mistyped flag exited 0"
