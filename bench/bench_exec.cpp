@@ -76,7 +76,8 @@ double null_iteration(const ir::Plan& plan, exec::Runtime runtime, int threads, 
         const auto& group = groups[static_cast<std::size_t>(g)];
         std::vector<exec::RankSlot> slots;
         for (int r : group)
-          slots.push_back({r, r, exec::Backend{computes[r].get(), transports[r].get(), &clock, nullptr, nullptr, runtime}});
+          slots.push_back(
+              {r, r, exec::Backend{computes[r].get(), transports[r].get(), &clock, nullptr, nullptr, runtime}});
         exec::run_rank_steps(plan, slots, step, control);
       });
     for (auto& t : pool) t.join();

@@ -80,7 +80,8 @@ void run_calibrate_from_run(const CalibrateArgs& a) {
   prof.platform.backend = "from-run";
   std::string gpus;
   for (const auto& g : sc.cluster.groups)
-    if (("," + gpus + ",").find("," + g.gpu.name + ",") == std::string::npos) gpus += (gpus.empty() ? "" : ",") + g.gpu.name;
+    if (("," + gpus + ",").find("," + g.gpu.name + ",") == std::string::npos)
+      gpus += (gpus.empty() ? "" : ",") + g.gpu.name;
   prof.platform.device = gpus;
   prof.platform.description = fmt::format("software stack fitted to an observed iteration of {:.6g} s of {} ({}, "
                                           "t={} p={} d={}, {} GPUs)", target, sc.name, schedule, sc.parallel.tensor,

@@ -41,7 +41,8 @@ std::string did_you_mean(const CLI::App& app, const std::vector<std::string>& ar
     const std::string flag = args[i].substr(0, args[i].find('='));
     if (flag.rfind("--", 0) != 0 || flag == "--" || std::find(longs.begin(), longs.end(), flag) != longs.end())
       continue;
-    if (const auto c = ir::closest(flag, longs)) out += fmt::format("{}did you mean {} for {}?", out.empty() ? "" : " ", *c, flag);
+    if (const auto c = ir::closest(flag, longs))
+      out += fmt::format("{}did you mean {} for {}?", out.empty() ? "" : " ", *c, flag);
   }
   return out;
 }
