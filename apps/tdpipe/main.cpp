@@ -18,18 +18,29 @@ std::vector<std::string> g_invocation;
 void set_invocation(int argc, char** argv) { g_invocation.assign(argv, argv + argc); }
 const std::vector<std::string>& invocation() { return g_invocation; }
 
+namespace {
+const auto all = [](const auto*) { return true; };
+
+/// The word where the subcommand goes (argv[1]), "" when that is an option or missing.
+std::string command_word(const std::vector<std::string>& args) {
+  return args.size() < 2 || args[1].empty() || args[1][0] == '-' ? "" : args[1];
+}
+
+/// The subcommand named `word`, or null.
+const CLI::App* subcommand_named(const CLI::App& app, const std::string& word) {
+  for (const CLI::App* s : app.get_subcommands(all))
+    if (s->get_name() == word) return s;
+  return nullptr;
+}
+
 /// After a parse error: the subcommand, or each long option of the subcommand, that a
 /// mistyped one most likely meant ("" when none is close).
 std::string did_you_mean(const CLI::App& app, const std::vector<std::string>& args) {
-  const auto all = [](const auto*) { return true; };
-  if (args.size() < 2 || args[1].empty() || args[1][0] == '-') return "";
-  const CLI::App* sub = nullptr;
-  std::vector<std::string> names;
-  for (const CLI::App* s : app.get_subcommands(all)) {
-    names.push_back(s->get_name());
-    if (s->get_name() == args[1]) sub = s;
-  }
+  if (command_word(args).empty()) return "";
+  const CLI::App* sub = subcommand_named(app, args[1]);
   if (!sub) {
+    std::vector<std::string> names;
+    for (const CLI::App* s : app.get_subcommands(all)) names.push_back(s->get_name());
     const auto c = ir::closest(args[1], names);
     return c ? fmt::format("did you mean 'tdpipe {}'?", *c) : "";
   }
@@ -46,6 +57,7 @@ std::string did_you_mean(const CLI::App& app, const std::vector<std::string>& ar
   }
   return out;
 }
+}  // namespace
 }  // namespace tdpipe::apps
 
 int main(int argc, char** argv) {
@@ -71,10 +83,8 @@ int main(int argc, char** argv) {
     const auto& args = tdpipe::apps::invocation();
     const std::string hint = tdpipe::apps::did_you_mean(app, args);
     // A word where the subcommand goes that is none: say that, not "a subcommand is required".
-    const auto is_command = [&app](const std::string& word) {
-      return !app.get_subcommands([&word](const CLI::App* s) { return s->get_name() == word; }).empty();
-    };
-    if (e.get_exit_code() != 0 && args.size() > 1 && !args[1].empty() && args[1][0] != '-' && !is_command(args[1])) {
+    if (const std::string word = tdpipe::apps::command_word(args);
+        e.get_exit_code() != 0 && !word.empty() && !tdpipe::apps::subcommand_named(app, word)) {
       std::cerr << "tdpipe: '" << args[1] << "' is not a tdpipe command" << (hint.empty() ? "" : "; ") << hint
                 << "\nRun with --help for the commands.\n";
       return e.get_exit_code();

@@ -109,13 +109,11 @@ AutoCosts auto_costs(const ir::Scenario& sc, const ScheduleParams& params) {
   for (int r = 0; r < p; ++r) {
     double per_mb = 0;
     for (int s = 0; s < S; ++s) per_mb += c.f_bytes[r][s];
-    double b = 0;
-    if (budget == "1f1b") b = std::min(p, m) * per_mb;
-    else if (budget == "2x1f1b") b = 2.0 * std::min(p, m) * per_mb;
-    else if (auto gib = ir::memory_budget_gib(budget)) b = *gib * double(1u << 30);
-    else if (sc.synthetic || no_bytes) b = m * per_mb;  // "max" without a device: everything
-    else b = gpu_of_rank(sc, r).hbm_bytes - memory[r].weights_bytes - memory[r].grads_bytes -
-             memory[r].optimizer_bytes;
+    // "max" without a device: everything.
+    const double free = sc.synthetic || no_bytes ? m * per_mb
+                                                 : gpu_of_rank(sc, r).hbm_bytes - memory[r].weights_bytes -
+                                                       memory[r].grads_bytes - memory[r].optimizer_bytes;
+    const double b = auto_budget_bytes(sc, p, m, per_mb, free);
     if (!(b >= per_mb))
       throw Error(fmt::format("{}: parallel.memory_budget {}: rank {} may hold {:.2f} GiB of activations but one "
                               "micro-batch needs {:.2f} GiB; expected a larger budget (or more pipeline stages, "

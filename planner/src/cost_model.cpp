@@ -47,6 +47,8 @@
 // the 22B and 530B scenarios (which hide pipeline transfers behind compute).
 #include "tdpipe/planner/cost_model.hpp"
 
+#include "tdpipe/ir/scenario_check.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -943,6 +945,14 @@ MemoryEstimate static_memory(const ir::Scenario& sc, double params, int layers) 
   m.weights_bytes = resident * per.weights_bytes;
   m.optimizer_bytes = resident * per.optimizer_bytes;
   return m;
+}
+
+double auto_budget_bytes(const ir::Scenario& sc, int p, int m, double per_mb, double device_free_bytes) {
+  const std::string& budget = sc.parallel.memory_budget;
+  if (budget == "1f1b") return std::min(p, m) * per_mb;
+  if (budget == "2x1f1b") return 2.0 * std::min(p, m) * per_mb;
+  if (auto gib = ir::memory_budget_gib(budget)) return *gib * double(1u << 30);
+  return device_free_bytes;
 }
 
 std::vector<MemoryEstimate> memory_per_rank(const ir::Plan& plan, const ir::Scenario& sc) {

@@ -235,12 +235,8 @@ double memory_area_seconds(const ir::Scenario& sc, const std::string& schedule, 
     per_mb += act;
     area += act * occ;
   }
-  const std::string& name = sc.parallel.memory_budget;
-  double budget = 0;
-  if (name == "1f1b") budget = std::min(s.p, s.m) * per_mb;
-  else if (name == "2x1f1b") budget = 2.0 * std::min(s.p, s.m) * per_mb;
-  else if (auto gib = ir::memory_budget_gib(name)) budget = *gib * double(1u << 30);
-  else budget = s.gpu[r].hbm_bytes - static_memory(sc, s.params[r], rank_layers(s, r)).total_bytes();
+  const double budget = auto_budget_bytes(
+      sc, s.p, s.m, per_mb, s.gpu[r].hbm_bytes - static_memory(sc, s.params[r], rank_layers(s, r)).total_bytes());
   if (!(budget >= per_mb) || !(area > 0)) return 0;  // (build_plan refuses it, naming why)
   return s.m * area / (1.01 * budget);
 }

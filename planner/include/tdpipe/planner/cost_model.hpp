@@ -211,6 +211,13 @@ MemoryEstimate static_bytes_per_param(const ir::Scenario& scenario);
 /// kOffloadWindow layers only (gradients whole). memory_per_rank's count, and the search's.
 MemoryEstimate static_memory(const ir::Scenario& scenario, double params, int layers);
 
+/// Activation bytes the `auto` scheduler lets a rank keep under parallel.memory_budget:
+/// "1f1b" min(p, m) micro-batches of `per_microbatch_bytes`, "2x1f1b" twice that, a number
+/// of GiB, or "max" `device_free_bytes` (HBM less weights, gradients and optimizer state).
+/// auto_costs schedules with it; the search bounds with it.
+double auto_budget_bytes(const ir::Scenario& scenario, int p, int m, double per_microbatch_bytes,
+                         double device_free_bytes);
+
 /// Peak memory per pipeline rank for a plan with costs (weights, grads, Adam
 /// states, peak activations from the plan's in-flight count).
 /// Bytes per parameter: weights 2, gradients 2, Adam fp32 master + 2 moments 12 (16 in
