@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
+# Optional: HTA for cli.trace-hta (PyPI); without it that test is reported as skipped.
+./scripts/install-deps.sh --python || echo "test.sh: no Python environment with HTA; cli.trace-hta will be skipped" >&2
 cmake --preset default >/dev/null
 cmake --build --preset default
 ctest --preset default -j "$(nproc)" "$@"

@@ -17,6 +17,7 @@
 #include "tdpipe/planner/cost_model.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
+#include "tdpipe/traces/trace_io.hpp"
 
 namespace tdpipe::apps {
 namespace {
@@ -91,7 +92,7 @@ void add_balance_command(CLI::App& app) {
   cmd->add_option("--trace", args->traces,
                   "A measured (tdpipe exec --trace-out) or simulated trace of the scenario's plan; repeat for "
                   "successive iterations (without: the cost model's own stage times)")
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   cmd->add_option("--schedule", args->schedule, "Schedule the traces ran (default: the scenario's)")
       ->check(CLI::IsMember(planner::schedule_names()));
   cmd->add_option("--alpha", args->alpha, "EWMA weight of each newer trace (0 < alpha <= 1)")->capture_default_str();

@@ -7,6 +7,7 @@
 
 #include "commands.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
+#include "tdpipe/traces/trace_io.hpp"
 #include "tdpipe/traces/compare.hpp"
 
 namespace tdpipe::apps {
@@ -37,10 +38,12 @@ void add_compare_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("compare", "Compare a predicted trace with a measured one");
   cmd->add_option("predicted", args->predicted, "Predicted trace (tdpipe sim --trace-out)")
       ->required()
-      ->check(CLI::ExistingFile);
-  cmd->add_option("measured", args->measured, "Measured trace (tdpipe exec --trace-out)")
+      ->check(CLI::ExistingPath);
+  cmd->add_option("measured", args->measured,
+                  "Measured trace: tdpipe exec --trace-out, a Kineto file or folder of per-rank files (PyTorch "
+                  "profiler; ranges named like tdpipe ops), or an Nsight Systems SQLite export (NVTX ranges)")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   cmd->add_flag("--json", args->json, "Print JSON instead of text");
   cmd->add_option("--top", args->top, "How many ops with the largest start drift to list")
       ->check(CLI::NonNegativeNumber)

@@ -20,6 +20,7 @@
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
+#include "tdpipe/traces/trace_io.hpp"
 
 namespace tdpipe::apps {
 namespace {
@@ -35,6 +36,7 @@ struct ExecArgs {
   std::string corpus;
   double watchdog = 30;
   std::string trace_out;
+  std::string trace_format = "chrome";
   bool json = false;
   bool check = false;
   bool pin = false, no_pin = false;    // cpu backend
@@ -101,6 +103,7 @@ void run_exec(const ExecArgs& a) {
     c.schedule = a.schedule;
     c.transport = a.transport;
     c.trace_out = a.trace_out;
+    c.trace_format = a.trace_format;
     c.corpus = a.corpus;
     c.slices = a.slices;
     c.steps = a.steps;
@@ -149,7 +152,10 @@ void run_exec(const ExecArgs& a) {
                        return exec::cpu::run_cpu(segment, segment_options(opt, steps, start, speed));
                      });
   }
-  if (!a.trace_out.empty()) traces::write_trace(r.trace, a.trace_out);
+  if (!a.trace_out.empty()) {
+    r.trace.metadata["step"] = std::to_string(r.state.steps_done - 1);  // the last step's index
+    traces::write_trace(r.trace, a.trace_out, traces::trace_format_from_string(a.trace_format));
+  }
 
   const double iteration = steady_iteration_seconds(r.iteration_seconds);
   const double l2 = exec::cpu::weights_l2(r.weights);
@@ -199,7 +205,13 @@ void add_exec_command(CLI::App& app) {
             return {};
           },
           "SECONDS in [1, 1e6]"));
-  cmd->add_option("--trace-out", args->trace_out, "Write the last step's measured trace (Chrome JSON)");
+  cmd->add_option("--trace-out", args->trace_out,
+                  "Write the last step's measured trace: a file (chrome) or a folder (kineto)");
+  cmd->add_option("--trace-format", args->trace_format,
+                  "chrome: one Chrome/Perfetto JSON file; kineto: a folder of rank<N>.json Kineto files, "
+                  "one per rank, which HTA (Holistic Trace Analysis) reads")
+      ->check(CLI::IsMember({"chrome", "kineto"}))
+      ->capture_default_str();
   cmd->add_option("--transport", args->transport,
                   "cuda backend: loopback (every stage on one GPU) or nccl (one process per GPU)")
       ->check(CLI::IsMember({"loopback", "nccl"}));

@@ -20,6 +20,8 @@
 #include "tdpipe/exec/cuda/run.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
+#include "tdpipe/traces/kineto.hpp"
+#include "tdpipe/traces/trace_io.hpp"
 #include "tdpipe/traces/profile.hpp"
 
 namespace tdpipe::apps {
@@ -61,7 +63,12 @@ void run_exec_cuda(const CudaExecRequest& a) {
   if (!a.trace_out.empty()) {
     // Without MPI each NCCL process has only its own events: one file per process.
     const bool own_file = !r.root || (r.world_size > 1 && !exec::cuda::built_with_mpi());
-    traces::write_trace(r.run.trace, own_file ? fmt::format("{}.rank{}", a.trace_out, r.world_rank) : a.trace_out);
+    r.run.trace.metadata["step"] = std::to_string(r.run.state.steps_done - 1);  // the last step's index
+    const traces::TraceFormat format = traces::trace_format_from_string(a.trace_format);
+    if (format == traces::TraceFormat::Kineto)  // a folder of per-rank files: each process writes its own
+      traces::write_kineto_dir(r.run.trace, a.trace_out, own_file ? r.world_rank : -1);
+    else
+      traces::write_trace(r.run.trace, own_file ? fmt::format("{}.rank{}", a.trace_out, r.world_rank) : a.trace_out);
   }
   if (!r.root) return;
 

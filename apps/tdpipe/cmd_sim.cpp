@@ -16,6 +16,7 @@
 #include "tdpipe/planner/schedule_report.hpp"
 #include "tdpipe/planner/shared_device.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
+#include "tdpipe/traces/trace_io.hpp"
 #include "tdpipe/traces/profile.hpp"
 #ifdef TDPIPE_HAVE_SIMGRID
 #include <chrono>

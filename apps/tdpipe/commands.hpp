@@ -57,6 +57,7 @@ void add_compare_command(CLI::App& app);  // cmd_compare.cpp
 void add_balance_command(CLI::App& app);  // cmd_balance.cpp
 void add_search_command(CLI::App& app);   // cmd_search.cpp
 void add_import_command(CLI::App& app);   // cmd_import.cpp
+void add_trace_command(CLI::App& app);    // cmd_trace.cpp
 void add_completion_command(CLI::App& app);  // cmd_completion.cpp: after the others
 #ifdef TDPIPE_HAVE_EXEC
 void add_exec_command(CLI::App& app);       // cmd_exec.cpp

@@ -13,6 +13,7 @@ namespace tdpipe::apps {
 
 struct CudaExecRequest {
   std::string scenario, schedule, transport = "loopback", trace_out, corpus;
+  std::string trace_format = "chrome";  ///< --trace-format
   std::string rank_speed;  ///< --rank-speed text
   int slices = 0, steps = 20, device = -1;
   int balance_every = 0;   ///< --balance-every (loopback)

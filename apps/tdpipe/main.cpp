@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   tdpipe::apps::add_balance_command(app);
   tdpipe::apps::add_search_command(app);
   tdpipe::apps::add_import_command(app);
+  tdpipe::apps::add_trace_command(app);
 #ifdef TDPIPE_HAVE_EXEC
   tdpipe::apps::add_exec_command(app);
   tdpipe::apps::add_calibrate_command(app);

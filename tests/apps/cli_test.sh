@@ -149,6 +149,85 @@ assert sends > 0 and len(flows) == sends and all(v == ["s", "f"] for v in flows.
 PY
     done
     ;;
+  trace-kineto)
+    # Measured traces as Kineto files per rank (what HTA reads), and back; the shipped
+    # torch.profiler trace of the tiny 1F1B plan as the measured side of a comparison.
+    "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --trace-out "$work/k" --trace-format kineto > /dev/null \
+      || fail "exec --trace-format kineto exited $?"
+    [ -f "$work/k/rank0.json" ] && [ -f "$work/k/rank1.json" ] || fail "expected rank0.json and rank1.json in $work/k"
+    python3 - "$work/k" <<'PY' || fail "Kineto layout"
+import json, sys, collections
+for r in (0, 1):
+    t = json.load(open(f"{sys.argv[1]}/rank{r}.json"))
+    assert t["distributedInfo"]["rank"] == r and t["distributedInfo"]["world_size"] == 2, t["distributedInfo"]
+    x = [e for e in t["traceEvents"] if e["ph"] == "X"]
+    steps = [e for e in x if e["name"].startswith("ProfilerStep#")]
+    assert len(steps) == 1 and steps[0]["name"] == "ProfilerStep#1" and steps[0]["cat"] == "user_annotation", steps
+    kernels = [e for e in x if e["cat"] == "kernel"]
+    assert len(kernels) == 17, len(kernels)
+    for e in kernels:
+        a = e["args"]
+        assert a["device"] == r and a["stream"] == e["tid"] >= 7, e
+        if a["kind"] in ("SEND", "RECV"):
+            assert e["name"] == "ncclDevKernel_SendRecv" and "(" in a["op"], e
+        else:
+            assert e["name"] == a["op"], e
+    by_stream = collections.defaultdict(list)
+    for e in kernels:
+        by_stream[e["args"]["stream"]].append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_stream.values():  # a stream's kernels never overlap
+        spans.sort()
+        assert all(b[0] >= a[1] - 1e-6 for a, b in zip(spans, spans[1:])), spans
+PY
+    "$tdpipe" trace convert "$work/k" "$work/back.json" > /dev/null || fail "convert to chrome exited $?"
+    "$tdpipe" trace convert "$work/back.json" "$work/k2" --to kineto > /dev/null || fail "convert to kineto exited $?"
+    cmp "$work/k/rank0.json" "$work/k2/rank0.json" || fail "kineto → chrome → kineto changed rank0.json"
+    cmp "$work/k/rank1.json" "$work/k2/rank1.json" || fail "kineto → chrome → kineto changed rank1.json"
+    a=$("$tdpipe" trace stats "$work/k") || fail "stats exited $?"
+    b=$("$tdpipe" trace stats "$work/back.json") || fail "stats exited $?"
+    [ "$(tail -n +2 <<<"$a")" = "$(tail -n +2 <<<"$b")" ] || fail "the same trace's stats differ:"$'\n'"$a"$'\n'"$b"
+    expect "$a" "cpu trace, schedule 1f1b, scenario tiny-gpt-cpu, 2 ranks, 34 events" "stats header"
+    # torch.profiler's own trace: record_function ranges named like the plan's ops.
+    sample=traces/samples/torch-cpu/tiny-gpt-cpu-1f1b
+    "$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --trace-out "$work/p.json" > /dev/null || fail "sim exited $?"
+    "$tdpipe" compare "$work/p.json" "$sample" --json > "$work/c.json" || fail "compare with the torch trace exited $?"
+    python3 - "$work/c.json" <<'PY' || fail "the torch.profiler trace pairs op for op with the plan"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c["measured_origin"] == "kineto", c["measured_origin"]
+assert c["matched_ops"] == 34 and c["only_predicted"] == 0 and c["only_measured"] == 0, c
+assert 0 < c["measured_iteration_time"] < 1, c["measured_iteration_time"]
+PY
+    "$tdpipe" trace stats "$sample" --json > "$work/s.json" || fail "stats of the torch trace exited $?"
+    python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); assert (s["origin"], s["ranks"], s["events"]) == ("kineto", 2, 34), s' \
+      "$work/s.json" || fail "the torch trace's last ProfilerStep: 17 ops on each of 2 ranks"
+    # A folder that is not per-rank Kineto files says so.
+    mkdir "$work/bad" && cp "$work/p.json" "$work/bad/x.json"
+    out=$("$tdpipe" trace stats "$work/bad" 2>&1) && fail "a folder of Chrome traces was read"
+    expect "$out" "x.json: not a Kineto trace" "names the file"
+    mkdir "$work/dup" && cp "$work/k/rank0.json" "$work/dup/a.json" && cp "$work/k/rank0.json" "$work/dup/b.json"
+    out=$("$tdpipe" compare "$work/p.json" "$work/dup" 2>&1) && fail "two files of one rank were read"
+    expect "$out" "b.json: distributedInfo.rank 0 is also .*a.json's" "names both files"
+    ;;
+  trace-hta)
+    # Holistic Trace Analysis itself on tdpipe's Kineto files: its temporal breakdown
+    # must be tdpipe's own per-rank metrics. Needs HTA (scripts/install-deps.sh --python).
+    py=${TDPIPE_PYTHON:-.venv/bin/python}
+    if ! "$py" -c "import hta.trace_analysis" 2> /dev/null; then
+      echo "SKIP: Holistic Trace Analysis is not installed for $py (scripts/install-deps.sh --python installs it)"
+      exit 77
+    fi
+    "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --trace-out "$work/k" --trace-format kineto > /dev/null \
+      || fail "exec exited $?"
+    "$tdpipe" trace stats "$work/k" --json > "$work/k.json" || fail "stats exited $?"
+    "$tdpipe" sim scenarios/gpt3-175b-a100-8x8.yaml --engine analytic --schedule zb-h1 --trace-out "$work/p.json" \
+      > /dev/null || fail "sim exited $?"
+    "$tdpipe" trace convert "$work/p.json" "$work/pk" --to kineto > /dev/null || fail "convert exited $?"
+    "$tdpipe" trace stats "$work/pk" --json > "$work/pk.json" || fail "stats exited $?"
+    for d in k pk; do
+      "$py" tests/apps/hta_check.py "$work/$d" "$work/$d.json" || fail "HTA on $d disagrees with tdpipe trace stats"
+    done
+    ;;
   did-you-mean)
     out=$("$tdpipe" smi scenarios/tiny-gpt-cpu.yaml 2>&1) && fail "a mistyped subcommand exited 0"
     expect "$out" "did you mean 'tdpipe sim'\\?" "subcommand suggestion"

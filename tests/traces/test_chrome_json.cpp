@@ -12,6 +12,7 @@
 
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
+#include "tdpipe/traces/trace_io.hpp"
 #include "tdpipe/traces/op_name.hpp"
 
 using namespace tdpipe;

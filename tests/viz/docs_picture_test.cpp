@@ -8,6 +8,7 @@
 
 #include "synthetic.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
+#include "tdpipe/traces/trace_io.hpp"
 
 TEST_CASE("write the synthetic traces for docs/viewer.png", "[.docs]") {
   const char* dir = std::getenv("TDPIPE_VIZ_DOCS_DIR");

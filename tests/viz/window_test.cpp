@@ -15,6 +15,7 @@
 
 #include "synthetic.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
+#include "tdpipe/traces/trace_io.hpp"
 #include "tdpipe/viz/charts_panel.hpp"
 #include "tdpipe/viz/legend_bar.hpp"
 #include "tdpipe/viz/metrics_table.hpp"

@@ -67,31 +67,6 @@ json event_json(const TraceEvent& e, int tid) {
               {"args", std::move(args)}};
 }
 
-/// Each event's lane within its (rank, stream): the first lane whose last slice ended by
-/// the event's start (events taken by start, then the longer first), so that the slices
-/// of a lane never overlap.
-std::vector<int> lanes_of(const Trace& trace) {
-  std::vector<std::size_t> order(trace.events.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    const auto& x = trace.events[a];
-    const auto& y = trace.events[b];
-    return std::tie(x.rank, x.stream, x.start_ns) < std::tie(y.rank, y.stream, y.start_ns);
-  });
-  std::vector<int> lane(trace.events.size(), 0);
-  std::map<std::pair<int, int>, std::vector<std::int64_t>> ends;  // (rank, stream) → each lane's end
-  for (std::size_t i : order) {
-    const auto& e = trace.events[i];
-    auto& lanes = ends[{e.rank, e.stream}];
-    std::size_t k = 0;
-    while (k < lanes.size() && lanes[k] > e.start_ns) ++k;
-    if (k == lanes.size()) lanes.push_back(0);
-    lanes[k] = e.start_ns + e.dur_ns;
-    lane[i] = static_cast<int>(k);
-  }
-  return lane;
-}
-
 // A pid or tid: integers keep their numeric order, strings come after them.
 struct Id {
   bool is_string = false;
@@ -342,7 +317,7 @@ class Reader {
 
 nlohmann::json to_chrome_json(const Trace& trace) {
   json events = json::array();
-  const std::vector<int> lane = lanes_of(trace);
+  const std::vector<int> lane = stream_lanes(trace);
   // rank → its (stream, lane) tracks in order; a track's tid is its place + 1.
   std::map<int, std::vector<std::pair<int, int>>> tracks;
   for (int r = 0; r < trace.ranks; ++r) tracks[r];
@@ -417,7 +392,7 @@ Trace trace_from_chrome_json(const nlohmann::json& j, const std::string& source)
   return Reader(j, source).read();
 }
 
-void write_trace(const Trace& trace, const std::string& path) {
+void write_chrome_trace(const Trace& trace, const std::string& path) {
   const json j = to_chrome_json(trace);
   // One event per line: large traces stay diffable and greppable.
   std::string out = "{\"traceEvents\": [\n";
@@ -425,10 +400,6 @@ void write_trace(const Trace& trace, const std::string& path) {
   for (std::size_t i = 0; i < events.size(); ++i) out += events[i].dump() + (i + 1 < events.size() ? ",\n" : "\n");
   out += "],\n\"displayTimeUnit\": \"ns\",\n\"otherData\": " + j["otherData"].dump() + "}\n";
   ir::write_file_atomic(path, out, "trace");
-}
-
-Trace read_trace(const std::string& path) {
-  return trace_from_chrome_json(ir::parse_json(ir::read_file(path, "trace"), path), path);
 }
 
 }  // namespace tdpipe::traces

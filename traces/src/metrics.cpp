@@ -89,9 +89,12 @@ Metrics compute_metrics(const Trace& trace) {
   }
   m.iteration_ns = trace.events.empty() ? 0 : last - first;
   std::vector<std::vector<Interval>> compute(ranks), comm(ranks);
+  std::vector<Interval> span(ranks, {std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min()});
   for (const auto& e : trace.events) {
     if (e.rank < 0) continue;
     (is_compute_event(e) ? compute : comm)[e.rank].emplace_back(e.start_ns, e.end_ns());
+    span[e.rank].first = std::min(span[e.rank].first, e.start_ns);
+    span[e.rank].second = std::max(span[e.rank].second, e.end_ns());
   }
   m.ranks.resize(ranks);
   double compute_sum = 0;
@@ -103,6 +106,7 @@ Metrics compute_metrics(const Trace& trace) {
     rm.exposed_comm_ns = u.exposed_comm_ns();
     rm.idle_ns = m.iteration_ns - rm.compute_ns - rm.exposed_comm_ns;
     rm.idle_fraction = m.iteration_ns > 0 ? double(m.iteration_ns - rm.compute_ns) / double(m.iteration_ns) : 0;
+    rm.span_ns = span[r].second > span[r].first ? span[r].second - span[r].first : 0;
     compute_sum += double(rm.compute_ns);
   }
   if (m.iteration_ns > 0 && ranks > 0)

@@ -52,12 +52,13 @@ struct Cursor {
 }  // namespace
 
 std::optional<ParsedOpName> parse_op_name(std::string_view name) {
+  ParsedOpName op;
   if (const auto at = name.rfind('@'); at != std::string_view::npos) {
-    if (!ir::stream_from_string(name.substr(at + 1))) return std::nullopt;
+    op.stream = ir::stream_from_string(name.substr(at + 1));
+    if (!op.stream) return std::nullopt;
     name = name.substr(0, at);
   }
   Cursor c{name};
-  ParsedOpName op;
   if (!c.kind(op.kind)) return std::nullopt;
   if (ir::is_p2p(op.kind)) {
     if (!c.eat('(') || !c.kind(op.payload) || !c.ids(op, true)) return std::nullopt;
@@ -70,6 +71,19 @@ std::optional<ParsedOpName> parse_op_name(std::string_view name) {
   }
   if (!c.s.empty()) return std::nullopt;
   return op;
+}
+
+std::vector<NamedOp> parse_op_group(std::string_view name) {
+  std::vector<NamedOp> ops;
+  while (true) {
+    const auto plus = name.find('+');
+    const std::string_view part = name.substr(0, plus);
+    auto op = parse_op_name(part);
+    if (!op) return {};
+    ops.push_back({std::string(part), *op});
+    if (plus == std::string_view::npos) return ops;
+    name.remove_prefix(plus + 1);
+  }
 }
 
 }  // namespace tdpipe::traces

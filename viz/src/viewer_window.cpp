@@ -26,6 +26,7 @@
 
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
+#include "tdpipe/traces/trace_io.hpp"
 #include "tdpipe/viz/charts_panel.hpp"
 #include "tdpipe/viz/comparison.hpp"
 #include "tdpipe/viz/legend_bar.hpp"
@@ -40,7 +41,8 @@ namespace {
 traces::Trace read_named(const QString& path) {
   const std::string p = path.toStdString();
   if (!QFileInfo(path).exists()) throw Error(p + ": no such file");
-  if (!QFileInfo(path).isFile()) throw Error(p + ": not a regular file");
+  if (!QFileInfo(path).isFile() && !QFileInfo(path).isDir())
+    throw Error(p + ": not a regular file or a folder of per-rank Kineto traces");
   try {
     return traces::read_trace(p);
   } catch (const Error& e) {
@@ -277,7 +279,7 @@ void ViewerWindow::show_error(const QString& title, const QString& message) {
 void ViewerWindow::open_dialog(Side side) {
   const QString path = QFileDialog::getOpenFileName(
       this, side == Side::Predicted ? QStringLiteral("Open predicted trace") : QStringLiteral("Open measured trace"),
-      {}, QStringLiteral("Traces (*.json *.trace.json);;All files (*)"));
+      {}, QStringLiteral("Traces (*.json *.json.gz *.sqlite);;All files (*)"));
   if (path.isEmpty()) return;
   // Opening one side keeps the other side's file.
   if (side == Side::Predicted)

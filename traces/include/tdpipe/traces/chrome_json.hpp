@@ -17,7 +17,8 @@ nlohmann::json to_chrome_json(const Trace& trace);
 /// naming `source` and the offending event/field.
 Trace trace_from_chrome_json(const nlohmann::json& j, const std::string& source);
 
-void write_trace(const Trace& trace, const std::string& path);
-Trace read_trace(const std::string& path);
+/// Writes `trace` to `path` as Chrome JSON, atomically (trace_io.hpp's write_trace picks
+/// the format).
+void write_chrome_trace(const Trace& trace, const std::string& path);
 
 }  // namespace tdpipe::traces

@@ -10,12 +10,19 @@
 
 namespace tdpipe::traces {
 
+/// Of one rank. "Idle" has one meaning in tdpipe: time a rank's compute stream does
+/// not run, less communication that leaves compute waiting (exposed). idle_ns counts it
+/// over the whole iteration (so a rank that starts late or ends early is idle then: the
+/// pipeline's fill and drain); idle_in_span_ns over the rank's own first-to-last op,
+/// which is what HTA's temporal breakdown calls idle time.
 struct RankMetrics {
   std::int64_t compute_ns = 0;         ///< union of compute-stream busy time
   std::int64_t exposed_comm_ns = 0;    ///< comm busy while compute is idle
   std::int64_t hidden_comm_ns = 0;     ///< comm busy while compute is busy
   std::int64_t idle_ns = 0;            ///< iteration − compute − exposed comm
   double idle_fraction = 0;            ///< (iteration − compute) / iteration
+  std::int64_t span_ns = 0;            ///< the rank's first op start to last op end
+  std::int64_t idle_in_span_ns() const { return span_ns - compute_ns - exposed_comm_ns; }
 };
 
 struct Metrics {

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "tdpipe/ir/op.hpp"
 
@@ -15,11 +17,22 @@ struct ParsedOpName {
   int mb = -1, chunk = 0, slice = 0;
   int peer = -1;  ///< SEND/RECV
   int tag = 0;    ///< collectives: bucket
+  std::optional<ir::Stream> stream;  ///< from an "@stream" suffix; unset: the kind's default
 };
 
 /// Parses "F3", "BW0.c1:s2", "OPT", "SEND(F0.c1>r1)", "RECV(B3<r2)", "ALLREDUCE(b0)",
 /// with an optional "@stream" suffix (the grammar of ir/plan_io.hpp). nullopt when
 /// the name is not an op's text form.
 std::optional<ParsedOpName> parse_op_name(std::string_view name);
+
+/// One op of a range name: its text and its fields.
+struct NamedOp {
+  std::string name;
+  ParsedOpName op;
+};
+/// A profiler range named after one op ("F3") or after a batch of ops joined by '+'
+/// ("SEND(F1>r1)+RECV(B0<r1)", as tdpipe prints a batched p2p group): its ops, or
+/// empty when any part is not an op's text form.
+std::vector<NamedOp> parse_op_group(std::string_view name);
 
 }  // namespace tdpipe::traces

@@ -51,4 +51,10 @@ struct Trace {
   friend bool operator==(const Trace&, const Trace&) = default;
 };
 
+/// Each event's lane within its (rank, stream): the first lane whose last event ended by
+/// the event's start (events taken by start), so that the events of one lane never
+/// overlap — a p2p batch's SENDs and RECVs start together and end apart. Writers give
+/// each lane a track (Chrome) or a stream (Kineto) of its own.
+std::vector<int> stream_lanes(const Trace& trace);
+
 }  // namespace tdpipe::traces

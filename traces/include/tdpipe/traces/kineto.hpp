@@ -1,0 +1,42 @@
+// kineto.hpp — Trace ⇄ Kineto JSON, the PyTorch profiler's format, one file per rank
+// (what Holistic Trace Analysis reads as a job's traces).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "tdpipe/traces/trace.hpp"
+
+namespace tdpipe::traces {
+
+/// Rank `rank`'s part of `trace` as a Kineto trace: distributedInfo {rank, world_size},
+/// every op a device-side event (`cat` "kernel", args device and stream, one stream per
+/// lane of a tdpipe stream so that a stream's kernels never overlap; SEND/RECV and
+/// collectives named as NCCL's kernels, LOAD/OFFLOAD as memcpys, so that HTA classes them
+/// as communication and memory), a host-side `ProfilerStep#N` annotation over the rank's
+/// ops, the op's text form and fields in args, and the trace's own fields under "tdpipe".
+nlohmann::json to_kineto_json(const Trace& trace, int rank);
+
+/// Writes `dir`/rank<R>.json for every rank, or only for `only_rank` when ≥ 0 (a process
+/// of a multi-process run writing its own file); each file atomically, `dir` created.
+void write_kineto_dir(const Trace& trace, const std::string& dir, int only_rank = -1);
+
+/// Reads Kineto traces — tdpipe's (write_kineto_dir) or the PyTorch profiler's — one
+/// (source name, parsed JSON) per rank's file. Each file's rank is its
+/// distributedInfo.rank (a single file may omit it: rank 0). Only ranges named like
+/// tdpipe ops are kept (the op's text form, or several joined by '+' for a batched p2p
+/// group, as `record_function` or tdpipe's args.op carry them); device-side events are
+/// preferred over host-side ones where a file has both; where files carry
+/// `ProfilerStep#N` annotations, only the last step all files share is kept. Times keep
+/// the files' common clock, shifted so that the first op starts at 0. Throws
+/// tdpipe::Error naming the file and field.
+Trace trace_from_kineto(const std::vector<std::pair<std::string, nlohmann::json>>& files);
+
+/// Whether a parsed JSON document looks like a Kineto trace (schemaVersion,
+/// distributedInfo or deviceProperties at the top level, beside traceEvents).
+bool is_kineto_json(const nlohmann::json& j);
+
+}  // namespace tdpipe::traces
