@@ -133,6 +133,27 @@ TEST_CASE("headless render: malformed trace exits non-zero, good traces write a 
   CHECK(img.size() == QSize(1200, 700));
 }
 
+TEST_CASE("headless render: a Kineto folder and the shipped torch.profiler trace as the measured side",
+          "[gui][headless]") {
+  QTemporaryDir dir;
+  REQUIRE(dir.isValid());
+  const QString pred = dir.filePath("pred.json");
+  OneFOneB c;
+  traces::write_trace(make_1f1b(c), pred.toStdString());
+  c.seed = 2;
+  traces::write_trace(make_1f1b(c), dir.filePath("meas").toStdString(), traces::TraceFormat::Kineto);
+  ViewArgs args;
+  args.predicted = pred;
+  args.measured = dir.filePath("meas");
+  args.render_to = dir.filePath("kineto.png");
+  CHECK(render_headless(args) == 0);
+  CHECK(QImage(*args.render_to).width() > 0);
+  args.measured = QStringLiteral(TDPIPE_SOURCE_DIR "/traces/samples/torch-cpu/tiny-gpt-cpu-1f1b");
+  args.render_to = dir.filePath("torch.png");
+  CHECK(render_headless(args) == 0);
+  CHECK(QImage(*args.render_to).width() > 0);
+}
+
 #ifdef TDPIPE_VIEW_EXE
 TEST_CASE("tdpipe-view --render: exit status and message name the problem", "[gui][headless][cli]") {
   QTemporaryDir dir;
