@@ -982,3 +982,10 @@ RawResult run_engine(const ir::Plan& plan, const SimOptions& options,
 }
 
 }  // namespace tdpipe::sim::detail
+
+// The engine plugin's entry point (engine.hpp: kEngineEntry), looked up by name.
+extern "C" __attribute__((visibility("default"))) void tdpipe_sim_run_engine(
+    const tdpipe::ir::Plan& plan, const tdpipe::sim::SimOptions& options,
+    const std::function<void(double)>& progress, tdpipe::sim::detail::RawResult& out) {
+  out = tdpipe::sim::detail::run_engine(plan, options, progress);
+}

@@ -32,4 +32,9 @@ struct RawResult {
 RawResult run_engine(const ir::Plan& plan, const SimOptions& options,
                      const std::function<void(double)>& progress);
 
+/// The same, as the engine plugin (libtdpipe_sim_engine.so, which `tdpipe` opens only in
+/// the simulation's child process, so that its start-up never maps SimGrid) exports it.
+inline constexpr const char* kEngineEntry = "tdpipe_sim_run_engine";
+using EngineEntry = void (*)(const ir::Plan&, const SimOptions&, const std::function<void(double)>&, RawResult&);
+
 }  // namespace tdpipe::sim::detail

@@ -3,6 +3,7 @@
 // timings into a Trace and its metrics.
 #include "tdpipe/sim/simulate.hpp"
 
+#include <dlfcn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <filesystem>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -156,6 +159,41 @@ bool read_exact(int fd, char* out, std::size_t n) {
   return true;
 }
 
+#ifdef TDPIPE_SIM_ENGINE_PLUGIN
+// The engine plugin beside this program: TDPIPE_SIM_ENGINE names it outright; else
+// <program's folder>/../lib/tdpipe/ (an install) or <program's folder>/../sim/ (the
+// build tree, where apps/, tests/ and bench/ sit beside sim/).
+detail::RawResult run_plugin(const ir::Plan& plan, const SimOptions& options,
+                             const std::function<void(double)>& progress) {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("TDPIPE_SIM_ENGINE"); env && *env) {
+    candidates.emplace_back(env);
+  } else {
+    std::error_code ec;
+    const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec)
+      for (const char* rel : {"../" TDPIPE_INSTALL_LIBDIR "/tdpipe", "../sim"})
+        candidates.push_back((exe.parent_path() / rel / TDPIPE_SIM_ENGINE_PLUGIN).lexically_normal().string());
+  }
+  std::string tried;
+  for (const auto& path : candidates) {
+    void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      tried += fmt::format("\n  {}: {}", path, ::dlerror());
+      continue;
+    }
+    auto entry = reinterpret_cast<detail::EngineEntry>(::dlsym(lib, detail::kEngineEntry));
+    if (!entry) throw Error(fmt::format("simulator: {} has no entry point {}", path, detail::kEngineEntry));
+    detail::RawResult r;
+    entry(plan, options, progress, r);
+    return r;  // (the library stays loaded: this child process exits next)
+  }
+  throw Error(fmt::format("simulator: the SimGrid engine plugin ({}) could not be loaded; tried:{}\n"
+                          "(set TDPIPE_SIM_ENGINE to its path, or use --engine analytic)",
+                          TDPIPE_SIM_ENGINE_PLUGIN, tried));
+}
+#endif
+
 detail::RawResult run_in_child(const ir::Plan& plan, const SimOptions& options) {
   int fds[2];
   if (::pipe(fds) != 0) throw Error(fmt::format("simulator: pipe() failed: {}", std::strerror(errno)));
@@ -178,8 +216,12 @@ detail::RawResult run_in_child(const ir::Plan& plan, const SimOptions& options) 
         send_message(fds[1], 'P', w.buf);
       };
       const auto t0 = std::chrono::steady_clock::now();
-      detail::RawResult r =
-          detail::run_engine(plan, options, options.progress ? std::function<void(double)>(progress) : nullptr);
+      const std::function<void(double)> report = options.progress ? std::function<void(double)>(progress) : nullptr;
+#ifdef TDPIPE_SIM_ENGINE_PLUGIN
+      detail::RawResult r = run_plugin(plan, options, report);
+#else
+      detail::RawResult r = detail::run_engine(plan, options, report);
+#endif
       r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       struct rusage usage {};
       if (::getrusage(RUSAGE_SELF, &usage) == 0) {

@@ -120,6 +120,23 @@ PY
     out=$("$work/tdpipe" exec tests/exec_cuda/data/tiny-gpt-cpu.json --backend cuda --steps 1 2>&1) && fail "a lone tdpipe ran cuda"
     expect "$out" 'tdpipe-cuda is not next to this tdpipe' "a lone tdpipe"
     ;;
+  simgrid-plugin)
+    # tdpipe maps no SimGrid library until a simulation runs, and then only in the
+    # simulation's child process (libtdpipe_sim_engine.so, found beside tdpipe).
+    ldd "$tdpipe" | grep -Eq 'libsimgrid|libns3' && fail "tdpipe links SimGrid at start"
+    out=$("$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --engine simgrid --json) || fail "sim exited $?"
+    python3 -c 'import json, sys; j = json.loads(sys.argv[1]); assert j["engine"] == "simgrid" and j["iteration_time"] > 0, j' \
+      "$out" || fail "a SimGrid prediction through the plugin"
+    cp "$tdpipe" "$work/tdpipe"
+    out=$("$work/tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --engine simgrid 2>&1) && fail "a lone tdpipe simulated"
+    expect "$out" 'the SimGrid engine plugin \(libtdpipe_sim_engine\.so\) could not be loaded; tried:' "a lone tdpipe"
+    expect "$out" 'set TDPIPE_SIM_ENGINE to its path, or use --engine analytic' "what to do"
+    "$work/tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --engine analytic > /dev/null \
+      || fail "the analytic engine needs no plugin"
+    plugin=$(dirname "$tdpipe")/../sim/libtdpipe_sim_engine.so
+    TDPIPE_SIM_ENGINE=$plugin "$work/tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --engine simgrid \
+      > /dev/null || fail "TDPIPE_SIM_ENGINE names the plugin"
+    ;;
   trace-perfetto)
     # Perfetto draws a track's slices as a stack: none may overlap another without nesting.
     # GPT-3 175B 1F1B as predicted (its batched SEND/RECV pairs shared a track before:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # install_test.sh BUILD_DIR — `cmake --install` into a fresh prefix, then: a project with
 # find_package(tdpipe) builds against it and predicts what the build tree predicts; the
-# installed tdpipe runs, loads no CUDA library, and has its scenarios, corpus, docs and
+# installed tdpipe runs, loads no CUDA or SimGrid library at start (SimGrid: a plugin it
+# finds in lib/tdpipe/ when it simulates), and has its scenarios, corpus, docs and
 # bash completion beside it.
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -43,5 +44,11 @@ cd "$work"
 "$p/bin/tdpipe" sim "$p/share/tdpipe/scenarios/synthetic-uniform-p4-m8.yaml" --engine analytic --schedule 1f1b \
   > /dev/null || fail "installed tdpipe sim"
 if ldd "$p/bin/tdpipe" | grep -Eq 'libcudart|libcublas|libnccl'; then fail "tdpipe links CUDA libraries"; fi
+if ldd "$p/bin/tdpipe" | grep -Eq 'libsimgrid'; then fail "tdpipe links SimGrid at start"; fi
+if [ -e "$build/sim/libtdpipe_sim_engine.so" ]; then  # the SimGrid engine, a plugin found in lib/tdpipe/
+  [ -n "$(find "$p" -name libtdpipe_sim_engine.so -path '*/tdpipe/*')" ] || fail "not installed: the SimGrid engine plugin"
+  "$p/bin/tdpipe" sim "$p/share/tdpipe/scenarios/synthetic-uniform-p4-m8.yaml" --engine simgrid --schedule 1f1b \
+    > /dev/null || fail "installed tdpipe sim --engine simgrid"
+fi
 bash -c "source '$p/share/bash-completion/completions/tdpipe' && complete -p tdpipe" > /dev/null || fail "completion"
 echo "ok: install"
