@@ -48,6 +48,10 @@ void run_calibrate_from_run(const CalibrateArgs& a) {
   if (given != 1)
     throw Error("--from-run needs exactly one observation of the run: --iteration-time SECONDS, --mfu PERCENT "
                 "or --tokens-per-s N");
+  if (planner::is_plan_file(a.scenario))
+    throw Error(fmt::format("{}: --from-run fits the cost model by planning the scenario at several efficiencies; "
+                            "give the scenario file, not a plan file (its costs are fixed)",
+                            a.scenario));
   ir::Scenario sc = ir::load_scenario(a.scenario);
   const std::string schedule = a.schedule.empty() ? sc.schedule : a.schedule;
   sc.cluster.compute_efficiency = 1;
@@ -174,7 +178,8 @@ void run_calibrate(const CalibrateArgs& a) {
 void add_calibrate_command(CLI::App& app) {
   auto args = std::make_shared<CalibrateArgs>();
   CLI::App* cmd = app.add_subcommand("calibrate", "Measure op costs and transport on this machine");
-  cmd->add_option("scenario", args->scenario, "Scenario file (YAML)")->required();
+  cmd->add_option("scenario", args->scenario,
+                  "Scenario file (YAML or JSON), or a plan file (tdpipe plan --format json -o PLAN.json: run as it is)")->required();
   CLI::Option* backend =
       cmd->add_option("--backend", args->backend, "Executor backend")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("-o,--output", args->output, "Profile to write (JSON)")->required();

@@ -178,7 +178,8 @@ void run_exec(const ExecArgs& a) {
 void add_exec_command(CLI::App& app) {
   auto args = std::make_shared<ExecArgs>();
   CLI::App* cmd = app.add_subcommand("exec", "Train the scenario's model through a schedule, for real");
-  cmd->add_option("scenario", args->scenario, "Scenario file (YAML)")->required();
+  cmd->add_option("scenario", args->scenario,
+                  "Scenario file (YAML or JSON), or a plan file (tdpipe plan --format json -o PLAN.json: run as it is)")->required();
   cmd->add_option("--backend", args->backend, "Executor backend")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--schedule", args->schedule, "Schedule (default: the scenario's)")
       ->check(CLI::IsMember(planner::schedule_names()));

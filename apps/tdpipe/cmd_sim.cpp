@@ -13,6 +13,7 @@
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/generators.hpp"
+#include "tdpipe/planner/plan_input.hpp"
 #include "tdpipe/planner/schedule_report.hpp"
 #include "tdpipe/planner/shared_device.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
@@ -324,17 +325,30 @@ void print_faults(const SimArgs& a, const FaultRun& fr, const std::vector<planne
 }
 
 void run_sim(const SimArgs& a) {
-  ir::Scenario sc = ir::load_scenario(a.scenario);
+  // A plan file is predicted as it is: its scenario, schedule, slices and op costs.
+  std::optional<planner::PlanInput> plan_file;
+  if (planner::is_plan_file(a.scenario)) {
+    if (a.schedule == "all")
+      throw Error(fmt::format("{}: a plan file holds one schedule's plan; --schedule all needs the scenario file",
+                              a.scenario));
+    plan_file = planner::load_plan_input(a.scenario, a.schedule, a.slices, a.max_ops);
+  }
+  ir::Scenario sc = plan_file ? plan_file->scenario : ir::load_scenario(a.scenario);
   std::optional<traces::Profile> profile;
   if (!a.profile.empty()) {
     profile = traces::read_profile(a.profile);
+    if (plan_file && profile->compute_efficiency > 0)
+      throw Error(fmt::format("{}: a software-stack profile scales the cost model when planning; a plan file's costs "
+                              "are fixed: give the scenario file with --profile",
+                              a.profile));
     traces::apply_profile_to_scenario(*profile, sc);  // a stack profile's compute efficiency
     if (profile->compute_efficiency > 0)
       fmt::print(stderr, "note: {}: compute efficiency {:.4f} (fitted on {})\n", a.profile,
                  profile->compute_efficiency, profile->platform.device);
   }
   const FaultRun faults = parse_faults(a, sc);
-  const auto runs = runs_for(a, sc);
+  const auto runs = plan_file ? std::vector<Run>{{plan_file->schedule, plan_file->built.lowered.slices, ""}}
+                              : runs_for(a, sc);
   const bool many = runs.size() > 1;
   std::vector<planner::ScheduleReport> rows;
   std::vector<FaultRow> extra;
@@ -345,7 +359,8 @@ void run_sim(const SimArgs& a) {
     try {
       ir::Scenario scenario = sc;
       if (!run.budget.empty()) scenario.parallel.memory_budget = run.budget;
-      planner::BuiltPlan built = planner::build_plan(scenario, schedule, slices, a.max_ops);
+      planner::BuiltPlan built =
+          plan_file ? plan_file->built : planner::build_plan(scenario, schedule, slices, a.max_ops);
       if (profile) {
         const traces::ProfileApplied applied = traces::apply_profile(*profile, built.lowered, a.profile_ops_only);
         if (applied.ops_kept > 0)
@@ -409,7 +424,8 @@ void run_sim(const SimArgs& a) {
 void add_sim_command(CLI::App& app) {
   auto args = std::make_shared<SimArgs>();
   CLI::App* cmd = app.add_subcommand("sim", "Predict the timeline of one or every schedule");
-  cmd->add_option("scenario", args->scenario, "Scenario file (YAML)")->required();
+  cmd->add_option("scenario", args->scenario,
+                  "Scenario file (YAML or JSON), or a plan file (tdpipe plan --format json -o PLAN.json: run as it is)")->required();
   cmd->add_option("--engine", args->engine, "Prediction engine")
       ->check(CLI::IsMember({"simgrid", "analytic"}))
       ->capture_default_str();

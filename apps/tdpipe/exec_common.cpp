@@ -29,15 +29,6 @@ namespace tdpipe::apps {
 
 using traces::median;
 
-LoadedPlan load_plan(const std::string& scenario_path, const std::string& schedule, int slices,
-                     std::int64_t max_ops) {
-  LoadedPlan out;
-  out.scenario = ir::load_scenario(scenario_path);
-  out.schedule = schedule.empty() ? out.scenario.schedule : schedule;
-  out.built = planner::build_plan(out.scenario, out.schedule, slices, max_ops);
-  return out;
-}
-
 void check_cpu_backend(const std::string& backend) {
 #ifdef TDPIPE_CUDA_BINARY
   if (backend == "cuda") {

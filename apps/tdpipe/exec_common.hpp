@@ -12,18 +12,18 @@
 #include "tdpipe/exec/cpu/run.hpp"
 #include "tdpipe/ir/scenario.hpp"
 #include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/planner/plan_input.hpp"
 
 namespace tdpipe::apps {
 
-/// A scenario file and the plan built for it.
-struct LoadedPlan {
-  ir::Scenario scenario;
-  std::string schedule;  ///< --schedule, or the scenario's when that was empty
-  planner::BuiltPlan built;
-};
-/// Loads `scenario_path` and builds `schedule` (the scenario's when empty) with `slices`.
-LoadedPlan load_plan(const std::string& scenario_path, const std::string& schedule, int slices,
-                     std::int64_t max_ops = planner::kDefaultMaxOps);
+/// A scenario and the plan built for it, or a plan file as it is (planner/plan_input.hpp).
+using LoadedPlan = planner::PlanInput;
+/// planner::load_plan_input: a scenario built for `schedule` (the scenario's when empty)
+/// with `slices`, or a plan file.
+inline LoadedPlan load_plan(const std::string& path, const std::string& schedule, int slices,
+                            std::int64_t max_ops = planner::kDefaultMaxOps) {
+  return planner::load_plan_input(path, schedule, slices, max_ops);
+}
 
 /// Throws for a --backend other than cpu/cuda. `cuda` reaches here only in a binary
 /// without the CUDA backend: `tdpipe` hands the whole command line to tdpipe-cuda, next

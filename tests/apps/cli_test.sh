@@ -137,6 +137,41 @@ PY
     TDPIPE_SIM_ENGINE=$plugin "$work/tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --engine simgrid \
       > /dev/null || fail "TDPIPE_SIM_ENGINE names the plugin"
     ;;
+  plan-file)
+    # sim, exec and calibrate take the plan file `tdpipe plan --format json -o` writes and
+    # run it as it is: the same prediction and the same training as from the scenario.
+    for sched in "tdpipe --slices 2" "zb-h1"; do
+      set -- $sched
+      "$tdpipe" plan scenarios/tiny-gpt-cpu.yaml --schedule "$@" --format json -o "$work/p.json" || fail "plan exited $?"
+      "$tdpipe" plan scenarios/tiny-gpt-cpu.yaml --schedule "$@" --format json --compute-only -o "$work/c.json" \
+        || fail "plan --compute-only exited $?"
+      a=$("$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule "$@" --engine analytic --json) || fail "sim scenario"
+      b=$("$tdpipe" sim "$work/p.json" --engine analytic --json) || fail "sim plan file exited $?"
+      c=$("$tdpipe" sim "$work/c.json" --engine analytic --json) || fail "sim compute-only plan file exited $?"
+      [ "$a" = "$b" ] || fail "$1: the plan file predicts otherwise:"$'\n'"$a"$'\n'"$b"
+      [ "$a" = "$c" ] || fail "$1: the compute-only plan file predicts otherwise:"$'\n'"$a"$'\n'"$c"
+    done
+    a=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --schedule zb-h1 --steps 2 --json) || fail "exec scenario"
+    b=$("$tdpipe" exec "$work/p.json" --steps 2 --json) || fail "exec plan file exited $?"
+    python3 -c 'import json, sys; a, b = (json.loads(x) for x in sys.argv[1:]); assert (a["final_loss"], a["weights_l2"], a["schedule"]) == (b["final_loss"], b["weights_l2"], b["schedule"]), (a, b)' \
+      "$a" "$b" || fail "exec of the plan file trains otherwise than the scenario"
+    "$tdpipe" calibrate "$work/p.json" --steps 1 --warmup 0 -o "$work/prof.json" > /dev/null || fail "calibrate plan file"
+    [ -s "$work/prof.json" ] || fail "calibrate wrote no profile"
+    # A plan file is run as it is.
+    out=$("$tdpipe" sim "$work/p.json" --schedule 1f1b 2>&1) && fail "another --schedule was taken"
+    expect "$out" "p.json: a plan of schedule zb-h1; --schedule 1f1b asks for another" "names both schedules"
+    out=$("$tdpipe" exec "$work/p.json" --slices 4 --steps 1 2>&1) && fail "another --slices was taken"
+    expect "$out" "p.json: a plan of S = 1 slices; --slices 4 asks for another" "names both slice counts"
+    out=$("$tdpipe" sim "$work/p.json" --schedule all 2>&1) && fail "--schedule all with a plan file"
+    expect "$out" "a plan file holds one schedule's plan" "all needs the scenario"
+    out=$("$tdpipe" calibrate --from-run "$work/p.json" --iteration-time 1 -o "$work/s.json" 2>&1) && fail "--from-run took a plan"
+    expect "$out" "give the scenario file, not a plan file" "from-run needs the scenario"
+    # A hand-edited plan is validated (with the deadlock replay) and named.
+    python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); del p["ranks"][1][0]; json.dump(p, open(sys.argv[2], "w"))' \
+      "$work/p.json" "$work/bad.json"
+    out=$("$tdpipe" sim "$work/bad.json" --engine analytic 2>&1) && fail "a broken plan file was simulated"
+    expect "$out" "bad.json: invalid plan" "names the file"
+    ;;
   trace-perfetto)
     # Perfetto draws a track's slices as a stack: none may overlap another without nesting.
     # GPT-3 175B 1F1B as predicted (its batched SEND/RECV pairs shared a track before:
