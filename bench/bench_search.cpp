@@ -18,7 +18,7 @@
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/evaluator.hpp"
-#include "tdpipe/planner/schedule_report.hpp"
+#include "tdpipe/report/schedule_report.hpp"
 #include "tdpipe/planner/search.hpp"
 #include "tdpipe/planner/stack_fit.hpp"
 #include "tdpipe/traces/metrics.hpp"
@@ -122,7 +122,7 @@ int megatron() {
         const auto built = planner::build_plan(layout, schedule);
         const auto trace = planner::evaluate(built.lowered);
         const double t = double(traces::compute_metrics(trace).iteration_ns) * 1e-9;
-        const auto report = planner::make_report(built, trace, "analytic");
+        const auto report = report::make_report(built, trace, "analytic");
         fmt::print("  published layout, {:<18} predicted {:8.3f} s  {:5.1f} TFLOP/s per GPU ({:+.1f} % vs published)  "
                    "MFU {:4.1f} %  {}\n",
                    l.label().substr(l.label().find(schedule)), t, megatron_tflops(layout, t, c.gpus),

@@ -27,7 +27,7 @@
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/generators.hpp"
-#include "tdpipe/planner/schedule_report.hpp"
+#include "tdpipe/report/schedule_report.hpp"
 #include "tdpipe/traces/metrics.hpp"
 #include "tdpipe/sim/simulate.hpp"
 
@@ -146,7 +146,7 @@ int claims() {
       if (*budget) sc.parallel.memory_budget = budget;
       const auto built = planner::build_plan(sc, name, slices);
       const auto res = sim::simulate(built.lowered);
-      const auto report = planner::make_report(built, res.trace, "simgrid");
+      const auto report = report::make_report(built, res.trace, "simgrid");
       double xfer = 0, exposed = 0, peak = 0;
       for (std::size_t r = 0; r < res.transfer_ns.size(); ++r) {
         xfer += static_cast<double>(res.transfer_ns[r]);
@@ -157,7 +157,7 @@ int claims() {
       const std::string s_shown = slices == planner::kAutoSlices ? std::to_string(built.lowered.slices) + "*" : s_label;
       std::printf("%-16s %4s | %9.3fs %6.1f%% %8.1f%% %8.1f%% %10.0f %7.1fGiB\n", label.c_str(), s_shown.c_str(),
                   res.iteration_seconds, 100 * res.metrics.bubble_fraction, 100 * xfer / denom,
-                  100 * exposed / denom, res.tokens_per_second, peak / double(1u << 30));
+                  100 * exposed / denom, report.tokens_per_second, peak / double(1u << 30));
     } catch (const std::exception& e) {
       std::printf("%-16s %4s | not run: %s\n", label.c_str(), s_label.c_str(), e.what());
     }

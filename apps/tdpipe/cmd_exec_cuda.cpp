@@ -65,10 +65,16 @@ void run_exec_cuda(const CudaExecRequest& a) {
     const bool own_file = !r.root || (r.world_size > 1 && !exec::cuda::built_with_mpi());
     r.run.trace.metadata["step"] = std::to_string(r.run.state.steps_done - 1);  // the last step's index
     const traces::TraceFormat format = traces::trace_format_from_string(a.trace_format);
-    if (format == traces::TraceFormat::Kineto)  // a folder of per-rank files: each process writes its own
-      traces::write_kineto_dir(r.run.trace, a.trace_out, own_file ? r.world_rank : -1);
-    else
+    if (format == traces::TraceFormat::Kineto) {
+      // A folder of per-rank files: the root writes them all from the gathered trace (MPI);
+      // without MPI each process writes its own rank's file.
+      if (!own_file)
+        traces::write_kineto_dir(r.run.trace, a.trace_out);
+      else if (!exec::cuda::built_with_mpi())
+        traces::write_kineto_dir(r.run.trace, a.trace_out, r.world_rank);
+    } else {
       traces::write_trace(r.run.trace, own_file ? fmt::format("{}.rank{}", a.trace_out, r.world_rank) : a.trace_out);
+    }
   }
   if (!r.root) return;
 

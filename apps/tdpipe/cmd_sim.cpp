@@ -14,8 +14,8 @@
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/planner/plan_input.hpp"
-#include "tdpipe/planner/schedule_report.hpp"
-#include "tdpipe/planner/shared_device.hpp"
+#include "tdpipe/report/schedule_report.hpp"
+#include "tdpipe/report/shared_device.hpp"
 #include "tdpipe/traces/chrome_json.hpp"
 #include "tdpipe/traces/trace_io.hpp"
 #include "tdpipe/traces/profile.hpp"
@@ -115,7 +115,7 @@ traces::Trace simulate_simgrid(const ir::Plan& plan, sim::SimOptions opt) {
 #endif
 
 /// The engine's prediction; ranks sharing one device (a calibration profile of the CPU
-/// backend or one GPU's loopback) share it by processor sharing (planner::predict_shared).
+/// backend or one GPU's loopback) share it by processor sharing (report::predict_shared).
 /// `faults`: the slow and link faults, simulated (SimGrid only).
 #ifdef TDPIPE_HAVE_SIMGRID
 using SimFaults = std::vector<sim::SimFault>;
@@ -124,13 +124,13 @@ struct SimFaults {};  // (no simulator: no faults to simulate)
 #endif
 traces::Trace predict(const planner::BuiltPlan& built, const SimArgs& a, const SimFaults& faults = {}) {
   if (a.engine == "analytic")
-    return planner::predict_shared(built.lowered, [](const ir::Plan& p) { return planner::evaluate(p); });
+    return report::predict_shared(built.lowered, [](const ir::Plan& p) { return planner::evaluate(p); });
 #ifdef TDPIPE_HAVE_SIMGRID
   if (a.engine == "simgrid") {
     sim::SimOptions opt;
     opt.fidelity = a.fidelity == "plain" ? sim::Fidelity::Plain : sim::Fidelity::Reduced;
     opt.faults = faults;
-    return planner::predict_shared(built.lowered, [&](const ir::Plan& p) { return simulate_simgrid(p, opt); });
+    return report::predict_shared(built.lowered, [&](const ir::Plan& p) { return simulate_simgrid(p, opt); });
   }
 #else
   (void)faults;
@@ -149,7 +149,7 @@ std::string trace_path(const std::string& base, const std::string& schedule, int
 
 std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / double(1u << 30)); }
 
-void print_table(const ir::Scenario& sc, const std::vector<planner::ScheduleReport>& rows,
+void print_table(const ir::Scenario& sc, const std::vector<report::ScheduleReport>& rows,
                  const std::vector<std::pair<std::string, std::string>>& failures) {
   fmt::print("scenario {} ({}): p={} m={}", sc.name, sc.source_file, sc.stages(), sc.microbatches());
   if (!sc.synthetic) {
@@ -184,7 +184,7 @@ struct FaultRun {
 #ifdef TDPIPE_HAVE_SIMGRID
   std::vector<sim::SimFault> simulated, fails;
   sim::FailureOptions failure;
-  sim::Placement placement;
+  ir::Placement placement;
   std::vector<int> affected;
 #endif
   bool any() const { return !described.empty(); }
@@ -245,7 +245,7 @@ FaultRun parse_faults(const SimArgs& a, const ir::Scenario& sc) {
 }
 
 /// A schedule's name with its slices when it has several (tdpipe and auto run at many).
-std::string label(const planner::ScheduleReport& r) {
+std::string label(const report::ScheduleReport& r) {
   return r.slices > 1 && r.schedule.find(" S=") == std::string::npos ? fmt::format("{} S={}", r.schedule, r.slices)
                                                                     : r.schedule;
 }
@@ -270,7 +270,7 @@ nlohmann::json to_json(const sim::FailureTimeline& t) {
 }
 #endif
 
-void print_faults(const SimArgs& a, const FaultRun& fr, const std::vector<planner::ScheduleReport>& rows,
+void print_faults(const SimArgs& a, const FaultRun& fr, const std::vector<report::ScheduleReport>& rows,
                   const std::vector<FaultRow>& extra) {
 #ifdef TDPIPE_HAVE_SIMGRID
   fmt::print("\nfaults:\n");
@@ -350,7 +350,7 @@ void run_sim(const SimArgs& a) {
   const auto runs = plan_file ? std::vector<Run>{{plan_file->schedule, plan_file->built.lowered.slices, ""}}
                               : runs_for(a, sc);
   const bool many = runs.size() > 1;
-  std::vector<planner::ScheduleReport> rows;
+  std::vector<report::ScheduleReport> rows;
   std::vector<FaultRow> extra;
   std::vector<std::pair<std::string, std::string>> failures;
   for (const Run& run : runs) {
@@ -370,16 +370,16 @@ void run_sim(const SimArgs& a) {
       FaultRow fx;
 #ifdef TDPIPE_HAVE_SIMGRID
       const traces::Trace trace = predict(built, a, faults.simulated);
-      planner::ScheduleReport row = planner::make_report(built, trace, a.engine);
+      report::ScheduleReport row = report::make_report(built, trace, a.engine);
       if (!faults.simulated.empty()) {
-        fx.fault_free_iteration_seconds = planner::make_report(built, predict(built, a), a.engine).iteration_seconds;
+        fx.fault_free_iteration_seconds = report::make_report(built, predict(built, a), a.engine).iteration_seconds;
         if (trace.metadata.count("replica")) fx.trace_replica = std::stoi(trace.metadata.at("replica"));
         if (trace.metadata.count("tp_rank")) fx.trace_tp = std::stoi(trace.metadata.at("tp_rank"));
       }
       if (!faults.fails.empty()) fx.timeline = sim::failure_timeline(row.iteration_seconds, faults.fails, faults.failure);
 #else
       const traces::Trace trace = predict(built, a);
-      planner::ScheduleReport row = planner::make_report(built, trace, a.engine);
+      report::ScheduleReport row = report::make_report(built, trace, a.engine);
 #endif
       if (!a.trace_out.empty())
         traces::write_trace(trace, trace_path(a.trace_out, run.file_label() + (slices == planner::kAutoSlices ? "-terapipe" : ""), built.lowered.slices, many));
@@ -394,7 +394,7 @@ void run_sim(const SimArgs& a) {
   if (a.json) {
     nlohmann::json out = nlohmann::json::array();
     for (std::size_t i = 0; i < rows.size(); ++i) {
-      nlohmann::json row = planner::to_json(rows[i]);
+      nlohmann::json row = report::to_json(rows[i]);
 #ifdef TDPIPE_HAVE_SIMGRID
       if (faults.any()) {
         nlohmann::json fj = {{"specs", a.inject}};

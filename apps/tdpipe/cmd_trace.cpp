@@ -44,7 +44,7 @@ void run_stats(const TraceArgs& a) {
                                 {"iteration_time", m.iteration_ns * 1e-9},
                                 {"bubble_fraction", m.bubble_fraction},
                                 {"per_rank", std::move(ranks)}}
-                     .dump(2)
+                     .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
               << "\n";
     return;
   }

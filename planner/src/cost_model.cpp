@@ -47,6 +47,7 @@
 // the 22B and 530B scenarios (which hide pipeline transfers behind compute).
 #include "tdpipe/planner/cost_model.hpp"
 
+#include "tdpipe/ir/placement.hpp"
 #include "tdpipe/ir/scenario_check.hpp"
 
 #include <algorithm>
@@ -417,6 +418,31 @@ double tp_collective_seconds(const ir::Scenario& sc, const ir::GpuSpec& gpu, OpK
   return steps / n * bytes / bw + steps * latency;
 }
 
+double model_flops_per_iteration(const ir::Scenario& sc) {
+  if (sc.synthetic) return 0;
+  const auto& m = sc.model;
+  const double tokens = double(sc.parallel.global_batch) * m.seq;
+  const double h = m.hidden, s = m.seq, f = m.ffn;
+  const double layer_fwd = 8 * h * h + 4 * h * f + 4 * s * h;
+  const double head_fwd = 2 * h * m.vocab;
+  return 3 * tokens * (m.layers * layer_fwd + head_fwd);
+}
+
+double mfu(const ir::Scenario& sc, double iteration_seconds) {
+  if (sc.synthetic || !(iteration_seconds > 0)) return 0;
+  double peak_sum = 0;
+  for (const auto& g : sc.cluster.groups) peak_sum += g.gpu.peak_flops * g.nodes * sc.cluster.gpus_per_node;
+  const double mean_peak = peak_sum / std::max(1, sc.cluster.gpus());
+  const double used = double(std::max(1, sc.parallel.tensor)) * std::max(1, sc.parallel.pipeline) *
+                      std::max(1, sc.parallel.data);
+  return mean_peak > 0 ? model_flops_per_iteration(sc) / (iteration_seconds * used * mean_peak) : 0;
+}
+
+double tokens_per_second(const ir::Scenario& sc, double iteration_seconds) {
+  if (sc.synthetic || !(iteration_seconds > 0)) return 0;
+  return double(sc.parallel.global_batch) * sc.model.seq / iteration_seconds;
+}
+
 ir::GpuSpec gpu_of_rank(const ir::Scenario& sc, int rank) {
   const auto& cl = sc.cluster;
   if (cl.groups.empty())
@@ -424,12 +450,13 @@ ir::GpuSpec gpu_of_rank(const ir::Scenario& sc, int rank) {
   const int t = std::max(1, sc.parallel.tensor), p = std::max(1, sc.parallel.pipeline);
   const int d = std::max(1, sc.parallel.data);
   const int per_node = std::max(1, cl.gpus_per_node);
+  const ir::Placement place{t, p, d};
   std::optional<ir::GpuSpec> out;
   // One kind of GPU: every GPU of the rank is it (no walk over its t·d GPUs).
   if (cl.groups.size() == 1) out = cl.groups[0].gpu;
   for (int replica = 0; replica < d && cl.groups.size() > 1; ++replica) {
     for (int tr = 0; tr < t; ++tr) {
-      int node = ((replica * p + rank) * t + tr) / per_node;
+      long node = ir::Placement::node_of(place.gpu(replica, rank, tr), per_node);
       const ir::GpuSpec* spec = &cl.groups.back().gpu;
       for (const auto& g : cl.groups) {
         if (node < g.nodes) { spec = &g.gpu; break; }

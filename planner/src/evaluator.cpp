@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "tdpipe/ir/placement.hpp"
 #include "tdpipe/ir/plan_io.hpp"
 
 namespace tdpipe::planner {
@@ -26,21 +27,16 @@ std::int64_t to_ns(double seconds) {
   return std::llround(seconds * 1e9);
 }
 
-/// Where pipeline ranks' GPUs are (see evaluator.hpp).
-class Placement {
+/// Where pipeline ranks' GPUs are (ir::Placement; see evaluator.hpp) and the links between them.
+class Links {
  public:
-  explicit Placement(const ir::Plan& plan) : sc_(plan.scenario) {
-    p_ = std::max(1, plan.num_ranks());
-    t_ = std::max(1, sc_.parallel.tensor);
-    gpn_ = std::max(1, sc_.cluster.gpus_per_node);
-  }
+  explicit Links(const ir::Plan& plan)
+      : sc_(plan.scenario),
+        place_{std::max(1, sc_.parallel.tensor), std::max(1, plan.num_ranks()), std::max(1, plan.data)},
+        gpn_(std::max(1, sc_.cluster.gpus_per_node)) {}
 
   /// Node of replica d's pipeline rank r, or −1 when its TP group straddles nodes.
-  long node(int d, int r) const {
-    const long first = (static_cast<long>(d) * p_ + r) * t_;
-    if (first % gpn_ + t_ > gpn_) return -1;
-    return first / gpn_;
-  }
+  long node(int d, int r) const { return place_.group_node(d, r, gpn_); }
 
   Link nvlink(long node_index) const {
     double bw = sc_.cluster.nvlink_bytes_per_second;
@@ -77,7 +73,8 @@ class Placement {
   }
 
   const ir::Scenario& sc_;
-  int p_ = 1, t_ = 1, gpn_ = 1;
+  ir::Placement place_;
+  int gpn_ = 1;
 };
 
 /// Ring collective over n members: all-reduce 2(n−1)/n·S/B + 2(n−1)·α; reduce-scatter
@@ -108,27 +105,27 @@ struct Tables {
 }  // namespace
 
 double p2p_seconds(const ir::Plan& plan, int from, int to, std::int64_t bytes) {
-  return Placement(plan).p2p(from, to).seconds(static_cast<double>(bytes));
+  return Links(plan).p2p(from, to).seconds(static_cast<double>(bytes));
 }
 
 double allreduce_seconds(const ir::Plan& plan, int rank, std::int64_t bytes) {
   const int n = std::max(1, plan.data);
-  return ring_seconds(Placement(plan).dp(rank, n), n, static_cast<double>(bytes), true);
+  return ring_seconds(Links(plan).dp(rank, n), n, static_cast<double>(bytes), true);
 }
 
 double compressed_allreduce_seconds(const ir::Plan& plan, int rank, std::int64_t bytes) {
   const int n = std::max(1, plan.data);
-  return compressed_seconds(Placement(plan).dp(rank, n), n, static_cast<double>(bytes));
+  return compressed_seconds(Links(plan).dp(rank, n), n, static_cast<double>(bytes));
 }
 
 double reduce_scatter_seconds(const ir::Plan& plan, int rank, std::int64_t bytes) {
   const int n = std::max(1, plan.data);
-  return ring_seconds(Placement(plan).dp(rank, n), n, static_cast<double>(bytes), false);
+  return ring_seconds(Links(plan).dp(rank, n), n, static_cast<double>(bytes), false);
 }
 
 ir::DurationFn analytic_durations(const ir::Plan& plan) {
   auto t = std::make_shared<Tables>();
-  const Placement place(plan);
+  const Links place(plan);
   t->ranks = plan.num_ranks();
   t->data = std::max(1, plan.data);
   t->p2p.resize(static_cast<std::size_t>(t->ranks) * static_cast<std::size_t>(t->ranks));

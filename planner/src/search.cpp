@@ -24,6 +24,7 @@
 #include "tdpipe/planner/search.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <limits>
 #include <map>
@@ -41,7 +42,6 @@
 #include "tdpipe/planner/cost_model.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/generators.hpp"
-#include "tdpipe/planner/schedule_report.hpp"
 #include "tdpipe/traces/metrics.hpp"
 
 namespace tdpipe::planner {
@@ -649,12 +649,21 @@ void evaluate_with(const ir::Scenario& base, Candidate& c, const SearchOptions& 
     }
     const BuiltPlan built = build_plan(sc, l.schedule, l.plan_slices(), o.max_ops);
     const traces::Trace trace = evaluate(built.lowered);
-    const ScheduleReport report = make_report(built, trace, "analytic");
     const traces::Metrics metrics = traces::compute_metrics(trace);
     c.planned = true;
-    c.iteration_seconds = report.iteration_seconds;
-    c.tokens_per_second = report.tokens_per_second;
-    c.mfu = report.mfu;
+    c.iteration_seconds = double(metrics.iteration_ns) * 1e-9;
+    c.tokens_per_second = tokens_per_second(sc, c.iteration_seconds);
+    c.mfu = mfu(sc, c.iteration_seconds);
+    // Peak memory per GPU and the verdict, as report::make_report gives them.
+    std::vector<double> peak;
+    std::optional<std::string> no_fit;
+    if (sc.synthetic) {
+      for (const auto& rm : built.report.ranks) peak.push_back(rm.peak_activation_bytes);
+    } else {
+      const auto memory = memory_per_rank(built.lowered, sc);
+      for (const auto& m : memory) peak.push_back(m.total_bytes());
+      no_fit = check_fits(memory, sc);
+    }
     int busiest = 0;
     for (int r = 0; r < int(metrics.ranks.size()); ++r)
       if (metrics.ranks[r].compute_ns > metrics.ranks[busiest].compute_ns) busiest = r;
@@ -671,15 +680,15 @@ void evaluate_with(const ir::Scenario& base, Candidate& c, const SearchOptions& 
     c.comm_seconds = double(busy.exposed_comm_ns()) * 1e-9;
     c.bubble_seconds = std::max(0.0, c.iteration_seconds - c.compute_seconds - c.comm_seconds);
     double worst = -1;
-    for (int r = 0; r < int(report.peak_memory_bytes_per_rank.size()); ++r) {
+    for (int r = 0; r < int(peak.size()); ++r) {
       const double have = gpu_of_rank(sc, r).hbm_bytes;
-      const double need = report.peak_memory_bytes_per_rank[r];
+      const double need = peak[r];
       if (need / have > worst) worst = need / have, c.peak_bytes = need, c.hbm_bytes = have;
     }
     c.score = score_of(l, base, o.objective, c.iteration_seconds);
-    if (!report.fits) {
+    if (no_fit) {
       c.verdict = Verdict::NoFit;
-      c.reason = report.fit_message;
+      c.reason = *no_fit;
     } else {
       c.verdict = Verdict::Ranked;
     }

@@ -8,7 +8,8 @@
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/evaluator.hpp"
-#include "tdpipe/planner/schedule_report.hpp"
+#include "tdpipe/planner/cost_model.hpp"
+#include "tdpipe/traces/metrics.hpp"
 
 namespace tdpipe::planner {
 
@@ -17,11 +18,10 @@ StackFit predict_with_efficiency(const ir::Scenario& scenario, const std::string
   ir::Scenario sc = scenario;
   sc.cluster.compute_efficiency = efficiency;
   const BuiltPlan built = build_plan(sc, schedule, slices, max_ops);
-  const ScheduleReport r = make_report(built, evaluate(built.lowered), "analytic");
   StackFit f;
   f.efficiency = efficiency;
-  f.fitted_seconds = r.iteration_seconds;
-  f.fitted_mfu = r.mfu;
+  f.fitted_seconds = double(traces::compute_metrics(evaluate(built.lowered)).iteration_ns) * 1e-9;
+  f.fitted_mfu = mfu(sc, f.fitted_seconds);
   return f;
 }
 

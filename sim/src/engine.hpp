@@ -36,5 +36,13 @@ RawResult run_engine(const ir::Plan& plan, const SimOptions& options,
 /// the simulation's child process, so that its start-up never maps SimGrid) exports it.
 inline constexpr const char* kEngineEntry = "tdpipe_sim_run_engine";
 using EngineEntry = void (*)(const ir::Plan&, const SimOptions&, const std::function<void(double)>&, RawResult&);
+/// The plugin's ABI tag, which the caller compares with its own before it passes C++
+/// values across: a plugin of another build (TDPIPE_SIM_ENGINE) is refused, not run.
+inline constexpr const char* kEngineAbiEntry = "tdpipe_sim_engine_abi";
+inline std::string engine_abi() {
+  return "tdpipe-sim-engine/1 " __VERSION__ " " + std::to_string(sizeof(ir::Plan)) + " " +
+         std::to_string(sizeof(ir::Op)) + " " + std::to_string(sizeof(ir::Scenario)) + " " +
+         std::to_string(sizeof(SimOptions)) + " " + std::to_string(sizeof(RawResult));
+}
 
 }  // namespace tdpipe::sim::detail

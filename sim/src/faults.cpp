@@ -28,7 +28,7 @@ namespace {
 constexpr const char* kSpecHelp = "slow:rank=G,factor=F | link:node=N,factor=F[,nic=J] | fail:rank=G,at=T";
 
 /// GPUs of the plan on `node` (all of them, or those on NIC `nic`).
-std::vector<int> gpus_of(const SimFault& f, const Placement& place, const PlatformSpec& spec) {
+std::vector<int> gpus_of(const SimFault& f, const ir::Placement& place, const PlatformSpec& spec) {
   std::vector<int> out;
   const int per_nic = std::max(spec.gpus_per_nic(), 1);
   for (int k = 0; k < spec.gpus_per_node; ++k) {
@@ -39,7 +39,7 @@ std::vector<int> gpus_of(const SimFault& f, const Placement& place, const Platfo
   return out;
 }
 
-std::string where(int gpu, const Placement& place) {
+std::string where(int gpu, const ir::Placement& place) {
   return fmt::format("replica {}, stage {}, TP rank {}", place.replica_of(gpu), place.stage_of(gpu),
                      place.tp_rank_of(gpu));
 }
@@ -70,7 +70,7 @@ SimFault parse_sim_fault(std::string_view text) {
   return f;
 }
 
-void check_sim_faults(const std::vector<SimFault>& faults, const Placement& place, const PlatformSpec& spec) {
+void check_sim_faults(const std::vector<SimFault>& faults, const ir::Placement& place, const PlatformSpec& spec) {
   const int gpus = place.gpus();
   const int nodes_used = (gpus + spec.gpus_per_node - 1) / std::max(spec.gpus_per_node, 1);
   for (const SimFault& f : faults) {
@@ -95,7 +95,7 @@ void check_sim_faults(const std::vector<SimFault>& faults, const Placement& plac
   }
 }
 
-std::vector<int> affected_replicas(const std::vector<SimFault>& faults, const Placement& place,
+std::vector<int> affected_replicas(const std::vector<SimFault>& faults, const ir::Placement& place,
                                    const PlatformSpec& spec) {
   std::set<int> out;
   for (const SimFault& f : faults) {
@@ -106,7 +106,7 @@ std::vector<int> affected_replicas(const std::vector<SimFault>& faults, const Pl
   return {out.begin(), out.end()};
 }
 
-std::string describe_sim_fault(const SimFault& f, const Placement& place, const PlatformSpec& spec) {
+std::string describe_sim_fault(const SimFault& f, const ir::Placement& place, const PlatformSpec& spec) {
   switch (f.kind) {
     case SimFault::Kind::Slow: {
       const int first = f.rank - place.tp_rank_of(f.rank);

@@ -161,8 +161,8 @@ bool read_exact(int fd, char* out, std::size_t n) {
 
 #ifdef TDPIPE_SIM_ENGINE_PLUGIN
 // The engine plugin beside this program: TDPIPE_SIM_ENGINE names it outright; else
-// <program's folder>/../lib/tdpipe/ (an install) or <program's folder>/../sim/ (the
-// build tree, where apps/, tests/ and bench/ sit beside sim/).
+// lib/tdpipe/ as the install lays it out relative to bin/ (TDPIPE_SIM_ENGINE_FROM_BIN), or
+// <program's folder>/../sim/ (the build tree, where apps/, tests/ and bench/ sit beside sim/).
 detail::RawResult run_plugin(const ir::Plan& plan, const SimOptions& options,
                              const std::function<void(double)>& progress) {
   std::vector<std::string> candidates;
@@ -172,7 +172,7 @@ detail::RawResult run_plugin(const ir::Plan& plan, const SimOptions& options,
     std::error_code ec;
     const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
     if (!ec)
-      for (const char* rel : {"../" TDPIPE_INSTALL_LIBDIR "/tdpipe", "../sim"})
+      for (const char* rel : {TDPIPE_SIM_ENGINE_FROM_BIN, "../sim"})
         candidates.push_back((exe.parent_path() / rel / TDPIPE_SIM_ENGINE_PLUGIN).lexically_normal().string());
   }
   std::string tried;
@@ -182,6 +182,11 @@ detail::RawResult run_plugin(const ir::Plan& plan, const SimOptions& options,
       tried += fmt::format("\n  {}: {}", path, ::dlerror());
       continue;
     }
+    auto abi = reinterpret_cast<const char* (*)()>(::dlsym(lib, detail::kEngineAbiEntry));
+    if (!abi || abi() != detail::engine_abi())
+      throw Error(fmt::format("simulator: {} is the SimGrid engine of another tdpipe build ({}; this one: {}); "
+                              "use the plugin built with this tdpipe",
+                              path, abi ? abi() : "no ABI tag", detail::engine_abi()));
     auto entry = reinterpret_cast<detail::EngineEntry>(::dlsym(lib, detail::kEngineEntry));
     if (!entry) throw Error(fmt::format("simulator: {} has no entry point {}", path, detail::kEngineEntry));
     detail::RawResult r;
@@ -274,14 +279,6 @@ detail::RawResult run_in_child(const ir::Plan& plan, const SimOptions& options) 
   return *result;
 }
 
-// Model FLOPs of one iteration without recompute (Narayanan et al. 2021):
-// 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)).
-double model_flops(const ir::Scenario& sc, double sequences) {
-  const auto& m = sc.model;
-  if (m.layers <= 0 || m.hidden <= 0 || m.seq <= 0) return 0;
-  const double s = m.seq, l = m.layers, h = m.hidden, v = m.vocab;
-  return 72.0 * sequences * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h));
-}
 
 }  // namespace
 
@@ -338,16 +335,6 @@ SimResult simulate(const ir::Plan& plan, const SimOptions& options) {
   out.engine_wall_seconds = raw.wall_seconds;
   out.engine_cpu_seconds = raw.cpu_seconds;
   out.engine_peak_rss_bytes = raw.peak_rss_bytes;
-  const ir::Scenario& sc = plan.scenario;
-  if (!sc.synthetic && out.iteration_seconds > 0) {
-    const double sequences =
-        static_cast<double>(plan.microbatches) * std::max(sc.parallel.micro_batch, 1) * std::max(plan.data, 1);
-    out.tokens_per_second = sequences * sc.model.seq / out.iteration_seconds;
-    const double gpus = static_cast<double>(std::max(sc.parallel.tensor, 1)) * plan.num_ranks() *
-                        std::max(plan.data, 1);
-    const double peak = sc.cluster.groups.empty() ? 0 : sc.cluster.groups.front().gpu.peak_flops;
-    if (peak > 0) out.mfu = model_flops(sc, sequences) / (out.iteration_seconds * gpus * peak);
-  }
   return out;
 }
 

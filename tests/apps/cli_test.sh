@@ -111,8 +111,11 @@ PY
     # tdpipe links no CUDA library; --backend cuda runs tdpipe-cuda, beside it, in its place
     # (here, without a GPU, that one says so); a tdpipe alone says what is missing. (The
     # JSON scenario: the gpu preset reads no YAML.)
-    ldd "$tdpipe" | grep -Eq 'libcudart|libcublas|libnccl' && fail "tdpipe links CUDA libraries"
-    ldd "$(dirname "$tdpipe")/tdpipe-cuda" | grep -q libcudart || fail "tdpipe-cuda does not link the CUDA runtime"
+    # (ldd's output captured first: `ldd | grep -q` under pipefail fails when grep stops reading early)
+    libs=$(ldd "$tdpipe") || fail "ldd tdpipe"
+    grep -Eq 'libcudart|libcublas|libnccl' <<<"$libs" && fail "tdpipe links CUDA libraries"
+    libs=$(ldd "$(dirname "$tdpipe")/tdpipe-cuda") || fail "ldd tdpipe-cuda"
+    grep -q libcudart <<<"$libs" || fail "tdpipe-cuda does not link the CUDA runtime"
     out=$("$tdpipe" exec tests/exec_cuda/data/tiny-gpt-cpu.json --backend cuda --steps 1 2>&1)
     rc=$?
     [ $rc -eq 0 ] || expect "$out" 'the CUDA backend needs a GPU but none is visible' "tdpipe-cuda's own message"
@@ -123,7 +126,8 @@ PY
   simgrid-plugin)
     # tdpipe maps no SimGrid library until a simulation runs, and then only in the
     # simulation's child process (libtdpipe_sim_engine.so, found beside tdpipe).
-    ldd "$tdpipe" | grep -Eq 'libsimgrid|libns3' && fail "tdpipe links SimGrid at start"
+    libs=$(ldd "$tdpipe") || fail "ldd tdpipe"
+    grep -Eq 'libsimgrid|libns3' <<<"$libs" && fail "tdpipe links SimGrid at start"
     out=$("$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --engine simgrid --json) || fail "sim exited $?"
     python3 -c 'import json, sys; j = json.loads(sys.argv[1]); assert j["engine"] == "simgrid" and j["iteration_time"] > 0, j' \
       "$out" || fail "a SimGrid prediction through the plugin"

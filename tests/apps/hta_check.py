@@ -10,7 +10,9 @@ tdpipe's Kineto files and checks its temporal breakdown against `tdpipe trace st
 
 HTA reads µs and truncates each event's ts and dur to whole µs, so each figure may be
 off by up to 2 µs per event of the rank; nothing else may differ. Its idle-time
-breakdown must also run on every rank and account for every stream. Exit 0 when all agree.
+breakdown must also run on every rank and account for every stream, and HTA must put every
+kernel in the rank's ProfilerStep iteration (through its correlated launch). Exit 0 when
+all agree.
 """
 import json
 import logging
@@ -44,6 +46,12 @@ def main():
             print(f"rank {r}: HTA {hta_col:<22} {a:14.1f}   tdpipe {ours:<13} {b:14.1f} µs   {status}")
             if status != "ok":
                 bad.append(f"rank {r}: {hta_col} {a} vs {ours} {b} (tolerance {tolerance} µs)")
+        step = [e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
+        kernels = analysis.t.get_trace(r)
+        kernels = kernels[kernels["stream"].ne(-1)]
+        iterations = sorted(int(i) for i in kernels["iteration"].unique())
+        if len(step) != 1 or iterations != [int(step[0].split("#")[1])]:
+            bad.append(f"rank {r}: HTA put kernels in iterations {iterations}; the trace's step is {step}")
         idle, _ = analysis.get_idle_time_breakdown(ranks=[r], visualize=False)
         streams = {e["args"]["stream"] for e in trace["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy")}
         if set(idle["stream"]) != streams:

@@ -7,7 +7,7 @@
 #include "tdpipe/exec/cpu/calibrate.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/evaluator.hpp"
-#include "tdpipe/planner/shared_device.hpp"
+#include "tdpipe/report/shared_device.hpp"
 #include "tdpipe/traces/profile.hpp"
 
 using namespace tdpipe;
@@ -29,7 +29,7 @@ traces::Trace shared_prediction(const ir::Plan& lowered, double capacity) {
   prof.p2p = {1e-12, 1e18};
   prof.platform.shared_capacity = capacity;
   traces::apply_profile(prof, plan);
-  return planner::predict_shared(plan, [](const ir::Plan& p) { return planner::evaluate(p); });
+  return report::predict_shared(plan, [](const ir::Plan& p) { return planner::evaluate(p); });
 }
 
 }  // namespace

@@ -43,8 +43,9 @@ cd "$work"
 "$p/bin/tdpipe" --version | grep -q "tdpipe" || fail "installed tdpipe --version"
 "$p/bin/tdpipe" sim "$p/share/tdpipe/scenarios/synthetic-uniform-p4-m8.yaml" --engine analytic --schedule 1f1b \
   > /dev/null || fail "installed tdpipe sim"
-if ldd "$p/bin/tdpipe" | grep -Eq 'libcudart|libcublas|libnccl'; then fail "tdpipe links CUDA libraries"; fi
-if ldd "$p/bin/tdpipe" | grep -Eq 'libsimgrid'; then fail "tdpipe links SimGrid at start"; fi
+libs=$(ldd "$p/bin/tdpipe")  # (captured: `ldd | grep -q` under pipefail misreads an early grep exit)
+if grep -Eq 'libcudart|libcublas|libnccl' <<<"$libs"; then fail "tdpipe links CUDA libraries"; fi
+if grep -Eq 'libsimgrid' <<<"$libs"; then fail "tdpipe links SimGrid at start"; fi
 if [ -e "$build/sim/libtdpipe_sim_engine.so" ]; then  # the SimGrid engine, a plugin found in lib/tdpipe/
   [ -n "$(find "$p" -name libtdpipe_sim_engine.so -path '*/tdpipe/*')" ] || fail "not installed: the SimGrid engine plugin"
   "$p/bin/tdpipe" sim "$p/share/tdpipe/scenarios/synthetic-uniform-p4-m8.yaml" --engine simgrid --schedule 1f1b \

@@ -16,7 +16,7 @@
 #include "tdpipe/ir/validate.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/evaluator.hpp"
-#include "tdpipe/planner/shared_device.hpp"
+#include "tdpipe/report/shared_device.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/traces/handoff.hpp"
 #include "tdpipe/traces/metrics.hpp"
@@ -400,7 +400,7 @@ TEST_CASE("ranks sharing one device: processor sharing over the engine", "[evalu
   const ir::Scenario sc = tiny_scenario();
   traces::Profile prof = uniform_tiny_profile(sc);
   prof.p2p = {1e-12, 1e18};
-  const planner::Engine analytic = [](const ir::Plan& p) { return planner::evaluate(p); };
+  const report::Engine analytic = [](const ir::Plan& p) { return planner::evaluate(p); };
   for (const char* schedule : {"gpipe", "1f1b", "zb-h1"}) {
     CAPTURE(schedule);
     planner::BuiltPlan built = planner::build_plan(sc, schedule, 1);
@@ -411,11 +411,11 @@ TEST_CASE("ranks sharing one device: processor sharing over the engine", "[evalu
     prof.platform.shared_capacity = 2;
     traces::apply_profile(prof, built.lowered);
     CHECK(built.lowered.scenario.cluster.shared_capacity == 2);
-    CHECK(traces::compute_metrics(planner::predict_shared(built.lowered, analytic)).iteration_ns == plain);
+    CHECK(traces::compute_metrics(report::predict_shared(built.lowered, analytic)).iteration_ns == plain);
 
     prof.platform.shared_capacity = 1;
     traces::apply_profile(prof, built.lowered);
-    const traces::Trace shared = planner::predict_shared(built.lowered, analytic);
+    const traces::Trace shared = report::predict_shared(built.lowered, analytic);
     CHECK(shared.metadata.at("shared_device_converged") == "true");
     const double iteration = double(traces::compute_metrics(shared).iteration_ns) * 1e-9;
     CHECK(iteration == Approx(24.5e-3).epsilon(0.003));

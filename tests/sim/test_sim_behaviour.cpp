@@ -15,6 +15,7 @@
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/cost_model.hpp"
+#include "tdpipe/report/schedule_report.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/sim/platform.hpp"
 #include "tdpipe/sim/simulate.hpp"
@@ -143,7 +144,7 @@ TEST_CASE("reduced and plain fidelity agree within 1% on a small DP pipeline", "
   CHECK(std::abs(double(reduced.metrics.iteration_ns) / double(plain.metrics.iteration_ns) - 1) < 0.01);
 }
 
-TEST_CASE("metrics: tokens/s, MFU and activation memory come with the timeline", "[sim][metrics]") {
+TEST_CASE("metrics: tokens/s, MFU (one definition, downstream) and activation memory", "[sim][metrics]") {
   auto sc = ir::load_scenario(std::string(TDPIPE_SOURCE_DIR) + "/scenarios/gpt3-175b-a100-8x8.yaml");
   const auto built = planner::build_plan(sc, "1f1b");
   std::vector<double> fractions;
@@ -151,9 +152,17 @@ TEST_CASE("metrics: tokens/s, MFU and activation memory come with the timeline",
   opt.progress = [&](double f) { fractions.push_back(f); };
   const auto res = sim::simulate(built.lowered, opt);
   const double tokens = 64.0 * 2048;
-  CHECK(res.tokens_per_second == Approx(tokens / res.iteration_seconds));
-  CHECK(res.mfu > 0.1);
-  CHECK(res.mfu < 0.8);
+  const report::ScheduleReport rep = report::make_report(built, res.trace, "simgrid");
+  CHECK(rep.iteration_seconds == Approx(res.iteration_seconds).epsilon(1e-12));
+  CHECK(rep.tokens_per_second == Approx(tokens / res.iteration_seconds));
+  CHECK(rep.mfu > 0.1);
+  CHECK(rep.mfu < 0.8);
+  // Megatron's model FLOPs (Narayanan et al. 2021, eq. 3), which the generalised count
+  // equals for ffn = 4h: 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)).
+  const double B = 64, s = 2048, l = sc.model.layers, h = sc.model.hidden, V = sc.model.vocab;
+  REQUIRE(sc.model.ffn == 4 * sc.model.hidden);
+  CHECK(planner::model_flops_per_iteration(sc) == Approx(72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))));
+  CHECK(rep.mfu == Approx(planner::model_flops_per_iteration(sc) / (res.iteration_seconds * 64 * sc.cluster.groups.at(0).gpu.peak_flops)));
   REQUIRE(res.peak_activation_bytes.size() == 8);
   // 1F1B: rank 0 keeps p = 8 micro-batches in flight, the last rank one.
   CHECK(res.peak_activation_bytes.front() > 4 * res.peak_activation_bytes.back());

@@ -78,7 +78,7 @@ TEST_CASE("sim fault specs: slow, link and fail parse, and bad ones name the spe
   CHECK_THAT(error("slow:rank=3,factor=1.5,"), Contains("ends with a comma"));
 
   // Against the layout: t = 8, p = 8, d = 2 on 16 nodes (128 GPUs, 8 NICs a node).
-  const sim::Placement place{8, 8, 2};
+  const ir::Placement place{8, 8, 2};
   const sim::PlatformSpec spec = sim::platform_preset("dgx-a100-hdr", 16);
   auto check_error = [&](const char* s) {
     try {
@@ -94,7 +94,7 @@ TEST_CASE("sim fault specs: slow, link and fail parse, and bad ones name the spe
   CHECK_THAT(check_error("link:node=16,factor=0.5"), Contains("node 16 holds no GPU of the plan") && Contains("0 to 15"));
   CHECK_THAT(check_error("link:node=1,factor=0.5,nic=8"), Contains("nic 8 does not exist") && Contains("0 to 7"));
   const sim::PlatformSpec one = sim::platform_preset("dgx-a100-hdr", 1);
-  CHECK_THROWS_WITH(sim::check_sim_faults(faults({"link:node=0,factor=0.5"}), sim::Placement{8, 1, 1}, one),
+  CHECK_THROWS_WITH(sim::check_sim_faults(faults({"link:node=0,factor=0.5"}), ir::Placement{8, 1, 1}, one),
                     Contains("the cluster is one node"));
 
   // What each touches, said in the layout's terms.

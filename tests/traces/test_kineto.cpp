@@ -104,10 +104,15 @@ TEST_CASE("tdpipe's Kineto files round-trip exactly and say what HTA needs", "[t
   CHECK(r0["distributedInfo"]["rank"] == 0);
   CHECK(r0["distributedInfo"]["world_size"] == 2);
   std::map<std::string, json> by_op;
-  std::set<int> streams;
+  std::set<int> streams, launches;
   int steps = 0;
   for (const auto& e : r0["traceEvents"]) {
     if (e["ph"] != "X") continue;
+    if (e["cat"] == "cuda_runtime") {  // each kernel's launch, correlated with it
+      CHECK(e["name"] == "cudaLaunchKernel");
+      launches.insert(e["args"]["correlation"].get<int>());
+      continue;
+    }
     if (e["cat"] == "user_annotation") {
       ++steps;
       CHECK(e["name"] == "ProfilerStep#4");  // the trace's step
@@ -120,6 +125,10 @@ TEST_CASE("tdpipe's Kineto files round-trip exactly and say what HTA needs", "[t
     streams.insert(e["args"]["stream"].get<int>());
   }
   CHECK(steps == 1);
+  CHECK(r0["baseTimeNanoseconds"] == 0);
+  std::set<int> correlations;
+  for (const auto& [name, e] : by_op) correlations.insert(e["args"]["correlation"].get<int>());
+  CHECK(launches == correlations);
   CHECK(by_op.at("F0")["name"] == "F0");
   CHECK(by_op.at("F0")["cat"] == "kernel");
   CHECK(by_op.at("SEND(F0>r1)")["name"] == "ncclDevKernel_SendRecv");
@@ -139,7 +148,15 @@ TEST_CASE("tdpipe's Kineto files round-trip exactly and say what HTA needs", "[t
 
 TEST_CASE("write_trace(kineto) writes a folder read_trace reads back, gzip included", "[traces][kineto]") {
   const std::string dir = temp_dir("dir");
+  // An earlier, larger run's files in the folder: this trace's ranks replace them.
+  std::filesystem::create_directories(dir + "/run");
+  write_text(dir + "/run/rank5.json", "{}");
+  write_text(dir + "/run/rank2.json.gz", "x");
+  write_text(dir + "/run/notes.txt", "kept");
   write_trace(sample(), dir + "/run", TraceFormat::Kineto);
+  CHECK_FALSE(std::filesystem::exists(dir + "/run/rank5.json"));
+  CHECK_FALSE(std::filesystem::exists(dir + "/run/rank2.json.gz"));
+  CHECK(std::filesystem::exists(dir + "/run/notes.txt"));
   CHECK(std::filesystem::exists(dir + "/run/rank0.json"));
   CHECK(std::filesystem::exists(dir + "/run/rank1.json"));
   CHECK(read_trace(dir + "/run") == sample());
@@ -147,10 +164,15 @@ TEST_CASE("write_trace(kineto) writes a folder read_trace reads back, gzip inclu
   // One rank's file compressed, as torch.profiler writes `*.json.gz`.
   std::ifstream in(dir + "/run/rank1.json");
   const std::string text((std::istreambuf_iterator<char>(in)), {});
-  gzFile gz = gzopen((dir + "/run/rank1.json.gz").c_str(), "wb");
-  REQUIRE(gz);
-  REQUIRE(gzwrite(gz, text.data(), static_cast<unsigned>(text.size())) == static_cast<int>(text.size()));
-  gzclose(gz);
+  // Two gzip members, as concatenated .gz files are: read as zcat reads them.
+  const std::size_t half = text.size() / 2;
+  for (const char* mode : {"wb", "ab"}) {
+    gzFile gz = gzopen((dir + "/run/rank1.json.gz").c_str(), mode);
+    REQUIRE(gz);
+    const std::string part = std::string(mode) == "wb" ? text.substr(0, half) : text.substr(half);
+    REQUIRE(gzwrite(gz, part.data(), static_cast<unsigned>(part.size())) == static_cast<int>(part.size()));
+    gzclose(gz);
+  }
   std::filesystem::remove(dir + "/run/rank1.json");
   CHECK(read_trace(dir + "/run") == sample());
 
@@ -190,14 +212,46 @@ TEST_CASE("torch.profiler's ranges named like ops: the last common step, batches
   CHECK(send.peer == 1);
   CHECK(send.stream == static_cast<int>(ir::Stream::P2P));
 
-  // Device-side ranges win over host-side ones in a file that has both.
-  json gpu = torch_like(0, 1, 0);
-  gpu["traceEvents"].push_back({{"ph", "X"}, {"cat", "gpu_user_annotation"}, {"name", "F0"}, {"pid", 0}, {"tid", 7},
-                                {"ts", 1015.0}, {"dur", 80.0}, {"args", {{"stream", 7}, {"device", 0}}}});
+  // An op's device-side range (as Kineto writes record_function's GPU span: args only
+  // "External id") wins over its host range; spans of one range on two streams (one
+  // External id) are one op; ops without a device range keep their host range; the
+  // device's ProfilerStep bounds its ranges.
+  json gpu = torch_like(0, 2, 0);
+  auto span = [&](const std::string& name, int stream, double ts, double dur, int external) {
+    gpu["traceEvents"].push_back({{"ph", "X"}, {"cat", "gpu_user_annotation"}, {"name", name}, {"pid", 0},
+                                  {"tid", stream}, {"ts", ts}, {"dur", dur}, {"args", {{"External id", external}}}});
+  };
+  span("ProfilerStep#2", 7, 1005, 990, 900);
+  span("F0", 7, 1015, 80, 11);
+  span("F0", 13, 1020, 90, 11);   // the same range's kernels on another stream
+  span("F0", 7, 20, 50, 5);       // step 1's: outside step 2 on the device
   const Trace g = trace_from_kineto({{"gpu.json", gpu}});
-  REQUIRE(g.events.size() == 1);
-  CHECK(g.events[0].name == "F0");
-  CHECK(g.events[0].dur_ns == 80000);
+  REQUIRE(g.events.size() == 3);
+  std::map<std::string, TraceEvent> by_name;
+  for (const auto& e : g.events) by_name[e.name] = e;
+  CHECK(by_name.at("F0").dur_ns == 95000);  // 1015 … 1110 µs
+  CHECK(by_name.at("F0").start_ns == 0);
+  CHECK(by_name.at("SEND(F0>r1)").start_ns == 185000);  // host: 1200 µs
+  CHECK(by_name.at("SEND(F0>r1)").dur_ns == 30250);
+
+  // Each file's ts is relative to its baseTimeNanoseconds: the common clock is theirs.
+  json early = torch_like(0, 2, 5e6), late = torch_like(1, 2, 0);
+  early["baseTimeNanoseconds"] = 7'000'000'000;
+  late["baseTimeNanoseconds"] = 12'000'000'000;  // 5 s later: ts 0 here is ts 5e6 µs there
+  const Trace b = trace_from_kineto({{"e.json", early}, {"l.json", late}});
+  std::map<std::pair<int, std::string>, TraceEvent> at;
+  for (const auto& e : b.events) at[{e.rank, e.name}] = e;
+  CHECK(at.at({0, "F0"}).start_ns == at.at({1, "F0"}).start_ns);
+
+  // A file without profiler steps keeps all its ops; the others are filtered, and the
+  // metadata names it.
+  json plain = torch_like(1, 2, 0);
+  for (auto& e : plain["traceEvents"])
+    if (e["name"].get<std::string>().starts_with("ProfilerStep#")) e["name"] = "step";
+  const Trace mixed = trace_from_kineto({{"s.json", torch_like(0, 2, 0)}, {"p.json", plain}});
+  CHECK(mixed.metadata.at("kineto.files_without_steps") == "p.json");
+  CHECK(std::count_if(mixed.events.begin(), mixed.events.end(), [](const TraceEvent& e) { return e.rank == 0; }) == 3);
+  CHECK(std::count_if(mixed.events.begin(), mixed.events.end(), [](const TraceEvent& e) { return e.rank == 1; }) == 4);
 }
 
 TEST_CASE("bad Kineto input names the file and what was expected", "[traces][kineto]") {
@@ -224,7 +278,27 @@ TEST_CASE("bad Kineto input names the file and what was expected", "[traces][kin
     if (e["name"].get<std::string>().starts_with("ProfilerStep#"))
       e["name"] = "ProfilerStep#" + std::to_string(std::stoi(e["name"].get<std::string>().substr(13)) + 5);
   CHECK_THROWS_WITH(trace_from_kineto({{"a.json", a}, {"o.json", other_steps}}),
-                    "a.json: no ProfilerStep#N that every rank's file has");
+                    "a.json, o.json: no ProfilerStep#N that every rank's file has");
+  json two_jobs = torch_like(1, 4, 0);
+  CHECK_THROWS_WITH(trace_from_kineto({{"a.json", a}, {"w.json", two_jobs}}),
+                    "w.json: distributedInfo.world_size 4, but a.json says 2: files of two jobs");
+  json long_step = torch_like(0, 1, 0);
+  long_step["traceEvents"][0]["name"] = "ProfilerStep#" + std::string(300000, '1');
+  CHECK_THROWS_WITH(trace_from_kineto({{"l.json", long_step}}),
+                    "l.json: traceEvents[0]: field \"name\": a ProfilerStep number of 300000 digits; expected at most 9");
+  json negative_step = torch_like(0, 1, 0);
+  negative_step["traceEvents"][0]["dur"] = -5;
+  CHECK_THROWS_WITH(trace_from_kineto({{"n.json", negative_step}}),
+                    "n.json: traceEvents[0]: field \"dur\": expected a duration ≥ 0");
+  json no_ops = torch_like(0, 1, 0);
+  for (auto& e : no_ops["traceEvents"])
+    if (!e["name"].get<std::string>().starts_with("ProfilerStep#")) e["name"] = "aten::mm";
+  CHECK_THROWS_WITH(trace_from_kineto({{"z.json", no_ops}}),
+                    Catch::StartsWith("z.json: no ranges named like tdpipe ops in ProfilerStep#2 (8 other ranges)"));
+  json huge_mb = torch_like(0, 2, 0);
+  huge_mb["traceEvents"][1]["args"] = {{"op", "F0"}, {"kind", "F"}, {"mb", 18446744073709551615ull}};
+  CHECK_THROWS_WITH(trace_from_kineto({{"m.json", huge_mb}}),
+                    Catch::StartsWith("m.json: traceEvents[1]: field \"args.mb\": expected an integer in [-1,"));
   const std::string dir = temp_dir("empty");
   CHECK_THROWS_WITH(read_trace(dir), Catch::Contains("no .json or .json.gz files (expected one Kineto trace per rank)"));
   std::filesystem::remove_all(dir);

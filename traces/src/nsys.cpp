@@ -93,9 +93,10 @@ Trace trace_from_nsys_sqlite(const std::string& path) {
       ++other;
       continue;
     }
-    if (end < start)
-      throw Error(fmt::format("{}: NVTX range \"{}\" ends ({} ns) before it starts ({} ns)", path,
-                              reinterpret_cast<const char*>(text), end, start));
+    constexpr std::int64_t kMaxNs = 4'000'000'000'000'000'000;  // far beyond any report; keeps sums in int64
+    if (start < 0 || end < start || end > kMaxNs)
+      throw Error(fmt::format("{}: NVTX range \"{}\" from {} ns to {} ns: expected 0 ≤ start ≤ end ≤ 4e18 ns", path,
+                              reinterpret_cast<const char*>(text), start, end));
     const std::int64_t global_tid = sqlite3_column_int64(q.get(), 3);
     ranges.push_back({start, end, (global_tid >> 24) & 0xFFFFFF, reinterpret_cast<const char*>(text)});
   }
@@ -112,6 +113,10 @@ Trace trace_from_nsys_sqlite(const std::string& path) {
     rank_of_pid.emplace(r.pid, 0);
     ops.emplace_back(&r, std::move(group));
   }
+  if (ops.empty())
+    throw Error(fmt::format("{}: no NVTX ranges named like tdpipe ops ({} other ranges); name each op's range after "
+                            "its text form, e.g. nvtxRangePushA(\"F3\"), \"SEND(F0>r1)\"",
+                            path, other));
   int n = 0;
   for (auto& [pid, rank] : rank_of_pid) rank = n++;
 

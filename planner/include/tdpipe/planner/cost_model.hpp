@@ -114,6 +114,22 @@ std::string cost_shape_key(const ir::Scenario& scenario, const ir::GpuSpec& gpu)
 double tp_collective_seconds(const ir::Scenario& scenario, const ir::GpuSpec& gpu, ir::OpKind kind,
                              double bytes, int ranks);
 
+/// Model FLOPs of one training iteration, Megatron's definition (Narayanan et al. 2021,
+/// eq. 3: 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) for ffn = 4h), generalised to any ffn
+/// size: 3 (forward + backward) × tokens × (per layer 8h² for QKV and projection,
+/// 4h·ffn for the MLP, 4·s·h for attention scores and values — without causal halving,
+/// as Megatron counts them — plus 2h·V for the LM head). Recomputation is not counted:
+/// it is work the hardware does, not the model's. 0 for synthetic scenarios.
+double model_flops_per_iteration(const ir::Scenario& scenario);
+
+/// The one MFU tdpipe reports, for every engine and every measured run: model FLOPs of
+/// an iteration / (iteration seconds × GPUs used (t·p·d) × the mean peak FLOP/s of the
+/// cluster's GPUs). 0 for synthetic scenarios or a non-positive iteration.
+double mfu(const ir::Scenario& scenario, double iteration_seconds);
+
+/// global_batch · seq / iteration seconds; 0 for synthetic scenarios.
+double tokens_per_second(const ir::Scenario& scenario, double iteration_seconds);
+
 /// The GPU that bounds pipeline rank `rank`: slowest peak (then smallest HBM) among the
 /// GPUs of all its tensor ranks and replicas. Placement: tensor ranks inside a node,
 /// pipeline ranks next, replicas last (as gpu_memory_bytes in schedule_report.hpp).

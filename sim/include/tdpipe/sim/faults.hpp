@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "tdpipe/ir/scenario.hpp"
-#include "tdpipe/sim/placement.hpp"
+#include "tdpipe/ir/placement.hpp"
 #include "tdpipe/sim/platform.hpp"
 
 namespace tdpipe::sim {
@@ -50,16 +50,16 @@ SimFault parse_sim_fault(std::string_view text);
 
 /// Checks faults against the layout and the platform: a GPU, node or NIC outside the
 /// cluster the plan uses is an Error naming the spec and the valid range.
-void check_sim_faults(const std::vector<SimFault>& faults, const Placement& placement,
+void check_sim_faults(const std::vector<SimFault>& faults, const ir::Placement& placement,
                       const PlatformSpec& platform);
 
 /// Replicas the slow and link faults touch (sorted): their symmetry is broken.
-std::vector<int> affected_replicas(const std::vector<SimFault>& faults, const Placement& placement,
+std::vector<int> affected_replicas(const std::vector<SimFault>& faults, const ir::Placement& placement,
                                    const PlatformSpec& platform);
 
 /// One line per fault saying what it is in this layout ("GPU 3 = replica 0, stage 0,
 /// TP rank 3: its TP group computes 1.5× slower").
-std::string describe_sim_fault(const SimFault& fault, const Placement& placement, const PlatformSpec& platform);
+std::string describe_sim_fault(const SimFault& fault, const ir::Placement& placement, const PlatformSpec& platform);
 
 /// Checkpoint-restart accounting for fail faults.
 struct FailureOptions {

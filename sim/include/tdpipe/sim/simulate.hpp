@@ -77,9 +77,7 @@ struct SimResult {
   /// when all end alike.
   traces::Trace trace;
   traces::Metrics metrics;      ///< iteration, bubble, compute / exposed / hidden comm
-  double iteration_seconds = 0;
-  double tokens_per_second = 0; ///< global_batch · seq / iteration (0 for synthetic)
-  double mfu = 0;               ///< model FLOPs / (iteration · GPUs · peak); 0 if unknown
+  double iteration_seconds = 0;  ///< (tokens/s, MFU, memory verdict: report::make_report)
   std::vector<double> peak_activation_bytes;  ///< per rank, from ops' mem_bytes
   /// Per rank: time data was moving (a SEND/RECV from the later post to completion, a
   /// collective from start to end) — unlike the trace's comm events, waiting for a

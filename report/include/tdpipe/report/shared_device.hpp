@@ -1,6 +1,7 @@
 // shared_device.hpp — predictions for ranks that share one device (the CPU backend's
 // threads on a few cores, several pipeline stages on one GPU): processor sharing on
-// top of either engine.
+// top of either engine. Downstream of both (the caller hands in the engine), so that
+// the planner never calls the simulator.
 #pragma once
 
 #include <functional>
@@ -8,7 +9,7 @@
 #include "tdpipe/ir/plan.hpp"
 #include "tdpipe/traces/trace.hpp"
 
-namespace tdpipe::planner {
+namespace tdpipe::report {
 
 using Engine = std::function<traces::Trace(const ir::Plan&)>;
 
@@ -23,4 +24,4 @@ using Engine = std::function<traces::Trace(const ir::Plan&)>;
 /// metadata ("shared_device_iterations", "shared_device_converged").
 traces::Trace predict_shared(const ir::Plan& plan, const Engine& engine, int max_iterations = 40);
 
-}  // namespace tdpipe::planner
+}  // namespace tdpipe::report

@@ -1,6 +1,6 @@
 // shared_device.cpp — processor sharing as a fixed point over an engine's predictions
 // (semantics in shared_device.hpp).
-#include "tdpipe/planner/shared_device.hpp"
+#include "tdpipe/report/shared_device.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 
 #include "tdpipe/traces/sharing.hpp"
 
-namespace tdpipe::planner {
+namespace tdpipe::report {
 
 traces::Trace predict_shared(const ir::Plan& plan, const Engine& engine, int max_iterations) {
   const double capacity = plan.scenario.cluster.shared_capacity / std::max(1, plan.data);
@@ -48,4 +48,4 @@ traces::Trace predict_shared(const ir::Plan& plan, const Engine& engine, int max
   return trace;
 }
 
-}  // namespace tdpipe::planner
+}  // namespace tdpipe::report

@@ -1,5 +1,6 @@
-// schedule_report.hpp — what `tdpipe sim` prints per schedule: iteration time,
-// bubble, tokens/s, MFU, peak memory per GPU and whether it fits.
+// schedule_report.hpp — what a timeline means for its plan, computed once for every
+// engine and executor (analytic, SimGrid, measured): iteration time, bubble, tokens/s,
+// MFU (planner::mfu: Megatron's model FLOPs), peak memory per GPU and whether it fits.
 #pragma once
 
 #include <string>
@@ -11,7 +12,7 @@
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/traces/trace.hpp"
 
-namespace tdpipe::planner {
+namespace tdpipe::report {
 
 struct ScheduleReport {
   std::string schedule;
@@ -29,13 +30,9 @@ struct ScheduleReport {
   std::string fit_message;  ///< "does not fit: needs X GiB of Y GiB on rank r" when it does not
 };
 
-/// Model FLOPs of one training iteration without recompute (Narayanan et al.
-/// 2021: 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)), generalised to any ffn size).
-double model_flops_per_iteration(const ir::Scenario& scenario);
-
 /// The report of one schedule from its plan and predicted (or measured) trace.
-ScheduleReport make_report(const BuiltPlan& plan, const traces::Trace& trace, const std::string& engine);
+ScheduleReport make_report(const planner::BuiltPlan& plan, const traces::Trace& trace, const std::string& engine);
 
 nlohmann::json to_json(const ScheduleReport& report);
 
-}  // namespace tdpipe::planner
+}  // namespace tdpipe::report
