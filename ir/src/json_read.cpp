@@ -1,4 +1,5 @@
-// json_read.cpp — strict JSON parsing through nlohmann's parser callback.
+// json_read.cpp — strict JSON parsing: nlohmann's SAX parser into its DOM builder, with
+// tdpipe's depth and duplicate-key checks.
 #include "tdpipe/ir/json_read.hpp"
 
 #include <algorithm>
@@ -19,16 +20,19 @@ namespace {
 
 using nlohmann::json;
 
-/// What the parser has open at each depth: an object's keys so far, or an array.
+/// A container the parser has open: an object (its keys so far, the one being read) or
+/// an array.
 struct Level {
   bool is_object = false;
-  std::string key;  ///< the key being read in this object
+  std::string key;
   std::set<std::string> keys;
 };
 
+/// The members leading to (and including) open[0 … upto): "scenario.model", "[]", or
+/// "top level".
 std::string path_of(const std::vector<Level>& open, std::size_t upto) {
   std::string out;
-  for (std::size_t d = 1; d < upto && d < open.size(); ++d) {
+  for (std::size_t d = 0; d < upto && d < open.size(); ++d) {
     if (open[d].is_object)
       out += (out.empty() ? "" : ".") + open[d].key;
     else
@@ -37,44 +41,78 @@ std::string path_of(const std::vector<Level>& open, std::size_t upto) {
   return out.empty() ? "top level" : out;
 }
 
+/// nlohmann's DOM builder with tdpipe's checks (depth, duplicate keys) on the way in.
+/// (json::parse with a callback does the same checks but rescans an array's elements at
+/// every object it closes — quadratic in a trace's event count; this is linear.)
+class StrictSax {
+ public:
+  StrictSax(json& root, const std::string& source) : dom_(root, true), source_(source) {}
+
+  bool null() { return dom_.null(); }
+  bool boolean(bool v) { return dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return dom_.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const json::string_t& s) { return dom_.number_float(v, s); }
+  bool string(json::string_t& v) { return dom_.string(v); }
+  bool binary(json::binary_t& v) { return dom_.binary(v); }
+  bool start_object(std::size_t n) {
+    open_container(true);
+    return dom_.start_object(n);
+  }
+  bool key(json::string_t& name) {
+    Level& level = open_.back();
+    if (!level.keys.insert(name).second)
+      throw Error(fmt::format("{}: {}: key \"{}\" given twice; expected each key once", source_,
+                              path_of(open_, open_.size() - 1), name.size() > 60 ? name.substr(0, 60) + "…" : name));
+    level.key = name;
+    return dom_.key(name);
+  }
+  bool end_object() {
+    open_.pop_back();
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) {
+    open_container(false);
+    return dom_.start_array(n);
+  }
+  bool end_array() {
+    open_.pop_back();
+    return dom_.end_array();
+  }
+  // (A template, as the DOM builder's: it throws the exception's own type, parse_error or
+  // out_of_range, which parse_json catches.)
+  template <class Exception>
+  bool parse_error(std::size_t position, const std::string& last_token, const Exception& ex) {
+    return dom_.parse_error(position, last_token, ex);
+  }
+
+ private:
+  void open_container(bool is_object) {
+    if (open_.size() >= static_cast<std::size_t>(kMaxJsonDepth))
+      throw Error(fmt::format("{}: nested deeper than {} levels (at {}); expected a tdpipe file, "
+                              "which nests at most a few levels",
+                              source_, kMaxJsonDepth, path_of(open_, open_.size())));
+    open_.push_back(Level{is_object, {}, {}});
+  }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  const std::string& source_;
+  std::vector<Level> open_;
+};
+
 }  // namespace
 
 json parse_json(std::string_view text, const std::string& source) {
-  // open[d] describes the container whose members are at depth d (the callback's depth
-  // for a key is the depth of the object holding it plus one).
-  std::vector<Level> open(1);
-  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
-    const auto d = static_cast<std::size_t>(depth);
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        if (depth >= kMaxJsonDepth)
-          throw Error(fmt::format("{}: nested deeper than {} levels (at {}); expected a tdpipe file, "
-                                  "which nests at most a few levels",
-                                  source, kMaxJsonDepth, path_of(open, d + 1)));
-        open.resize(d + 2);
-        open[d + 1] = Level{event == json::parse_event_t::object_start, {}, {}};
-        break;
-      case json::parse_event_t::key: {
-        if (d >= open.size()) break;
-        std::string name = parsed.get<std::string>();
-        if (!open[d].keys.insert(name).second)
-          throw Error(fmt::format("{}: {}: key \"{}\" given twice; expected each key once",
-                                  source, path_of(open, d), name.size() > 60 ? name.substr(0, 60) + "…" : name));
-        open[d].key = std::move(name);
-        break;
-      }
-      default: break;
-    }
-    return true;
-  };
+  json root;
+  StrictSax sax(root, source);
   try {
-    return json::parse(text.begin(), text.end(), callback);
+    json::sax_parse(text.begin(), text.end(), &sax);
   } catch (const json::parse_error& e) {
     throw Error(fmt::format("{}: not valid JSON: {}", source, e.what()));
   } catch (const json::out_of_range& e) {  // a number past double's range, e.g. 1e400
     throw Error(fmt::format("{}: not valid JSON for tdpipe: {}", source, e.what()));
   }
+  return root;
 }
 
 std::string read_file(const std::string& path, std::string_view what) {

@@ -76,6 +76,71 @@ TEST_CASE("window shows charts, legend and metrics for two traces", "[gui][windo
   CHECK(img.size() == QSize(1400, 800));
 }
 
+TEST_CASE("at scale: compute lanes only, upright rank labels, per-row units, the selection in the scatter",
+          "[gui][window][scale]") {
+  OneFOneB big;
+  big.p = 40;
+  big.m = 8;
+  const auto pred = make_1f1b(big);
+  big.seed = 5;
+  const auto meas = make_1f1b(big);
+  ViewerWindow w;
+  w.set_traces(pred, meas, "pred.json", "meas.json");
+  const std::size_t all_lanes = w.model().lanes().size();
+  w.set_compute_lanes_only(true);
+  CHECK(w.model().lanes().size() == 2 * 40);  // one per rank and side
+  CHECK(w.model().lanes().size() < all_lanes);
+  for (const auto& lane : w.model().lanes()) CHECK(lane.stream == static_cast<int>(ir::Stream::Compute));
+  w.set_compute_lanes_only(false);
+  CHECK(w.model().lanes().size() == all_lanes);
+
+  // 40 ranks: the rank labels stand on end instead of eliding.
+  const auto axes = w.charts()->bubble_view()->chart()->axes(Qt::Horizontal);
+  REQUIRE(axes.size() == 1);
+  CHECK(axes[0]->labelsAngle() == -90);
+  // The table's time rows pick their unit: ms for these traces' iteration.
+  CHECK(table_cell(*w.table(), "iteration time", 1).endsWith(" ms"));
+  CHECK(table_cell(*w.table(), "rank 39 bubble", 1).endsWith("%"));
+
+  // Selecting an op in the timeline rings its pair's point in the duration scatter.
+  CHECK_FALSE(w.charts()->highlighted());
+  int i = 0;
+  while (pred.events[static_cast<std::size_t>(i)].kind != ir::OpKind::BW) ++i;
+  w.timeline()->select(OpId{Side::Predicted, i});
+  const auto point = w.charts()->highlighted();
+  REQUIRE(point);
+  const int j = w.model().pairing().pred_to_meas[static_cast<std::size_t>(i)];
+  REQUIRE(j >= 0);
+  CHECK(point->x() / point->y() ==
+        Approx(double(pred.events[static_cast<std::size_t>(i)].dur_ns) / double(meas.events[static_cast<std::size_t>(j)].dur_ns)));
+  w.timeline()->select(OpId{Side::Measured, j});  // from the measured side: the same point
+  REQUIRE(w.charts()->highlighted());
+  CHECK(*w.charts()->highlighted() == *point);
+  w.timeline()->select(std::nullopt);
+  CHECK_FALSE(w.charts()->highlighted());
+}
+
+TEST_CASE("later chunks are lighter shades of their kind, and the legend says so", "[gui][style]") {
+  traces::TraceEvent f0, f1, f2, send;
+  f0.kind = f1.kind = f2.kind = ir::OpKind::F;
+  f1.chunk = 1;
+  f2.chunk = 2;
+  send.kind = ir::OpKind::SEND;
+  send.chunk = 1;
+  CHECK(op_color(f1).lightness() > op_color(f0).lightness());
+  CHECK(op_color(f2).lightness() > op_color(f1).lightness());
+  CHECK(op_color(f1).hue() == op_color(f0).hue());
+  traces::TraceEvent send0 = send;
+  send0.chunk = 0;
+  CHECK(op_color(send) == op_color(send0));  // communication keeps its kind's colour
+  traces::Trace t;
+  t.ranks = 1;
+  t.events = {f0, f2};
+  QStringList legend;
+  for (const auto& e : legend_entries({&t})) legend << e.text;
+  CHECK(legend == QStringList{"F", "chunks c1…c2: lighter", "idle (bubble)"});
+}
+
 TEST_CASE("window works with one trace", "[gui][window]") {
   ViewerWindow w;
   w.set_traces(make_1f1b({}), std::nullopt, "pred.json");

@@ -8,6 +8,8 @@
 #include <QtCharts/QBarSet>
 #include <QtCharts/QChart>
 #include <QtCharts/QChartView>
+#include <QtCharts/QLegend>
+#include <QtCharts/QLegendMarker>
 #include <QtCharts/QLineSeries>
 #include <QtCharts/QScatterSeries>
 #include <QtCharts/QStackedBarSeries>
@@ -51,6 +53,18 @@ void style_axis(QAbstractAxis* axis, const QString& title = {}) {
     axis->setTitleFont(f);
     axis->setTitleText(title);
   }
+}
+
+// Rank categories that stay readable at 35–64 ranks (two bars each in the breakdown):
+// past a dozen the labels stand on end in a smaller font instead of eliding to "…".
+void style_categories(QBarCategoryAxis* axis) {
+  style_axis(axis);
+  const int n = static_cast<int>(axis->count());
+  if (n <= 12) return;
+  QFont f = axis->labelsFont();
+  f.setPixelSize(n > 48 ? 7 : n > 24 ? 8 : 9);
+  axis->setLabelsFont(f);
+  axis->setLabelsAngle(-90);
 }
 
 void replace_chart(QChartView* view, QChart* chart) {
@@ -117,7 +131,7 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
 
   // 1. Bubble (idle) fraction per rank, predicted vs measured.
   {
-    QChart* chart = new_chart(QStringLiteral("Bubble fraction per rank"));
+    QChart* chart = new_chart(QStringLiteral("Bubble per rank: (iteration − compute) / iteration"));
     auto* series = new QBarSeries;
     for (Side side : {Side::Predicted, Side::Measured}) {
       const auto& m = side == Side::Predicted ? pred : meas;
@@ -132,7 +146,7 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
     chart->addSeries(series);
     auto* x = new QBarCategoryAxis;
     x->append(rank_names);
-    style_axis(x);
+    style_categories(x);
     auto* y = new QValueAxis;
     double top = 0;
     for (const auto& m : {pred, meas})
@@ -150,7 +164,7 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
 
   // 2. Compute / exposed comm / idle per rank (and side), stacked.
   {
-    QChart* chart = new_chart(QStringLiteral("Compute / exposed comm / idle per rank"));
+    QChart* chart = new_chart(QStringLiteral("Compute and bubble per rank (bubble = exposed comm + idle)"));
     auto* series = new QStackedBarSeries;
     const std::int64_t iter = std::max(pred ? pred->iteration_ns : 0, meas ? meas->iteration_ns : 0);
     const auto [scale, unit] = unit_for(static_cast<double>(iter));
@@ -166,7 +180,8 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
       for (Side side : {Side::Predicted, Side::Measured}) {
         const auto& m = side == Side::Predicted ? pred : meas;
         if (!m) continue;
-        cats << QStringLiteral("r%1 %2").arg(r).arg(side_names().tag[static_cast<int>(side)]);
+        cats << (nranks > 12 ? QStringLiteral("%1%2").arg(r).arg(side_names().tag[static_cast<int>(side)])
+                             : QStringLiteral("r%1 %2").arg(r).arg(side_names().tag[static_cast<int>(side)]));
         const traces::RankMetrics rm = r < static_cast<int>(m->ranks.size()) ? m->ranks[static_cast<std::size_t>(r)]
                                                                           : traces::RankMetrics{};
         *compute << static_cast<double>(rm.compute_ns) / scale;
@@ -181,7 +196,7 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
     chart->addSeries(series);
     auto* x = new QBarCategoryAxis;
     x->append(cats);
-    style_axis(x);
+    style_categories(x);
     auto* y = new QValueAxis;
     nice_range(y, static_cast<double>(iter) / scale);
     y->setLabelFormat(QStringLiteral("%.3g"));
@@ -198,6 +213,7 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
     QChart* chart = new_chart(
         QStringLiteral("Op duration: %1 vs %2").arg(side_name(Side::Measured), side_name(Side::Predicted)));
     scatter_points_ = 0;
+    selected_ = nullptr;
     const bool both = model.has(Side::Predicted) && model.has(Side::Measured);
     // With one trace there is nothing to compare: the panel steps aside.
     scatter_->setVisible(both);
@@ -212,6 +228,7 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
         if (map[i] >= 0)
           max_ns = std::max({max_ns, double(p[i].dur_ns), double(m[static_cast<std::size_t>(map[i])].dur_ns)});
       const auto [scale, unit] = unit_for(max_ns);
+      scatter_scale_ = scale;
       std::map<QString, QScatterSeries*> by_kind;
       int k = 0;
       for (std::size_t i = 0; i < p.size(); ++i) {
@@ -258,9 +275,41 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
         s->attachAxis(x);
         s->attachAxis(y);
       }
+      // The op selected in the timeline (highlight_op): a ring on top, not in the legend.
+      selected_ = new QScatterSeries;
+      selected_->setName(QStringLiteral("selected"));
+      selected_->setMarkerSize(16);
+      selected_->setColor(Qt::transparent);
+      selected_->setBorderColor(QColor(0xd6, 0x27, 0x28));
+      QPen ring(QColor(0xd6, 0x27, 0x28));
+      ring.setWidthF(2.5);
+      selected_->setPen(ring);
+      chart->addSeries(selected_);
+      selected_->attachAxis(x);
+      selected_->attachAxis(y);
+      for (QLegendMarker* marker : chart->legend()->markers(selected_)) marker->setVisible(false);
     }
     replace_chart(scatter_, chart);
   }
+}
+
+void ChartsPanel::highlight_op(const TimelineModel& model, Side side, int index) {
+  if (!selected_) return;
+  selected_->clear();
+  if (index < 0 || !model.has(Side::Predicted) || !model.has(Side::Measured)) return;
+  const auto& pairing = model.pairing();
+  const auto& map = side == Side::Predicted ? pairing.pred_to_meas : pairing.meas_to_pred;
+  if (static_cast<std::size_t>(index) >= map.size() || map[static_cast<std::size_t>(index)] < 0) return;
+  const int other = map[static_cast<std::size_t>(index)];
+  const int p = side == Side::Predicted ? index : other;
+  const int m = side == Side::Predicted ? other : index;
+  selected_->append(double(model.event({Side::Predicted, p}).dur_ns) / scatter_scale_,
+                    double(model.event({Side::Measured, m}).dur_ns) / scatter_scale_);
+}
+
+std::optional<QPointF> ChartsPanel::highlighted() const {
+  if (!selected_ || selected_->count() == 0) return std::nullopt;
+  return selected_->at(0);
 }
 
 }  // namespace tdpipe::viz

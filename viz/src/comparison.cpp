@@ -2,14 +2,28 @@
 // (traces::compare) when both traces are open, plus per-side metrics.
 #include "tdpipe/viz/comparison.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <exception>
+#include <utility>
 
 #include "tdpipe/traces/compare.hpp"
 
 namespace tdpipe::viz {
 namespace {
 
-double ms(std::int64_t ns) { return static_cast<double>(ns) / 1e6; }
+double ns(std::int64_t v) { return static_cast<double>(v); }
+
+// A time row's values in the unit that makes the larger side read between 1 and 1000
+// (ns, µs, ms, s), so that both columns share it.
+void scale_time_row(ComparisonRow& row) {
+  const double a = std::max(row.predicted ? std::abs(*row.predicted) : 0.0, row.measured ? std::abs(*row.measured) : 0.0);
+  const auto [scale, unit] = a >= 1e9 ? std::pair{1e9, "s"} : a >= 1e6 ? std::pair{1e6, "ms"}
+                                 : a >= 1e3 ? std::pair{1e3, "µs"} : std::pair{1.0, "ns"};
+  row.unit = unit;
+  if (row.predicted) *row.predicted /= scale;
+  if (row.measured) *row.measured /= scale;
+}
 
 template <class F>
 double mean_over_ranks(const traces::Metrics& m, F f) {
@@ -43,21 +57,29 @@ std::vector<ComparisonRow> comparison_rows(const TimelineModel& model,
     return row;
   };
 
-  auto iter = side_row("iteration time", "ms", [](const traces::Metrics& m) { return ms(m.iteration_ns); });
+  auto time_row = [&](std::string name, auto value) {
+    ComparisonRow row = side_row(std::move(name), "ns", value);
+    scale_time_row(row);
+    return row;
+  };
+  auto iter = time_row("iteration time", [](const traces::Metrics& m) { return ns(m.iteration_ns); });
   if (cmp) iter.error = 100.0 * cmp->iteration_error;
   rows.push_back(iter);
-  auto bubble = side_row("bubble", "%", [](const traces::Metrics& m) { return 100.0 * m.bubble_fraction; });
+  // Bubble: the time a rank's compute stream does not run, over the iteration — exposed
+  // communication is bubble too (the same meaning as the charts and `tdpipe compare`).
+  auto bubble = side_row("bubble (1 − mean compute / iteration)", "%",
+                         [](const traces::Metrics& m) { return 100.0 * m.bubble_fraction; });
   bubble.error_unit = "pp";
   bubble.error = cmp ? std::optional<double>(cmp->bubble_error_pp) : std::nullopt;
   rows.push_back(bubble);
-  rows.push_back(side_row("compute / rank", "ms", [](const traces::Metrics& m) {
-    return mean_over_ranks(m, [](const traces::RankMetrics& r) { return ms(r.compute_ns); });
+  rows.push_back(time_row("compute / rank", [](const traces::Metrics& m) {
+    return mean_over_ranks(m, [](const traces::RankMetrics& r) { return ns(r.compute_ns); });
   }));
-  rows.push_back(side_row("exposed comm / rank", "ms", [](const traces::Metrics& m) {
-    return mean_over_ranks(m, [](const traces::RankMetrics& r) { return ms(r.exposed_comm_ns); });
+  rows.push_back(time_row("exposed comm / rank (part of the bubble)", [](const traces::Metrics& m) {
+    return mean_over_ranks(m, [](const traces::RankMetrics& r) { return ns(r.exposed_comm_ns); });
   }));
-  rows.push_back(side_row("hidden comm / rank", "ms", [](const traces::Metrics& m) {
-    return mean_over_ranks(m, [](const traces::RankMetrics& r) { return ms(r.hidden_comm_ns); });
+  rows.push_back(time_row("hidden comm / rank", [](const traces::Metrics& m) {
+    return mean_over_ranks(m, [](const traces::RankMetrics& r) { return ns(r.hidden_comm_ns); });
   }));
 
   if (cmp) {
@@ -72,14 +94,14 @@ std::vector<ComparisonRow> comparison_rows(const TimelineModel& model,
     dist("compute op", cmp->compute_duration_error);
     dist("all op", cmp->all_duration_error);
     for (const auto& rc : cmp->ranks)
-      rows.push_back({"rank " + std::to_string(rc.rank) + " idle", "%", 100.0 * rc.predicted_idle,
+      rows.push_back({"rank " + std::to_string(rc.rank) + " bubble", "%", 100.0 * rc.predicted_idle,
                       100.0 * rc.measured_idle, rc.bubble_error_pp, "pp"});
     for (const auto& w : cmp->warnings) rows.push_back({"warning: " + w, "", {}, {}, {}, ""});
   } else {
     if (!cmp_error.empty()) rows.push_back({"not comparable: " + cmp_error, "", {}, {}, {}, ""});
     const std::size_t n = std::max(pred ? pred->ranks.size() : 0, meas ? meas->ranks.size() : 0);
     for (std::size_t r = 0; r < n; ++r) {
-      ComparisonRow row{"rank " + std::to_string(r) + " idle", "%", {}, {}, {}, "pp"};
+      ComparisonRow row{"rank " + std::to_string(r) + " bubble", "%", {}, {}, {}, "pp"};
       if (pred && r < pred->ranks.size()) row.predicted = 100.0 * pred->ranks[r].idle_fraction;
       if (meas && r < meas->ranks.size()) row.measured = 100.0 * meas->ranks[r].idle_fraction;
       rows.push_back(std::move(row));

@@ -1,6 +1,7 @@
 // op_style.cpp — colours and labels of ops (one palette for every view and chart).
 #include "tdpipe/viz/op_style.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <functional>
@@ -38,7 +39,16 @@ QColor kind_color(ir::OpKind k) {
 }  // namespace
 
 QColor op_color(const traces::TraceEvent& e) {
-  if (e.kind) return kind_color(*e.kind);
+  if (e.kind) {
+    // Later chunks (virtual stages) of a compute op in lighter shades of its kind, so that
+    // interleaved and ZB-V shapes show: c0 as the kind, c1 lighter, c2 lighter still, …
+    const QColor base = kind_color(*e.kind);
+    if (!ir::is_compute(*e.kind) || e.chunk <= 0) return base;
+    float h, s, v;
+    base.getHsvF(&h, &s, &v);
+    const float t = std::min(0.75f, 0.28f * static_cast<float>(e.chunk));
+    return QColor::fromHsvF(h, s * (1 - t), v + (1 - v) * t * 0.8f);
+  }
   // Foreign events: a stable hue from the name, mid saturation and value so that
   // labels stay readable and nothing looks like the bubble shade.
   const auto h = std::hash<std::string>{}(e.name);
@@ -79,13 +89,16 @@ QColor text_color_on(const QColor& fill) {
 std::vector<LegendEntry> legend_entries(const std::vector<const traces::Trace*>& traces) {
   std::set<int> kinds;
   bool foreign = false;
+  int max_chunk = 0;
   for (const auto* t : traces) {
     if (!t) continue;
     for (const auto& e : t->events) {
-      if (e.kind)
+      if (e.kind) {
         kinds.insert(static_cast<int>(*e.kind));
-      else
+        if (ir::is_compute(*e.kind)) max_chunk = std::max(max_chunk, e.chunk);
+      } else {
         foreign = true;
+      }
     }
   }
   std::vector<LegendEntry> out;
@@ -94,6 +107,13 @@ std::vector<LegendEntry> legend_entries(const std::vector<const traces::Trace*>&
     const auto name = ir::to_string(kind);
     out.push_back({QString::fromUtf8(name.data(), static_cast<qsizetype>(name.size())),
                    kind_color(kind)});
+  }
+  if (max_chunk > 0) {  // chunks shaded (op_color): say so with F's second chunk
+    traces::TraceEvent later;
+    later.kind = ir::OpKind::F;
+    later.chunk = 1;
+    out.push_back({max_chunk == 1 ? QStringLiteral("chunk c1: lighter") : QStringLiteral("chunks c1…c%1: lighter").arg(max_chunk),
+                   op_color(later)});
   }
   if (foreign) out.push_back({QStringLiteral("other (by name)"), QColor(0x90, 0xa0, 0xb0)});
   out.push_back({QStringLiteral("idle (bubble)"), kBubbleColor});

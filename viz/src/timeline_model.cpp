@@ -51,6 +51,12 @@ void TimelineModel::set_traces(std::optional<traces::Trace> predicted,
 
 std::int64_t TimelineModel::span_ns() const { return std::max(end_[0], end_[1]); }
 
+void TimelineModel::set_compute_lanes_only(bool on) {
+  if (on == compute_only_) return;
+  compute_only_ = on;
+  build_lanes();
+}
+
 void TimelineModel::build_lanes() {
   lanes_.clear();
   total_height_ = 0;
@@ -87,6 +93,7 @@ void TimelineModel::build_lanes() {
   for (const auto& [key, k] : key_index) {
     const auto [rank, stream] = key;
     ranks_ = std::max(ranks_, rank + 1);
+    if (compute_only_ && tdpipe && stream != static_cast<int>(ir::Stream::Compute)) continue;
     if (rank != prev_rank && prev_rank != std::numeric_limits<int>::min()) y += kRankGap;
     prev_rank = rank;
     for (std::size_t s = 0; s < 2; ++s) {

@@ -27,17 +27,23 @@ void quiet_offscreen_messages(QtMsgType type, const QMessageLogContext& ctx, con
 
 std::string view_usage() {
   return "usage: tdpipe-view [PREDICTED] [MEASURED]\n"
-         "       tdpipe-view --render OUT.png [--width W] [--height H] [--labels A,B] PREDICTED [MEASURED]\n"
+         "       tdpipe-view --render OUT.png [--width W] [--height H] [--labels A,B] [--compute-lanes]\n"
+         "                   PREDICTED [MEASURED]\n"
          "\n"
          "Shows a predicted and (optionally) a measured trace side by side: Gantt timeline\n"
          "(bubbles shaded), bubble / breakdown / duration charts and a metrics table.\n"
-         "Traces are tdpipe traces or any Chrome-trace JSON with X events.\n"
+         "Traces: tdpipe traces, any Chrome-trace JSON with X events, Kineto files or folders of\n"
+         "per-rank files (PyTorch profiler), Nsight Systems SQLite exports.\n"
+         "Bubble: the time a rank's compute stream does not run (exposed communication included),\n"
+         "over the iteration; later chunks of a rank are drawn in lighter shades.\n"
          "  --render OUT.png  draw the window offscreen into OUT.png and exit\n"
          "  --width W         image width in pixels (default 1600)\n"
          "  --height H        image height in pixels (default 900)\n"
          "  --labels A,B      call the two traces A and B instead of predicted and measured\n"
          "                    (e.g. two measured runs: --labels balanced,unbalanced); the\n"
-         "                    difference column is then the change (A − B) / B\n";
+         "                    difference column is then the change (A − B) / B\n"
+         "  --compute-lanes   only the compute lane of each rank (35–64 ranks on one screen;\n"
+         "                    View > Compute lanes only, key C, in the window)\n";
 }
 
 std::variant<ViewArgs, std::string> parse_view_args(const QStringList& args) {
@@ -71,6 +77,8 @@ std::variant<ViewArgs, std::string> parse_view_args(const QStringList& args) {
         return "--labels needs two different names separated by a comma (e.g. --labels balanced,unbalanced)" +
                (v ? ", got '" + v->toStdString() + "'" : std::string());
       out.labels = {both[0].trimmed(), both[1].trimmed()};
+    } else if (a == "--compute-lanes") {
+      out.compute_lanes = true;
     } else if (a.startsWith("-") && a.size() > 1) {
       return "unknown option '" + a.toStdString() + "'";
     } else {
@@ -89,6 +97,7 @@ std::variant<ViewArgs, std::string> parse_view_args(const QStringList& args) {
 int render_headless(const ViewArgs& args) {
   ViewerWindow window;
   window.setAttribute(Qt::WA_DontShowOnScreen, true);
+  window.set_compute_lanes_only(args.compute_lanes);
   try {
     window.load(args.predicted, args.measured);
   } catch (const std::exception& e) {

@@ -111,6 +111,7 @@ ViewerWindow::ViewerWindow(QWidget* parent) : QMainWindow(parent) {
   connect(watcher_, &QFileSystemWatcher::fileChanged, reload_timer_, qOverload<>(&QTimer::start));
   connect(reload_timer_, &QTimer::timeout, this, [this] { reload(); });
   connect(timeline_, &TimelineView::op_selected, this, [this](int side, int index) {
+    charts_->highlight_op(model_, static_cast<Side>(side), index);
     if (index < 0) {
       statusBar()->clearMessage();
       return;
@@ -169,6 +170,11 @@ void ViewerWindow::build_menus() {
       [this] { timeline_->zoom(1.5, timeline_->viewport()->width() / 2.0); }, true);
   add(view, QStringLiteral("Zoom &out"), QKeySequence::ZoomOut,
       [this] { timeline_->zoom(1 / 1.5, timeline_->viewport()->width() / 2.0); }, true);
+  view->addSeparator();
+  compute_lanes_action_ = view->addAction(QStringLiteral("&Compute lanes only"));
+  compute_lanes_action_->setCheckable(true);
+  compute_lanes_action_->setShortcut(QKeySequence(Qt::Key_C));
+  connect(compute_lanes_action_, &QAction::toggled, this, [this](bool on) { set_compute_lanes_only(on); });
 }
 
 void ViewerWindow::load(const QString& predicted, const QString& measured) {
@@ -198,6 +204,12 @@ void ViewerWindow::set_traces(std::optional<traces::Trace> predicted,
   paths_[1].clear();
   last_error_.clear();
   refresh();
+}
+
+void ViewerWindow::set_compute_lanes_only(bool on) {
+  if (compute_lanes_action_ && compute_lanes_action_->isChecked() != on) compute_lanes_action_->setChecked(on);
+  model_.set_compute_lanes_only(on);
+  timeline_->set_model(&model_);
 }
 
 void ViewerWindow::refresh() {

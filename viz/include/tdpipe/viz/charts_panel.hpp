@@ -3,6 +3,7 @@
 // the y = x line), and compute / exposed comm / idle per rank (stacked bars).
 #pragma once
 
+#include <QPointF>
 #include <QWidget>
 #include <optional>
 
@@ -12,6 +13,7 @@
 QT_BEGIN_NAMESPACE
 class QChartView;
 class QChart;
+class QScatterSeries;
 QT_END_NAMESPACE
 
 namespace tdpipe::viz {
@@ -36,11 +38,19 @@ class ChartsPanel : public QWidget {
   /// Number of points in the duration scatter (after thinning).
   int scatter_points() const { return scatter_points_; }
 
+  /// Marks the op selected in the timeline (either side; `index` −1 clears) in the
+  /// duration scatter: its pair's point, ringed, whether or not thinning kept it.
+  void highlight_op(const TimelineModel& model, Side side, int index);
+  /// The marked point (predicted, measured duration in the scatter's unit), if any.
+  std::optional<QPointF> highlighted() const;
+
  private:
   QChartView* bubble_;
   QChartView* scatter_;
   QChartView* breakdown_;
   int scatter_points_ = 0;
+  QScatterSeries* selected_ = nullptr;  ///< owned by the scatter's chart
+  double scatter_scale_ = 1;
 };
 
 }  // namespace tdpipe::viz

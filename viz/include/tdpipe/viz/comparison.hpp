@@ -12,7 +12,8 @@
 
 namespace tdpipe::viz {
 
-/// One table row. Values are already in display units (ms, %); absent cells are nullopt.
+/// One table row. Values are already in display units (a time row in ns, µs, ms or s,
+/// whichever reads best for its larger side; %); absent cells are nullopt.
 struct ComparisonRow {
   std::string metric;
   std::string unit;

@@ -50,6 +50,10 @@ class TimelineModel {
                   std::optional<traces::Trace> measured);
 
   bool has(Side side) const { return traces_[index(side)].has_value(); }
+  /// Only the compute lanes of tdpipe traces (one per rank and side): 35–64 ranks fit a
+  /// screen; the p2p, dp and copy lanes' ops are then not drawn or hit.
+  void set_compute_lanes_only(bool on);
+  bool compute_lanes_only() const { return compute_only_; }
   bool empty() const { return !has(Side::Predicted) && !has(Side::Measured); }
   const traces::Trace& trace(Side side) const { return *traces_[index(side)]; }
   const traces::TraceEvent& event(OpId id) const {
@@ -91,6 +95,7 @@ class TimelineModel {
   std::array<std::int64_t, 2> end_{0, 0};
   std::array<std::vector<int>, 2> lane_of_event_;
   std::vector<Lane> lanes_;
+  bool compute_only_ = false;
   traces::OpPairing pairing_;
   int total_height_ = 0;
   int ranks_ = 0;

@@ -17,6 +17,7 @@ struct ViewArgs {
   int width = 1600, height = 900;
   bool help = false;
   std::optional<std::pair<QString, QString>> labels;  ///< --labels A,B
+  bool compute_lanes = false;  ///< --compute-lanes: only compute lanes (many ranks)
 };
 
 /// Parses arguments after the program name (Qt's own options already removed).

@@ -17,6 +17,8 @@ class QFileSystemWatcher;
 class QLabel;
 class QTimer;
 
+class QAction;
+
 namespace tdpipe::viz {
 
 class ChartsPanel;
@@ -42,6 +44,9 @@ class ViewerWindow : public QMainWindow {
   bool open(const QString& predicted, const QString& measured);
   /// Reads the current files again; on failure keeps the view and reports in the status bar.
   bool reload();
+
+  /// Only each rank's compute lane (View > Compute lanes only): many ranks on one screen.
+  void set_compute_lanes_only(bool on);
 
   /// The whole window as an image at its current size.
   QImage render_image();
@@ -73,6 +78,7 @@ class ViewerWindow : public QMainWindow {
   void export_dialog(bool svg);
 
   TimelineModel model_;
+  QAction* compute_lanes_action_ = nullptr;
   std::optional<traces::Metrics> metrics_[2];
   QString paths_[2];
   QString names_[2];
