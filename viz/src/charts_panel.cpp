@@ -6,6 +6,7 @@
 #include <QtCharts/QBarCategoryAxis>
 #include <QtCharts/QBarSeries>
 #include <QtCharts/QBarSet>
+#include <QtCharts/QCategoryAxis>
 #include <QtCharts/QChart>
 #include <QtCharts/QChartView>
 #include <QtCharts/QLegend>
@@ -55,16 +56,26 @@ void style_axis(QAbstractAxis* axis, const QString& title = {}) {
   }
 }
 
-// Rank categories that stay readable at 35–64 ranks (two bars each in the breakdown):
-// past a dozen the labels stand on end in a smaller font instead of eliding to "…".
-void style_categories(QBarCategoryAxis* axis) {
-  style_axis(axis);
-  const int n = static_cast<int>(axis->count());
-  if (n <= 12) return;
-  QFont f = axis->labelsFont();
-  f.setPixelSize(n > 48 ? 7 : n > 24 ? 8 : 9);
-  axis->setLabelsFont(f);
-  axis->setLabelsAngle(-90);
+// The x axis of per-rank bars (`per_rank` bars side by side for each of `ranks` ranks;
+// bar i sits at x = i): a label per bar while they fit (`names`), past a dozen ranks a
+// rank label every few ranks ("r0", "r5", …) at its bars, which stays readable at
+// 35–64 ranks where one label per bar would elide to "…".
+QAbstractAxis* rank_axis(const QStringList& names, int ranks, int per_rank) {
+  if (ranks <= 12) {
+    auto* x = new QBarCategoryAxis;
+    x->append(names);
+    style_axis(x);
+    return x;
+  }
+  auto* x = new QCategoryAxis;
+  x->setLabelsPosition(QCategoryAxis::AxisLabelsPositionOnValue);
+  x->setRange(-0.5, ranks * per_rank - 0.5);
+  const int every = ranks <= 24 ? 2 : ranks <= 60 ? 5 : 10;
+  for (int r = 0; r < ranks; r += every) x->append(QStringLiteral("r%1").arg(r), r * per_rank + (per_rank - 1) / 2.0);
+  x->setGridLineVisible(false);
+  style_axis(x, per_rank > 1 ? QStringLiteral("rank (bars: %1, %2)").arg(side_name(Side::Predicted), side_name(Side::Measured))
+                             : QStringLiteral("rank"));
+  return x;
 }
 
 void replace_chart(QChartView* view, QChart* chart) {
@@ -144,9 +155,7 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
       series->append(set);
     }
     chart->addSeries(series);
-    auto* x = new QBarCategoryAxis;
-    x->append(rank_names);
-    style_categories(x);
+    QAbstractAxis* x = rank_axis(rank_names, nranks, 1);
     auto* y = new QValueAxis;
     double top = 0;
     for (const auto& m : {pred, meas})
@@ -180,8 +189,7 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
       for (Side side : {Side::Predicted, Side::Measured}) {
         const auto& m = side == Side::Predicted ? pred : meas;
         if (!m) continue;
-        cats << (nranks > 12 ? QStringLiteral("%1%2").arg(r).arg(side_names().tag[static_cast<int>(side)])
-                             : QStringLiteral("r%1 %2").arg(r).arg(side_names().tag[static_cast<int>(side)]));
+        cats << QStringLiteral("r%1 %2").arg(r).arg(side_names().tag[static_cast<int>(side)]);
         const traces::RankMetrics rm = r < static_cast<int>(m->ranks.size()) ? m->ranks[static_cast<std::size_t>(r)]
                                                                           : traces::RankMetrics{};
         *compute << static_cast<double>(rm.compute_ns) / scale;
@@ -194,9 +202,7 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
     series->append(idle);
     series->setBarWidth(0.8);
     chart->addSeries(series);
-    auto* x = new QBarCategoryAxis;
-    x->append(cats);
-    style_categories(x);
+    QAbstractAxis* x = rank_axis(cats, nranks, static_cast<int>(cats.size()) / std::max(1, nranks));
     auto* y = new QValueAxis;
     nice_range(y, static_cast<double>(iter) / scale);
     y->setLabelFormat(QStringLiteral("%.3g"));
