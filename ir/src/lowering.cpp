@@ -112,8 +112,32 @@ class Lowerer {
             ref.index < static_cast<int>(plan_.ranks[static_cast<std::size_t>(ref.rank)].size()))
           ref.index = new_index_[static_cast<std::size_t>(ref.rank)][static_cast<std::size_t>(ref.index)];
       }
+    if (!options_.overlap_p2p) block_on_transfers(out);
     if (reindex_) ix_.offset = std::move(new_offset_);
     return out;
+  }
+
+  /// overlap_p2p false: each compute op waits for the SENDs posted since the previous
+  /// compute op of its rank (a RECV already gates the op that consumes it; one posted
+  /// ahead for a later op gates that op, as Megatron receives just in time).
+  static void block_on_transfers(Plan& out) {
+    std::vector<int> pending;
+    for (int r = 0; r < out.num_ranks(); ++r) {
+      auto& ops = out.ranks[static_cast<std::size_t>(r)];
+      pending.clear();
+      for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+        Op& op = ops[static_cast<std::size_t>(i)];
+        if (op.kind == OpKind::SEND) {
+          pending.push_back(i);
+        } else if (is_compute(op.kind)) {
+          for (int p : pending) {
+            const OpRef ref{r, p};
+            if (std::find(op.deps.begin(), op.deps.end(), ref) == op.deps.end()) op.deps.push_back(ref);
+          }
+          pending.clear();
+        }
+      }
+    }
   }
 
   /// Makes run() leave the output's index (as detail::build_index builds it) in

@@ -42,7 +42,7 @@ const std::set<std::string> kFlags = {
     "swiglu", "group-query-attention", "sequence-parallel", "overlap-grad-reduce", "use-distributed-optimizer",
     "bf16", "fp16", "use-flash-attn", "recompute-activations", "checkpoint-activations",
     "accumulate-allreduce-grads-in-fp32", "untie-embeddings-and-output-weights", "overlap-param-gather",
-    "tp-comm-overlap", "moe-grouped-gemm"};
+    "tp-comm-overlap", "overlap-p2p-communication", "moe-grouped-gemm"};
 // Accepted and ignored: they do not change a step's time or memory.
 const std::set<std::string> kIgnoredValued = {
     "data-path", "train-data-path", "valid-data-path", "test-data-path", "split", "vocab-file", "merge-file",
@@ -63,7 +63,7 @@ const std::set<std::string> kIgnoredFlags = {
     "log-validation-ppl-to-tensorboard", "no-load-optim", "no-load-rng", "no-save-optim", "no-save-rng",
     "apply-layernorm-1p", "no-position-embedding", "manual-gc", "use-contiguous-buffers-in-local-ddp",
     "use-checkpoint-args", "exit-signal-handler", "log-params-norm", "log-num-zeros-in-grad", "use-cpu-initialization",
-    "no-rope-fusion", "use-fused-rmsnorm", "overlap-p2p-communication", "barrier-with-L1-time", "eod-mask-loss"};
+    "no-rope-fusion", "use-fused-rmsnorm", "barrier-with-L1-time", "eod-mask-loss"};
 
 struct Args {
   std::map<std::string, std::string> value;  // the last value given
@@ -327,6 +327,8 @@ MegatronImport import_megatron(const std::vector<std::string>& tokens, const Meg
   if (!stage_layers.empty()) y << YAML::Key << "layers_per_stage" << YAML::Value << YAML::Flow << stage_layers;
   y << YAML::Key << "overlap_grad_reduce" << YAML::Value << (a.flag.count("overlap-grad-reduce") > 0);
   if (a.flag.count("tp-comm-overlap")) y << YAML::Key << "tp_comm_overlap" << YAML::Value << true;
+  // Without --overlap-p2p-communication Megatron's pipeline p2p calls wait for their batch.
+  y << YAML::Key << "overlap_p2p" << YAML::Value << (a.flag.count("overlap-p2p-communication") > 0);
   y << YAML::Key << "bucket_mb" << YAML::Value << bucket_params * grad_bytes / (1024.0 * 1024.0);
   y << YAML::Key << "distributed_optimizer" << YAML::Value << (a.flag.count("use-distributed-optimizer") > 0);
   if (dtype == "fp16") {

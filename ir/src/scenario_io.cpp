@@ -372,7 +372,7 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
   MapReader r(rep, node, "parallel", where,
               {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
                "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce", "tp_comm_overlap",
-               "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps", "param_offload",
+               "overlap_p2p", "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps", "param_offload",
                "loss_scale", "initial_loss_scale", "loss_scale_window", "min_loss_scale"});
   ParallelConfig p;
   p.tensor = r.get_int("tensor", 1, 1, "tensor-parallel size");
@@ -390,6 +390,7 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
   p.memory_budget = r.get_string("memory_budget", "max", "1f1b, 2x1f1b, max or GiB for the auto scheduler");
   p.overlap_grad_reduce = r.get_bool("overlap_grad_reduce", true);
   p.tp_comm_overlap = r.get_bool("tp_comm_overlap", false);
+  p.overlap_p2p = r.get_bool("overlap_p2p", true);
   p.bucket_mb = r.get_number("bucket_mb", 40.0, true, "MiB of gradients per data-parallel bucket");
   p.distributed_optimizer = r.get_bool("distributed_optimizer", false);
   p.optimizer = r.get_choice("optimizer", "adam", "optimizer", scenario_optimizer_names());
@@ -633,6 +634,7 @@ json to_json(const Scenario& s) {
          s.parallel.layers_per_stage_auto ? json("auto") : json(s.parallel.layers_per_stage)},
         {"overlap_grad_reduce", s.parallel.overlap_grad_reduce},
         {"tp_comm_overlap", s.parallel.tp_comm_overlap},
+        {"overlap_p2p", s.parallel.overlap_p2p},
         {"bucket_mb", s.parallel.bucket_mb},
         {"distributed_optimizer", s.parallel.distributed_optimizer},
         {"optimizer", s.parallel.optimizer},
@@ -698,7 +700,7 @@ Scenario scenario_from_json(const json& j) {
   JsonReader p(r.at("parallel"), r.path("parallel"),
                {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
                 "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce", "tp_comm_overlap",
-                "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps", "param_offload",
+                "overlap_p2p", "bucket_mb", "distributed_optimizer", "optimizer", "onebit_warmup_steps", "param_offload",
                "loss_scale", "initial_loss_scale", "loss_scale_window", "min_loss_scale"});
   s.parallel.tensor = p.get_int("tensor");
   s.parallel.pipeline = p.get_int("pipeline");
@@ -719,6 +721,7 @@ Scenario scenario_from_json(const json& j) {
   // Older files: Megatron's defaults (overlap on, 40 MiB buckets, no sharded optimizer).
   if (p.has("overlap_grad_reduce")) s.parallel.overlap_grad_reduce = p.get_bool("overlap_grad_reduce");
   if (p.has("tp_comm_overlap")) s.parallel.tp_comm_overlap = p.get_bool("tp_comm_overlap");
+  if (p.has("overlap_p2p")) s.parallel.overlap_p2p = p.get_bool("overlap_p2p");
   if (p.has("bucket_mb")) s.parallel.bucket_mb = p.get_double("bucket_mb");
   if (p.has("distributed_optimizer")) s.parallel.distributed_optimizer = p.get_bool("distributed_optimizer");
   if (p.has("optimizer")) s.parallel.optimizer = p.get_string("optimizer");

@@ -925,6 +925,7 @@ ir::LoweringOptions lowering_options(const ir::Plan& plan, const ir::Scenario& s
     opt.offload_state_ratio = s.e == 4 ? 2 : 6;
   }
   opt.overlap_dp = sc.parallel.overlap_grad_reduce;
+  opt.overlap_p2p = sc.parallel.overlap_p2p;
   opt.bucket_bytes = std::max<std::int64_t>(1, std::llround(sc.parallel.bucket_mb * (1 << 20)));
   const int shards = optimizer_shards(sc);
   opt.shard_optimizer = shards > 1;

@@ -176,6 +176,26 @@ PY
     out=$("$tdpipe" sim "$work/bad.json" --engine analytic 2>&1) && fail "a broken plan file was simulated"
     expect "$out" "bad.json: invalid plan" "names the file"
     ;;
+  overlap-p2p)
+    # parallel.overlap_p2p: false (Megatron without --overlap-p2p-communication): both
+    # engines charge the compute that waits for its transfers; training is unchanged.
+    sed 's/^parallel:$/parallel:\n  overlap_p2p: false/' scenarios/tiny-gpt-cpu.yaml > "$work/blocking.yaml"
+    grep -q "overlap_p2p: false" "$work/blocking.yaml" || fail "could not write the blocking scenario"
+    for engine in analytic simgrid; do
+      a=$("$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --engine "$engine" --json) || fail "sim $engine"
+      b=$("$tdpipe" sim "$work/blocking.yaml" --schedule 1f1b --engine "$engine" --json) || fail "sim $engine blocking"
+      python3 -c 'import json, sys; a, b = (json.loads(x)["iteration_time"] for x in sys.argv[1:]); assert b > a, (a, b)' \
+        "$a" "$b" || fail "$engine: blocking transfers are not charged"
+    done
+    a=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --json) || fail "exec"
+    b=$("$tdpipe" exec "$work/blocking.yaml" --steps 2 --json) || fail "exec blocking"
+    python3 -c 'import json, sys; a, b = (json.loads(x) for x in sys.argv[1:]); assert (a["final_loss"], a["weights_l2"]) == (b["final_loss"], b["weights_l2"]), (a, b)' \
+      "$a" "$b" || fail "blocking transfers changed training"
+    out=$("$tdpipe" import megatron --gpus 2 -- --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 \
+      --max-position-embeddings 64 --micro-batch-size 1 --global-batch-size 8 --pipeline-model-parallel-size 2 \
+      --vocab-size 96 --overlap-p2p-communication 2>/dev/null) || fail "import"
+    expect "$out" "overlap_p2p: true" "the flag imports"
+    ;;
   trace-perfetto)
     # Perfetto draws a track's slices as a stack: none may overlap another without nesting.
     # GPT-3 175B 1F1B as predicted (its batched SEND/RECV pairs shared a track before:

@@ -87,6 +87,21 @@ TEST_CASE("lower: 1F1B p=2 m=3 — SENDs after producers, RECVs posted by the ti
   SECTION("text round trip of the lowered plan keeps the batches") {
     CHECK(rank_lines(plan_from_text(to_text(low))) == rank_lines(low));
   }
+  SECTION("overlap_p2p false: each compute op waits for the sends posted since the last one") {
+    LoweringOptions blocking = opt;
+    blocking.overlap_p2p = false;
+    const Plan b = lower(plan, blocking);
+    CHECK(rank_lines(b) == rank_lines(low));  // the same order, more dependencies
+    auto at = [&](int r, const char* text) { return OpRef{r, index_of(b, r, text)}; };
+    CHECK(b.ranks[0][index_of(b, 0, "F1")].deps == std::vector<OpRef>{at(0, "SEND(F0>r1)")});
+    CHECK(b.ranks[0][index_of(b, 0, "BW0")].deps == std::vector<OpRef>{at(0, "RECV(B0<r1)"), at(0, "SEND(F1>r1)")});
+    CHECK(b.ranks[1][index_of(b, 1, "F1")].deps == std::vector<OpRef>{at(1, "RECV(F1<r0)"), at(1, "SEND(B0>r0)")});
+    CHECK(b.ranks[1].back().deps == std::vector<OpRef>{at(1, "BW2"), at(1, "SEND(B2>r0)")});  // OPT
+    CHECK(b.ranks[0][index_of(b, 0, "F0")].deps.empty());
+    // A RECV posted ahead (rank 1's RECV(F1) before BW0) gates only the op that needs it.
+    CHECK(b.ranks[1][index_of(b, 1, "BW0")].deps == low.ranks[1][index_of(low, 1, "BW0")].deps);
+    CHECK(validate(b).ranks.size() == 2);  // with the deadlock replay
+  }
 }
 
 TEST_CASE("lower: zb-v's V needs no transfer at its tip", "[lowering]") {

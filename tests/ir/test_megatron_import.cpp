@@ -70,6 +70,7 @@ TEST_CASE("megatron import: GPT-3 175B on 1,024 GPUs - Megatron's derived values
   CHECK(s.parallel.overlap_grad_reduce);
   CHECK(s.parallel.distributed_optimizer);
   CHECK(!s.parallel.tp_comm_overlap);
+  CHECK_FALSE(s.parallel.overlap_p2p);  // Megatron's p2p waits without --overlap-p2p-communication
   // Megatron's DDP bucket: max(40 M, 1 M · d) parameters of 2-byte gradients.
   CHECK(s.parallel.bucket_mb == Approx(40e6 * 2 / (1 << 20)));
   CHECK(s.schedule == "interleaved");

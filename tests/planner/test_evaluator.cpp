@@ -434,3 +434,43 @@ TEST_CASE("ranks sharing one device: processor sharing over the engine", "[evalu
       }
   }
 }
+
+TEST_CASE("overlap_p2p false: each rank's compute waits for its transfers, and pays for them", "[evaluator][p2p]") {
+  ir::Scenario sc = tiny_scenario();
+  for (const char* schedule : {"1f1b", "interleaved", "zb-v"}) {
+    CAPTURE(schedule);
+    sc.parallel.overlap_p2p = true;
+    const planner::BuiltPlan overlapped = planner::build_plan(sc, schedule, 1);
+    sc.parallel.overlap_p2p = false;
+    const planner::BuiltPlan blocking = planner::build_plan(sc, schedule, 1);
+    const auto a = traces::compute_metrics(planner::evaluate(overlapped.lowered));
+    const auto b = traces::compute_metrics(planner::evaluate(blocking.lowered));
+    // The same ops, more dependencies: slower (a SEND completes when its peer has posted
+    // the RECV, so the sender's compute now waits for the receiver too) …
+    CHECK(b.iteration_ns > a.iteration_ns);
+    // … because every compute op starts after each send posted before it has ended.
+    const traces::Trace t = planner::evaluate(blocking.lowered);
+    const auto index = traces::plan_event_index(blocking.lowered, t);
+    int waited = 0;
+    for (int r = 0; r < blocking.lowered.num_ranks(); ++r) {
+      const auto& ops = blocking.lowered.ranks[static_cast<std::size_t>(r)];
+      std::vector<int> posted;
+      for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+        if (ops[static_cast<std::size_t>(i)].kind == OpKind::SEND) {
+          posted.push_back(i);
+          continue;
+        }
+        if (!ir::is_compute(ops[static_cast<std::size_t>(i)].kind)) continue;
+        const auto& e = t.events[static_cast<std::size_t>(index[r][i])];
+        for (int p : posted) {
+          CHECK(e.start_ns >= t.events[static_cast<std::size_t>(index[r][p])].end_ns());
+          ++waited;
+        }
+        posted.clear();
+      }
+    }
+    CHECK(waited > 0);
+    // Compute itself is unchanged: the bubble grows.
+    CHECK(b.ranks[0].compute_ns == a.ranks[0].compute_ns);
+  }
+}

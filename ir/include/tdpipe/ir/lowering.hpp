@@ -30,6 +30,12 @@ struct LoweringOptions {
   /// Start a bucket's all-reduce as soon as its gradients are ready: part-way through
   /// its chunk's last backward op (Op::ready_after); false: after the rank's last backward.
   bool overlap_dp = true;
+  /// Megatron's --overlap-p2p-communication: pipeline SEND/RECV run beside compute on the
+  /// p2p stream. false: the rank's compute waits for its sends, as Megatron's does without
+  /// the flag (its p2p calls wait for their batch; a receive is posted just before the
+  /// op that needs it, which the RECV → consumer dependency already is): every compute op
+  /// depends on the SENDs posted since the compute op before it.
+  bool overlap_p2p = true;
   /// ZeRO-1 (Megatron's distributed optimizer): each bucket is a REDUCE_SCATTER before OPT
   /// (which then steps 1/d of the parameters) and an ALL_GATHER of the updated parameters
   /// after it, instead of one ALLREDUCE.

@@ -113,6 +113,12 @@ struct ParallelConfig {
   /// consumes or produces it, so only its first chunk and what outlasts the GEMM stay
   /// exposed (planner/src/cost_model.cpp). Needs sequence_parallel when tensor > 1.
   bool tp_comm_overlap = false;
+  /// Megatron's --overlap-p2p-communication: pipeline sends and receives run beside
+  /// compute; false: a rank's compute waits for the sends posted before it (a send ends
+  /// when the peer has received), as Megatron's does without the flag
+  /// (ir::LoweringOptions::overlap_p2p). Both engines and
+  /// the executors charge it through the lowered plan's dependencies.
+  bool overlap_p2p = true;
   /// Gradient bytes per data-parallel bucket, in MiB (Megatron's 40 MB default).
   double bucket_mb = 40;
   /// Megatron's --use-distributed-optimizer (ZeRO-1): gradients are reduce-scattered, each
