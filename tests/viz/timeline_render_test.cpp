@@ -296,3 +296,34 @@ TEST_CASE("wheel zooms at the cursor, drag pans, double-click fits", "[gui]") {
   mouse(QEvent::MouseButtonDblClick, empty, Qt::LeftButton, Qt::LeftButton);
   CHECK(r.view.px_per_ns() == Approx(fit_scale));
 }
+
+TEST_CASE("rendered timeline: a foreign trace's nested ranges draw inset in their outer range",
+          "[gui][render][nesting]") {
+  traces::Trace t;
+  t.origin = "chrome";
+  t.ranks = 1;
+  auto add = [&](const char* name, std::int64_t start, std::int64_t dur) {
+    traces::TraceEvent e;
+    e.stream = 3;
+    e.name = name;
+    e.start_ns = start;
+    e.dur_ns = dur;
+    t.events.push_back(e);
+  };
+  add("train_step", 0, 1'000'000);     // outer
+  add("matmul", 200'000, 300'000);     // inside it
+  add("softmax", 600'000, 200'000);    // inside it, after
+  Rendered r(t, std::nullopt);
+  const QColor outer = op_color(t.events[0]), inner = op_color(t.events[1]);
+  REQUIRE(outer.rgb() != inner.rgb());
+  const Lane& lane = r.model.lanes()[0];
+  const std::int64_t mid = 230'000;  // inside matmul, clear of its centred label
+  // Top rows of the lane inside matmul's span: still the outer range (inset); lower rows: matmul.
+  const QPoint top = r.view.widget_point(mid, lane.y + 3.5);
+  const QPoint low = r.view.widget_point(mid, lane.y + lane.height - 4.5);
+  // (compared as RGB: op_color gives foreign ops an HSV colour)
+  CHECK(pixel(r.image, top).rgb() == outer.rgb());
+  CHECK(pixel(r.image, low).rgb() == inner.rgb());
+  // Outside the inner ranges the outer range fills the lane's rows.
+  CHECK(pixel(r.image, r.view.widget_point(100'000, lane.y + lane.height - 4.5)).rgb() == outer.rgb());
+}

@@ -357,6 +357,7 @@ TEST_CASE("any Chrome trace with X events opens: lanes per pid and tid", "[gui][
   // begin/end events that are not intervals.
   const QString path = write_text(dir, "profile.json", R"({"traceEvents": [
     {"ph": "M", "name": "process_name", "pid": "gpu0", "tid": 0, "args": {"name": "GPU 0"}},
+    {"ph": "M", "name": "thread_name", "pid": "gpu0", "tid": 2, "args": {"name": "nccl stream"}},
     {"ph": "X", "name": "gemm", "pid": "gpu0", "tid": 1, "ts": 1700000000000.0, "dur": 250.5},
     {"ph": "X", "name": "gemm", "pid": "gpu0", "tid": 1, "ts": 1700000000400.0, "dur": 250},
     {"ph": "X", "name": "nccl:all_reduce", "pid": "gpu0", "tid": 2, "ts": 1700000000300.0, "dur": 500},
@@ -367,6 +368,10 @@ TEST_CASE("any Chrome trace with X events opens: lanes per pid and tid", "[gui][
   REQUIRE(w.open(path, {}));
   const auto& m = w.model();
   REQUIRE(m.lanes().size() == 3);  // gpu0/tid1, gpu0/tid2, gpu1/tid1
+  // Lanes keep the profiler's names: its process and thread names, else its pid and tid.
+  CHECK(m.lanes()[0].label == "GPU 0 · tid 1 · pred");
+  CHECK(m.lanes()[1].label == "GPU 0 · nccl stream · pred");
+  CHECK(m.lanes()[2].label == "pid gpu1 · tid 1 · pred");
   CHECK(m.end_ns(Side::Predicted) == 800'000);
   CHECK(m.lanes()[0].events.size() == 2);
   CHECK(m.lanes()[0].compute);

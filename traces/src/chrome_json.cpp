@@ -131,6 +131,32 @@ class Reader {
       for (auto& [k, v] : pids) v = n++;
       n = 0;
       for (auto& [k, v] : tids) v = n++;
+      // What the foreign tool called them: its pids, and its process and thread names
+      // (`M` events), kept in the metadata under the renumbered rank and stream
+      // ("chrome.pid.R", "chrome.tid.S", "chrome.process_name.R", "chrome.thread_name.R.S").
+      for (const auto& [pid, rank] : pids)
+        trace.metadata[fmt::format("chrome.pid.{}", rank)] = pid.is_string ? pid.text : std::to_string(pid.number);
+      for (const auto& [tid, stream] : tids)
+        trace.metadata[fmt::format("chrome.tid.{}", stream)] = tid.is_string ? tid.text : std::to_string(tid.number);
+      for (std::size_t i = 0; i < events->size(); ++i) {
+        const json& ev = (*events)[i];
+        if (!ev.is_object()) continue;
+        const auto ph = ev.find("ph"), name = ev.find("name"), args = ev.find("args");
+        if (ph == ev.end() || *ph != "M" || name == ev.end() || !name->is_string() || args == ev.end() ||
+            !args->is_object())
+          continue;
+        const auto label = args->find("name");
+        if (label == args->end() || !label->is_string() || !ev.contains("pid")) continue;
+        const auto p = pids.find(id(ev, "pid", i));
+        if (p == pids.end()) continue;  // a process without intervals
+        if (*name == "process_name") {
+          trace.metadata[fmt::format("chrome.process_name.{}", p->second)] = label->get<std::string>();
+        } else if (*name == "thread_name" && ev.contains("tid")) {
+          const auto t = tids.find(id(ev, "tid", i));
+          if (t != tids.end())
+            trace.metadata[fmt::format("chrome.thread_name.{}.{}", p->second, t->second)] = label->get<std::string>();
+        }
+      }
     }
 
     std::vector<double> starts_us;

@@ -46,9 +46,16 @@ LaneItem::LaneItem(const TimelineView* view, int lane) : view_(view), lane_(lane
   const Lane& l = model.lanes()[static_cast<std::size_t>(lane_)];
   const auto& events = model.trace(l.side).events;
   ops_.reserve(l.events.size());
+  // Nesting (a profiler's ranges inside ranges on one thread): each op's depth is the
+  // number of ranges still open around it, so that inner ranges draw inset in their outer.
+  std::vector<std::pair<std::int64_t, std::int64_t>> open;  // [start, end) of enclosing ranges
   for (int i : l.events) {
     const auto& e = events[static_cast<std::size_t>(i)];
-    ops_.push_back({e.start_ns, e.end_ns(), op_color(e).rgb(), i});
+    while (!open.empty() && !(open.back().first <= e.start_ns && e.end_ns() <= open.back().second &&
+                              (open.back().first < e.start_ns || e.end_ns() < open.back().second)))
+      open.pop_back();
+    ops_.push_back({e.start_ns, e.end_ns(), op_color(e).rgb(), i, static_cast<int>(open.size())});
+    open.emplace_back(e.start_ns, e.end_ns());
   }
 }
 
@@ -141,12 +148,15 @@ void LaneItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
     ++stats_.boxes_drawn;
     i = j;
   }
-  // Pass 3: ops at least two pixels wide, with a border and a label where it fits.
+  // Pass 3: ops at least two pixels wide, with a border and a label where it fits;
+  // nested ones inset from the top by their depth, drawn after (on) their outer range.
+  const double step = std::max(2.0, std::floor(box_h / 6));
   for (const PackedOp* op : wide) {
     const double x0 = std::floor(view_->scene_x(op->start_ns));
     const double x1 = std::floor(view_->scene_x(op->end_ns));
     const QColor fill = QColor::fromRgb(op->color);
-    const QRectF box(x0, box_y, x1 - x0, box_h);
+    const double down = std::min(box_h - 4, step * op->depth);
+    const QRectF box(x0, box_y + down, x1 - x0, box_h - down);
     p->fillRect(box, fill);
     ++stats_.boxes_drawn;
     if (box.width() >= 5) {

@@ -127,6 +127,23 @@ void TimelineModel::build_lanes() {
       y += lane.height + kLaneGap;
       lane.label = "r" + std::to_string(rank) + " " + stream_name(stream, tdpipe) +
                    " · " + side_names().short_name[s].toStdString();
+      if (!tdpipe) {  // a foreign trace's own names for its process and thread, where it gave them
+        const auto& meta = traces_[s]->metadata;
+        auto find = [&](const std::string& key) {
+          const auto it = meta.find(key);
+          return it == meta.end() ? std::string() : it->second;
+        };
+        const std::string pid = find("chrome.pid." + std::to_string(rank));
+        std::string process = find("chrome.process_name." + std::to_string(rank));
+        if (process.empty() && !pid.empty()) process = "pid " + pid;
+        std::string thread = find("chrome.thread_name." + std::to_string(rank) + "." + std::to_string(stream));
+        if (thread.empty() && !find("chrome.tid." + std::to_string(stream)).empty())
+          thread = "tid " + find("chrome.tid." + std::to_string(stream));
+        if (!process.empty() || !thread.empty())
+          lane.label = (process.empty() ? "r" + std::to_string(rank) : process) + " · " +
+                       (thread.empty() ? stream_name(stream, false) : thread) + " · " +
+                       side_names().short_name[s].toStdString();
+      }
       const int lane_index = static_cast<int>(lanes_.size());
       for (int i : lane.events) lane_of_event_[s][static_cast<std::size_t>(i)] = lane_index;
       lanes_.push_back(std::move(lane));
