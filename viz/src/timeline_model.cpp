@@ -12,7 +12,11 @@
 
 namespace tdpipe::viz {
 
+// Streams are tdpipe's (compute, p2p, dp, copy) in tdpipe traces and in those imported
+// onto a plan (Kineto, Nsight); a foreign Chrome trace's are its renumbered tids, even
+// where some of its ranges are named like ops.
 bool is_tdpipe_trace(const traces::Trace& trace) {
+  if (trace.origin == "chrome") return false;
   return std::any_of(trace.events.begin(), trace.events.end(),
                      [](const traces::TraceEvent& e) { return e.kind.has_value(); });
 }
