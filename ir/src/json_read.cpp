@@ -21,14 +21,16 @@ namespace {
 using nlohmann::json;
 
 /// A container the parser has open: an object (its keys so far, the one being read) or
-/// an array.
+/// an array (how many elements so far), and the value it builds.
 struct Level {
   bool is_object = false;
   std::string key;
   std::set<std::string> keys;
+  std::size_t count = 0;
+  json* value = nullptr;
 };
 
-/// The members leading to (and including) open[0 … upto): "scenario.model", "[]", or
+/// The members leading to (and including) open[0 … upto): "scenario.model", "x[3]", or
 /// "top level".
 std::string path_of(const std::vector<Level>& open, std::size_t upto) {
   std::string out;
@@ -36,28 +38,29 @@ std::string path_of(const std::vector<Level>& open, std::size_t upto) {
     if (open[d].is_object)
       out += (out.empty() ? "" : ".") + open[d].key;
     else
-      out += "[]";
+      out += fmt::format("[{}]", open[d].count == 0 ? 0 : open[d].count - 1);
   }
   return out.empty() ? "top level" : out;
 }
 
-/// nlohmann's DOM builder with tdpipe's checks (depth, duplicate keys) on the way in.
-/// (json::parse with a callback does the same checks but rescans an array's elements at
-/// every object it closes — quadratic in a trace's event count; this is linear.)
+/// Builds the document from nlohmann's SAX events, with tdpipe's checks (depth, duplicate
+/// keys) on the way in. (json::parse with a callback does the same checks but rescans an
+/// array's elements at every object it closes — quadratic in a trace's event count; this
+/// is linear. Pointers into open containers stay valid: only the innermost one grows.)
 class StrictSax {
  public:
-  StrictSax(json& root, const std::string& source) : dom_(root, true), source_(source) {}
+  StrictSax(json& root, const std::string& source) : root_(root), source_(source) {}
 
-  bool null() { return dom_.null(); }
-  bool boolean(bool v) { return dom_.boolean(v); }
-  bool number_integer(json::number_integer_t v) { return dom_.number_integer(v); }
-  bool number_unsigned(json::number_unsigned_t v) { return dom_.number_unsigned(v); }
-  bool number_float(json::number_float_t v, const json::string_t& s) { return dom_.number_float(v, s); }
-  bool string(json::string_t& v) { return dom_.string(v); }
-  bool binary(json::binary_t& v) { return dom_.binary(v); }
-  bool start_object(std::size_t n) {
-    open_container(true);
-    return dom_.start_object(n);
+  bool null() { return add(nullptr), true; }
+  bool boolean(bool v) { return add(v), true; }
+  bool number_integer(json::number_integer_t v) { return add(v), true; }
+  bool number_unsigned(json::number_unsigned_t v) { return add(v), true; }
+  bool number_float(json::number_float_t v, const json::string_t&) { return add(v), true; }
+  bool string(json::string_t& v) { return add(std::move(v)), true; }
+  bool binary(json::binary_t& v) { return add(json::binary(std::move(v))), true; }
+  bool start_object(std::size_t) {
+    open_container(true, json::object());
+    return true;
   }
   bool key(json::string_t& name) {
     Level& level = open_.back();
@@ -65,37 +68,53 @@ class StrictSax {
       throw Error(fmt::format("{}: {}: key \"{}\" given twice; expected each key once", source_,
                               path_of(open_, open_.size() - 1), name.size() > 60 ? name.substr(0, 60) + "…" : name));
     level.key = name;
-    return dom_.key(name);
+    return true;
   }
   bool end_object() {
     open_.pop_back();
-    return dom_.end_object();
+    return true;
   }
-  bool start_array(std::size_t n) {
-    open_container(false);
-    return dom_.start_array(n);
+  bool start_array(std::size_t) {
+    open_container(false, json::array());
+    return true;
   }
   bool end_array() {
     open_.pop_back();
-    return dom_.end_array();
+    return true;
   }
-  // (A template, as the DOM builder's: it throws the exception's own type, parse_error or
-  // out_of_range, which parse_json catches.)
+  // Throws the parser's own exception (parse_error, out_of_range), which parse_json catches.
   template <class Exception>
-  bool parse_error(std::size_t position, const std::string& last_token, const Exception& ex) {
-    return dom_.parse_error(position, last_token, ex);
+  bool parse_error(std::size_t, const std::string&, const Exception& ex) {
+    throw ex;
   }
 
  private:
-  void open_container(bool is_object) {
+  json* add(json&& v) {
+    if (open_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    Level& level = open_.back();
+    if (!level.is_object) {
+      auto& array = level.value->get_ref<json::array_t&>();
+      array.push_back(std::move(v));
+      ++level.count;
+      return &array.back();
+    }
+    auto& object = level.value->get_ref<json::object_t&>();
+    return &(object[level.key] = std::move(v));
+  }
+
+  void open_container(bool is_object, json&& empty) {
     if (open_.size() >= static_cast<std::size_t>(kMaxJsonDepth))
       throw Error(fmt::format("{}: nested deeper than {} levels (at {}); expected a tdpipe file, "
                               "which nests at most a few levels",
                               source_, kMaxJsonDepth, path_of(open_, open_.size())));
-    open_.push_back(Level{is_object, {}, {}});
+    json* value = add(std::move(empty));
+    open_.push_back(Level{is_object, {}, {}, 0, value});
   }
 
-  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  json& root_;
   const std::string& source_;
   std::vector<Level> open_;
 };

@@ -42,7 +42,8 @@ const std::set<std::string> kFlags = {
     "swiglu", "group-query-attention", "sequence-parallel", "overlap-grad-reduce", "use-distributed-optimizer",
     "bf16", "fp16", "use-flash-attn", "recompute-activations", "checkpoint-activations",
     "accumulate-allreduce-grads-in-fp32", "untie-embeddings-and-output-weights", "overlap-param-gather",
-    "tp-comm-overlap", "overlap-p2p-communication", "moe-grouped-gemm"};
+    "tp-comm-overlap", "overlap-p2p-communication", "no-overlap-p2p-communication",
+    "overlap-p2p-communication-warmup-flush", "moe-grouped-gemm"};
 // Accepted and ignored: they do not change a step's time or memory.
 const std::set<std::string> kIgnoredValued = {
     "data-path", "train-data-path", "valid-data-path", "test-data-path", "split", "vocab-file", "merge-file",
@@ -327,8 +328,13 @@ MegatronImport import_megatron(const std::vector<std::string>& tokens, const Meg
   if (!stage_layers.empty()) y << YAML::Key << "layers_per_stage" << YAML::Value << YAML::Flow << stage_layers;
   y << YAML::Key << "overlap_grad_reduce" << YAML::Value << (a.flag.count("overlap-grad-reduce") > 0);
   if (a.flag.count("tp-comm-overlap")) y << YAML::Key << "tp_comm_overlap" << YAML::Value << true;
-  // Without --overlap-p2p-communication Megatron's pipeline p2p calls wait for their batch.
-  y << YAML::Key << "overlap_p2p" << YAML::Value << (a.flag.count("overlap-p2p-communication") > 0);
+  // Pipeline p2p beside compute: Megatron-LM overlaps it in the interleaved schedule unless
+  // --no-overlap-p2p-communication (older releases: only with --overlap-p2p-communication);
+  // its non-interleaved 1F1B waits for each p2p batch.
+  const bool overlap_p2p = a.flag.count("no-overlap-p2p-communication")
+                               ? false
+                               : chunks > 1 || a.flag.count("overlap-p2p-communication") > 0;
+  y << YAML::Key << "overlap_p2p" << YAML::Value << overlap_p2p;
   y << YAML::Key << "bucket_mb" << YAML::Value << bucket_params * grad_bytes / (1024.0 * 1024.0);
   y << YAML::Key << "distributed_optimizer" << YAML::Value << (a.flag.count("use-distributed-optimizer") > 0);
   if (dtype == "fp16") {

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "tdpipe/ir/placement.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/planner/cost_model.hpp"
 
@@ -59,9 +60,11 @@ std::vector<int> group_of_slots(const ir::Scenario& sc) {
   const int p = sc.parallel.pipeline, t = sc.parallel.tensor, per_node = sc.cluster.gpus_per_node;
   if (sc.parallel.data != 1 || t % per_node != 0) return {};
   const int nodes_per_slot = t / per_node;
+  const ir::Placement place{t, p, 1};
   std::vector<int> out;
   for (int r = 0; r < p; ++r) {
-    int node = r * nodes_per_slot, g = 0;
+    long node = ir::Placement::node_of(place.gpu(0, r, 0), per_node);
+    int g = 0;
     while (g < static_cast<int>(sc.cluster.groups.size()) && node >= sc.cluster.groups[g].nodes)
       node -= sc.cluster.groups[g++].nodes;
     if (g == static_cast<int>(sc.cluster.groups.size()) || node + nodes_per_slot > sc.cluster.groups[g].nodes) return {};

@@ -1,6 +1,8 @@
 // plan_input.cpp — a command's input: a scenario built here, or a plan file as it is.
 #include "tdpipe/planner/plan_input.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -65,10 +67,48 @@ PlanInput load_plan_input(const std::string& path, const std::string& schedule, 
   if (slices != 0 && slices != plan.slices)
     throw Error(fmt::format("{}: a plan of S = {} slices; --slices {} asks for another (a plan file is run as it is)",
                             path, plan.slices, slices == kAutoSlices ? std::string("auto") : std::to_string(slices)));
+  // The plan must be its scenario's: the engines place GPUs by the plan's ranks and
+  // replicas, the report prices them by the scenario's layout.
+  const ir::Scenario& sc = plan.scenario;
+  auto mismatch = [&](const char* what, std::int64_t plan_value, const char* field, std::int64_t scenario_value) {
+    throw Error(fmt::format("{}: the plan has {} = {} but its scenario's {} is {}: a plan file must be the plan "
+                            "of its own scenario (write it with tdpipe plan --format json -o)",
+                            path, what, plan_value, field, scenario_value));
+  };
+  if (sc.synthetic) {
+    if (plan.stages != sc.synthetic->stages) mismatch("stages", plan.stages, "synthetic.stages", sc.synthetic->stages);
+    if (plan.data != 1) mismatch("data", plan.data, "data parallelism (synthetic)", 1);
+  } else {
+    const auto& par = sc.parallel;
+    if (plan.stages != par.pipeline) mismatch("stages", plan.stages, "parallel.pipeline", par.pipeline);
+    if (plan.data != par.data) mismatch("data", plan.data, "parallel.data", par.data);
+    const std::int64_t per_step = std::int64_t(std::max(1, par.micro_batch)) * std::max(1, par.data);
+    if (std::int64_t(plan.microbatches) * per_step != par.global_batch)
+      mismatch("microbatches", plan.microbatches, "parallel.global_batch / (micro_batch · data)",
+               par.global_batch / per_step);
+    const std::int64_t gpus = std::int64_t(std::max(1, par.tensor)) * plan.stages * plan.data;
+    if (gpus > sc.cluster.gpus())
+      throw Error(fmt::format("{}: the plan needs {} GPUs (t {} × p {} × d {}), its scenario's cluster has {}", path,
+                              gpus, par.tensor, plan.stages, plan.data, sc.cluster.gpus()));
+  }
   std::int64_t ops = 0;
   for (const auto& r : plan.ranks) ops += static_cast<std::int64_t>(r.size());
-  if (ops > max_ops)
-    throw Error(fmt::format("{}: {} ops, more than --max-ops {}", path, ops, max_ops));
+  // The lowered plan's size, as the scenario path bounds it before planning.
+  const std::int64_t estimate = plan.lowered ? ops : std::max(ops, estimate_ops(sc, plan.schedule, plan.slices));
+  if (estimate > max_ops)
+    throw Error(fmt::format("{}: {} ops{}, more than --max-ops {}", path, estimate,
+                            plan.lowered ? "" : " once lowered (estimated)", max_ops));
+  // A lowered plan's dependencies stay on their rank (transfers are SEND/RECV): the
+  // executors would not wait for another rank's op, though the engines would.
+  if (plan.lowered)
+    for (int r = 0; r < plan.num_ranks(); ++r)
+      for (std::size_t i = 0; i < plan.ranks[static_cast<std::size_t>(r)].size(); ++i)
+        for (const auto& d : plan.ranks[static_cast<std::size_t>(r)][i].deps)
+          if (d.rank != r)
+            throw Error(fmt::format("{}: rank {} op {} ({}) depends on rank {}'s op {}: in a lowered plan a rank "
+                                    "waits for another only through RECV",
+                                    path, r, i, ir::op_to_text(plan.ranks[static_cast<std::size_t>(r)][i]), d.rank,
+                                    d.index));
   try {
     if (plan.lowered) {
       in.built.report = ir::validate(plan);

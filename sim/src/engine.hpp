@@ -39,8 +39,11 @@ using EngineEntry = void (*)(const ir::Plan&, const SimOptions&, const std::func
 /// The plugin's ABI tag, which the caller compares with its own before it passes C++
 /// values across: a plugin of another build (TDPIPE_SIM_ENGINE) is refused, not run.
 inline constexpr const char* kEngineAbiEntry = "tdpipe_sim_engine_abi";
+/// kEngineAbiVersion: bump it with any change to ir::Plan, ir::Op, ir::Scenario,
+/// SimOptions or RawResult (sizes alone miss a field that fits in padding).
+inline constexpr int kEngineAbiVersion = 2;
 inline std::string engine_abi() {
-  return "tdpipe-sim-engine/1 " __VERSION__ " " + std::to_string(sizeof(ir::Plan)) + " " +
+  return "tdpipe-sim-engine/" + std::to_string(kEngineAbiVersion) + " " __VERSION__ " " + std::to_string(sizeof(ir::Plan)) + " " +
          std::to_string(sizeof(ir::Op)) + " " + std::to_string(sizeof(ir::Scenario)) + " " +
          std::to_string(sizeof(SimOptions)) + " " + std::to_string(sizeof(RawResult));
 }

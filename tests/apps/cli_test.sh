@@ -177,7 +177,7 @@ PY
     expect "$out" "bad.json: invalid plan" "names the file"
     ;;
   overlap-p2p)
-    # parallel.overlap_p2p: false (Megatron without --overlap-p2p-communication): both
+    # parallel.overlap_p2p: false (Megatron's 1F1B, or --no-overlap-p2p-communication): both
     # engines charge the compute that waits for its transfers; training is unchanged.
     sed 's/^parallel:$/parallel:\n  overlap_p2p: false/' scenarios/tiny-gpt-cpu.yaml > "$work/blocking.yaml"
     grep -q "overlap_p2p: false" "$work/blocking.yaml" || fail "could not write the blocking scenario"

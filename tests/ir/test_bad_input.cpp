@@ -276,7 +276,10 @@ TEST_CASE("duplicate JSON keys are refused, naming the key and where", "[json][b
   CHECK_THROWS_WITH(parse_json(R"({"a": 1, "a": 2})", "d.json"),
                     "d.json: top level: key \"a\" given twice; expected each key once");
   CHECK_THROWS_WITH(parse_json(R"({"m": {"x": [ {"k": 1, "k": 1} ]}})", "d.json"),
-                    "d.json: m.x[]: key \"k\" given twice; expected each key once");
+                    "d.json: m.x[0]: key \"k\" given twice; expected each key once");
+  // In an array, the element: a 400k-event trace's duplicate is found by its index.
+  CHECK_THROWS_WITH(parse_json(R"({"traceEvents": [{"a": 1}, {"a": 2}, {"ts": 1, "ts": 2}]})", "t.json"),
+                    "t.json: traceEvents[2]: key \"ts\" given twice; expected each key once");
   // The same key in sibling objects is fine, and so are keys reused at other depths.
   CHECK_NOTHROW(parse_json(R"({"a": {"a": 1}, "b": [{"a": 1}, {"a": 2}]})", "ok.json"));
 

@@ -70,7 +70,7 @@ TEST_CASE("megatron import: GPT-3 175B on 1,024 GPUs - Megatron's derived values
   CHECK(s.parallel.overlap_grad_reduce);
   CHECK(s.parallel.distributed_optimizer);
   CHECK(!s.parallel.tp_comm_overlap);
-  CHECK_FALSE(s.parallel.overlap_p2p);  // Megatron's p2p waits without --overlap-p2p-communication
+  CHECK(s.parallel.overlap_p2p);  // interleaved: Megatron overlaps its p2p unless told not to
   // Megatron's DDP bucket: max(40 M, 1 M · d) parameters of 2-byte gradients.
   CHECK(s.parallel.bucket_mb == Approx(40e6 * 2 / (1 << 20)));
   CHECK(s.schedule == "interleaved");
@@ -104,6 +104,7 @@ TEST_CASE("megatron import: Llama-2 70B - GQA, SwiGLU, untied head noted, Megatr
   CHECK(s.parallel.data == 1);
   CHECK(s.parallel.global_batch == 1);  // micro × d, as Megatron defaults it
   CHECK_FALSE(s.parallel.overlap_grad_reduce);  // off unless asked for, as in Megatron
+  CHECK_FALSE(s.parallel.overlap_p2p);          // 1F1B without virtual stages waits for its p2p
   CHECK_FALSE(s.parallel.distributed_optimizer);
   CHECK(s.schedule == "1f1b");
   std::string notes;

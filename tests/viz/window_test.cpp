@@ -77,7 +77,7 @@ TEST_CASE("window shows charts, legend and metrics for two traces", "[gui][windo
   CHECK(img.size() == QSize(1400, 800));
 }
 
-TEST_CASE("at scale: compute lanes only, upright rank labels, per-row units, the selection in the scatter",
+TEST_CASE("at scale: compute lanes only, a rank label every few ranks, per-row units, the selection in the scatter",
           "[gui][window][scale]") {
   OneFOneB big;
   big.p = 40;
@@ -94,6 +94,18 @@ TEST_CASE("at scale: compute lanes only, upright rank labels, per-row units, the
   for (const auto& lane : w.model().lanes()) CHECK(lane.stream == static_cast<int>(ir::Stream::Compute));
   w.set_compute_lanes_only(false);
   CHECK(w.model().lanes().size() == all_lanes);
+  // Beside a foreign trace, that side keeps every lane of its own.
+  {
+    ViewerWindow mixed;
+    mixed.set_traces(pred, tdpipe::viz::testing::make_foreign(0), "pred.json", "profile.json");
+    mixed.set_compute_lanes_only(true);
+    int foreign = 0;
+    for (const auto& lane : mixed.model().lanes()) {
+      if (lane.side == Side::Measured) ++foreign;
+      else CHECK(lane.stream == static_cast<int>(ir::Stream::Compute));
+    }
+    CHECK(foreign == 2);  // make_foreign: two ranks, one tid each
+  }
 
   // 40 ranks: a rank label every 5 ranks at its bar, instead of 40 labels eliding to "…".
   for (QChartView* chart : {w.charts()->bubble_view(), w.charts()->breakdown_view()}) {
@@ -123,6 +135,12 @@ TEST_CASE("at scale: compute lanes only, upright rank labels, per-row units, the
   CHECK(*w.charts()->highlighted() == *point);
   w.timeline()->select(std::nullopt);
   CHECK_FALSE(w.charts()->highlighted());
+  // Switching lanes clears a selection (and its ring) rather than leaving it behind.
+  w.timeline()->select(OpId{Side::Predicted, i});
+  REQUIRE(w.charts()->highlighted());
+  w.set_compute_lanes_only(true);
+  CHECK_FALSE(w.charts()->highlighted());
+  CHECK_FALSE(w.timeline()->selected());
 }
 
 TEST_CASE("later chunks are lighter shades of their kind, and the legend says so", "[gui][style]") {

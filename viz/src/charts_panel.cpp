@@ -248,7 +248,9 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
           s = new QScatterSeries;
           s->setName(name);
           s->setMarkerSize(6);
-          s->setColor(e.kind ? op_color(e) : QColor(0x90, 0xa0, 0xb0));
+          traces::TraceEvent kind_only;  // the kind's own colour, not a later chunk's shade
+          kind_only.kind = e.kind;
+          s->setColor(e.kind ? op_color(kind_only) : QColor(0x90, 0xa0, 0xb0));
           s->setBorderColor(s->color().darker(140));
         }
         s->append(double(e.dur_ns) / scale, double(m[static_cast<std::size_t>(map[i])].dur_ns) / scale);

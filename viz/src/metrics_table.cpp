@@ -14,7 +14,9 @@ QString cell(const std::optional<double>& v, const std::string& unit) {
   // Percentages need fewer digits than times.
   const bool pct = unit == "%" || unit == "pp";
   const int decimals = a >= 100 ? 1 : (a >= 10 || pct ? 2 : 3);
-  QString s = QString::number(*v, 'f', (unit.empty() && *v == std::round(*v)) ? 0 : decimals);
+  // A value far below its row's unit (the other side's is 1000× larger) keeps its digits.
+  QString s = (a > 0 && a < 0.01 && !pct) ? QString::number(*v, 'g', 3)
+                                          : QString::number(*v, 'f', (unit.empty() && *v == std::round(*v)) ? 0 : decimals);
   if (*v > 0 && unit == "pp") s.prepend(QLatin1Char('+'));
   if (!unit.empty()) s += (unit == "%" ? QString() : QStringLiteral(" ")) + QString::fromStdString(unit);
   return s;

@@ -71,10 +71,10 @@ void TimelineModel::build_lanes() {
   // Lanes are keyed by (rank, stream); both sides share the key set so the
   // predicted lane always sits directly above the measured one.
   std::set<std::pair<int, int>> keys;
-  bool tdpipe = false;
+  std::array<bool, 2> tdpipe_side{false, false};  // streams are tdpipe's on this side
   for (std::size_t s = 0; s < 2; ++s) {
     if (!traces_[s]) continue;
-    tdpipe = tdpipe || is_tdpipe_trace(*traces_[s]);
+    tdpipe_side[s] = is_tdpipe_trace(*traces_[s]);
     for (const auto& e : traces_[s]->events) keys.insert({e.rank, e.stream});
     ranks_ = std::max(ranks_, traces_[s]->ranks);
   }
@@ -92,16 +92,29 @@ void TimelineModel::build_lanes() {
     }
   }
 
+  // Compute lanes only: each tdpipe side keeps its compute lanes, shorter and closer (17 px
+  // a rank: ~30 ranks of one trace in a 1600 × 900 window); a foreign side keeps its lanes.
+  const int compute_height = compute_only_ ? kCompactLaneHeight : kComputeLaneHeight;
+  const int rank_gap = compute_only_ ? kCompactRankGap : kRankGap;
   int y = 0;
   int prev_rank = std::numeric_limits<int>::min();
   for (const auto& [key, k] : key_index) {
     const auto [rank, stream] = key;
     ranks_ = std::max(ranks_, rank + 1);
-    if (compute_only_ && tdpipe && stream != static_cast<int>(ir::Stream::Compute)) continue;
-    if (rank != prev_rank && prev_rank != std::numeric_limits<int>::min()) y += kRankGap;
+    // (compact mode also drops a side's empty lanes: a foreign trace beside a tdpipe one
+    // shares no streams with it)
+    auto shown = [&](std::size_t s) {
+      if (!traces_[s]) return false;
+      if (!compute_only_) return true;
+      if (buckets[s][static_cast<std::size_t>(k)].empty()) return false;
+      return !(tdpipe_side[s] && stream != static_cast<int>(ir::Stream::Compute));
+    };
+    if (!shown(0) && !shown(1)) continue;
+    if (rank != prev_rank && prev_rank != std::numeric_limits<int>::min()) y += rank_gap;
     prev_rank = rank;
     for (std::size_t s = 0; s < 2; ++s) {
-      if (!traces_[s]) continue;
+      if (!shown(s)) continue;
+      const bool tdpipe = tdpipe_side[s];
       Lane lane;
       lane.side = static_cast<Side>(s);
       lane.rank = rank;
@@ -126,7 +139,7 @@ void TimelineModel::build_lanes() {
       lane.compute = any_kind ? any_compute
                               : (tdpipe ? stream == static_cast<int>(ir::Stream::Compute)
                                         : true);
-      lane.height = lane.compute ? kComputeLaneHeight : kCommLaneHeight;
+      lane.height = lane.compute ? compute_height : kCommLaneHeight;
       lane.y = y;
       y += lane.height + kLaneGap;
       lane.label = "r" + std::to_string(rank) + " " + stream_name(stream, tdpipe) +

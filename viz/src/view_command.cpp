@@ -42,8 +42,8 @@ std::string view_usage() {
          "  --labels A,B      call the two traces A and B instead of predicted and measured\n"
          "                    (e.g. two measured runs: --labels balanced,unbalanced); the\n"
          "                    difference column is then the change (A − B) / B\n"
-         "  --compute-lanes   only the compute lane of each rank (35–64 ranks on one screen;\n"
-         "                    View > Compute lanes only, key C, in the window)\n";
+         "  --compute-lanes   only the compute lane of each rank, shorter (~30 ranks of one trace\n"
+         "                    at once in 1600x900; View > Compute lanes only, key C)\n";
 }
 
 std::variant<ViewArgs, std::string> parse_view_args(const QStringList& args) {
@@ -158,6 +158,7 @@ int run_view(int argc, char** argv) {
   if (args.render_to) return render_headless(args);
 
   ViewerWindow window;
+  window.set_compute_lanes_only(args.compute_lanes);
   window.show();
   if (!args.predicted.isEmpty()) window.open(args.predicted, args.measured);
   return app.exec();

@@ -207,7 +207,9 @@ void ViewerWindow::set_traces(std::optional<traces::Trace> predicted,
 }
 
 void ViewerWindow::set_compute_lanes_only(bool on) {
-  if (compute_lanes_action_ && compute_lanes_action_->isChecked() != on) compute_lanes_action_->setChecked(on);
+  if (model_.compute_lanes_only() == on) return;  // (the action's toggled signal comes back here)
+  if (compute_lanes_action_) compute_lanes_action_->setChecked(on);
+  timeline_->select(std::nullopt);  // the selection may be in a lane that goes: cleared, and said
   model_.set_compute_lanes_only(on);
   timeline_->set_model(&model_);
 }

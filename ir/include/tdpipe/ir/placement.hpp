@@ -25,7 +25,7 @@ struct Placement {
   static long node_of(long gpu, int gpus_per_node) { return gpu / (gpus_per_node > 0 ? gpus_per_node : 1); }
   /// The node (replica, stage)'s TP group is in; −1 when it straddles two nodes.
   long group_node(int replica, int stage, int gpus_per_node) const {
-    const long first = gpu(replica, stage, 0);
+    const long first = (static_cast<long>(replica) * pipeline + stage) * tensor;
     const int per = gpus_per_node > 0 ? gpus_per_node : 1;
     if (first % per + tensor > per) return -1;
     return first / per;

@@ -41,6 +41,8 @@ inline constexpr int kComputeLaneHeight = 24;
 inline constexpr int kCommLaneHeight = 14;
 inline constexpr int kLaneGap = 2;    ///< between the lanes of one rank
 inline constexpr int kRankGap = 10;   ///< between ranks
+inline constexpr int kCompactLaneHeight = 14;  ///< compute lanes only
+inline constexpr int kCompactRankGap = 3;      ///< compute lanes only
 
 class TimelineModel {
  public:
@@ -50,8 +52,9 @@ class TimelineModel {
                   std::optional<traces::Trace> measured);
 
   bool has(Side side) const { return traces_[index(side)].has_value(); }
-  /// Only the compute lanes of tdpipe traces (one per rank and side): 35–64 ranks fit a
-  /// screen; the p2p, dp and copy lanes' ops are then not drawn or hit.
+  /// Only the compute lanes of tdpipe traces (one shorter lane per rank and side; a foreign
+  /// trace keeps its lanes): ~30 ranks of one trace at once in a 1600 × 900 window; the p2p,
+  /// dp and copy lanes' ops are then not drawn or hit.
   void set_compute_lanes_only(bool on);
   bool compute_lanes_only() const { return compute_only_; }
   bool empty() const { return !has(Side::Predicted) && !has(Side::Measured); }
