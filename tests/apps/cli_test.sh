@@ -175,6 +175,17 @@ PY
       "$work/p.json" "$work/bad.json"
     out=$("$tdpipe" sim "$work/bad.json" --engine analytic 2>&1) && fail "a broken plan file was simulated"
     expect "$out" "bad.json: invalid plan" "names the file"
+    # A plan must be its own scenario's, and a lowered plan's ranks wait for each other
+    # only through RECV.
+    python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); p["scenario"]["parallel"]["global_batch"] = 800; json.dump(p, open(sys.argv[2], "w"))' \
+      "$work/p.json" "$work/batch.json"
+    out=$("$tdpipe" sim "$work/batch.json" --engine analytic 2>&1) && fail "a plan of another batch was simulated"
+    expect "$out" "batch.json: the plan has microbatches = 4 but its scenario's parallel.global_batch / \(micro_batch · data\) is 400" \
+      "names both"
+    python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); p["ranks"][0][1]["deps"].append([1, 0]); json.dump(p, open(sys.argv[2], "w"))' \
+      "$work/p.json" "$work/cross.json"
+    out=$("$tdpipe" exec "$work/cross.json" --steps 1 2>&1) && fail "a cross-rank dependency was run"
+    expect "$out" "cross.json: rank 0 op 1 .* depends on rank 1's op 0" "names the dependency"
     ;;
   overlap-p2p)
     # parallel.overlap_p2p: false (Megatron's 1F1B, or --no-overlap-p2p-communication): both
