@@ -326,13 +326,11 @@ void print_faults(const SimArgs& a, const FaultRun& fr, const std::vector<report
 
 void run_sim(const SimArgs& a) {
   // A plan file is predicted as it is: its scenario, schedule, slices and op costs.
-  std::optional<planner::PlanInput> plan_file;
-  if (planner::is_plan_file(a.scenario)) {
-    if (a.schedule == "all")
-      throw Error(fmt::format("{}: a plan file holds one schedule's plan; --schedule all needs the scenario file",
-                              a.scenario));
-    plan_file = planner::load_plan_input(a.scenario, a.schedule, a.slices, a.max_ops);
-  }
+  const std::optional<planner::PlanInput> plan_file =
+      planner::load_plan_file(a.scenario, a.schedule == "all" ? "" : a.schedule, a.slices, a.max_ops);
+  if (plan_file && a.schedule == "all")
+    throw Error(fmt::format("{}: a plan file holds one schedule's plan; --schedule all needs the scenario file",
+                            a.scenario));
   ir::Scenario sc = plan_file ? plan_file->scenario : ir::load_scenario(a.scenario);
   std::optional<traces::Profile> profile;
   if (!a.profile.empty()) {

@@ -30,30 +30,38 @@ bool starts_with_brace(const std::string& text) {
   return false;
 }
 
-}  // namespace
-
-bool is_plan_file(const std::string& path) {
-  const std::string text = ir::read_file(path, "input");
-  if (!starts_with_brace(text)) return false;
+// The plan JSON in `text`, or null when it is not one (not JSON — a YAML scenario, or a
+// broken file the scenario loader names — or JSON without ranks and scenario).
+nlohmann::json plan_json(const std::string& text, const std::string& path) {
+  if (!starts_with_brace(text)) return nullptr;
   try {
-    return looks_like_plan(ir::parse_json(text, path));
+    nlohmann::json j = ir::parse_json(text, path);
+    if (!looks_like_plan(j)) return nullptr;
+    return j;
   } catch (const Error&) {
-    return false;  // (not JSON: the scenario loader says what is wrong with it)
+    return nullptr;
   }
 }
 
+}  // namespace
+
+bool is_plan_file(const std::string& path) { return !plan_json(ir::read_file(path, "input"), path).is_null(); }
+
 PlanInput load_plan_input(const std::string& path, const std::string& schedule, int slices,
                           std::int64_t max_ops) {
+  if (auto from_file = load_plan_file(path, schedule, slices, max_ops)) return std::move(*from_file);
   PlanInput in;
-  const std::string text = ir::read_file(path, "scenario or plan");
-  nlohmann::json j;
-  if (starts_with_brace(text)) j = ir::parse_json(text, path);
-  if (!looks_like_plan(j)) {
-    in.scenario = ir::load_scenario(path);
-    in.schedule = schedule.empty() ? in.scenario.schedule : schedule;
-    in.built = build_plan(in.scenario, in.schedule, slices, max_ops);
-    return in;
-  }
+  in.scenario = ir::load_scenario(path);
+  in.schedule = schedule.empty() ? in.scenario.schedule : schedule;
+  in.built = build_plan(in.scenario, in.schedule, slices, max_ops);
+  return in;
+}
+
+std::optional<PlanInput> load_plan_file(const std::string& path, const std::string& schedule, int slices,
+                                        std::int64_t max_ops) {
+  const nlohmann::json j = plan_json(ir::read_file(path, "scenario or plan"), path);
+  if (j.is_null()) return std::nullopt;
+  PlanInput in;
   ir::Plan plan;
   try {
     plan = ir::plan_from_json(j);

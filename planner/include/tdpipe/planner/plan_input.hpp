@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "tdpipe/planner/build_plan.hpp"
@@ -19,6 +20,11 @@ struct PlanInput {
 
 /// Whether `path` holds a tdpipe plan in JSON (an object with "ranks" and "scenario").
 bool is_plan_file(const std::string& path);
+
+/// load_plan_input's plan-file half: the plan in `path`, or nullopt when `path` is not a
+/// plan file (the file is read once either way).
+std::optional<PlanInput> load_plan_file(const std::string& path, const std::string& schedule = "", int slices = 0,
+                                        std::int64_t max_ops = kDefaultMaxOps);
 
 /// A scenario file built for `schedule` (empty: the scenario's) with `slices` (0: the
 /// scenario's), or a plan file taken as it is — lowered or lowered here, then validated.
