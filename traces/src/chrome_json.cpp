@@ -194,13 +194,7 @@ class Reader {
 
       // Op fields: from args where present, else from the name when it is an op's text.
       const std::optional<ParsedOpName> parsed = parse_op_name(e.name);
-      if (parsed) {
-        e.kind = parsed->kind;
-        e.mb = parsed->mb;
-        e.chunk = parsed->chunk;
-        e.slice = parsed->slice;
-        e.peer = parsed->peer;
-      }
+      if (parsed) set_op_fields(e, *parsed);
       auto args = ev.find("args");
       if (args != ev.end()) {
         if (!args->is_object()) fail_event(i, "args", "expected an object");

@@ -127,11 +127,11 @@ bool is_kineto_json(const nlohmann::json& j) {
          (j.contains("schemaVersion") || j.contains("distributedInfo") || j.contains("deviceProperties"));
 }
 
-nlohmann::json to_kineto_json(const Trace& trace, int rank) {
-  const std::vector<int> lane = stream_lanes(trace);
-  std::vector<std::size_t> mine;
-  for (std::size_t i = 0; i < trace.events.size(); ++i)
-    if (trace.events[i].rank == rank) mine.push_back(i);
+namespace {
+
+// Rank `rank`'s file, given every event's lane (stream_lanes) and the rank's events
+// (`mine`, indices into trace.events): computed once for a whole folder.
+json rank_json(const Trace& trace, const std::vector<int>& lane, std::vector<std::size_t> mine, int rank) {
   std::stable_sort(mine.begin(), mine.end(), [&](std::size_t a, std::size_t b) {
     return trace.events[a].start_ns < trace.events[b].start_ns;
   });
@@ -211,6 +211,15 @@ nlohmann::json to_kineto_json(const Trace& trace, int rank) {
               {"traceEvents", std::move(events)}};
 }
 
+}  // namespace
+
+nlohmann::json to_kineto_json(const Trace& trace, int rank) {
+  std::vector<std::size_t> mine;
+  for (std::size_t i = 0; i < trace.events.size(); ++i)
+    if (trace.events[i].rank == rank) mine.push_back(i);
+  return rank_json(trace, stream_lanes(trace), std::move(mine), rank);
+}
+
 void write_kineto_dir(const Trace& trace, const std::string& dir, int only_rank) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -232,9 +241,14 @@ void write_kineto_dir(const Trace& trace, const std::string& dir, int only_rank)
       if (!std::filesystem::remove(p, ec) || ec)
         throw Error(fmt::format("{}: cannot remove the stale {}: {}", dir, p.filename().string(), ec.message()));
   }
+  const std::vector<int> lane = stream_lanes(trace);
+  std::vector<std::vector<std::size_t>> of_rank(static_cast<std::size_t>(std::max(0, trace.ranks)));
+  for (std::size_t i = 0; i < trace.events.size(); ++i)
+    if (trace.events[i].rank >= 0 && trace.events[i].rank < trace.ranks)
+      of_rank[static_cast<std::size_t>(trace.events[i].rank)].push_back(i);
   for (int r = 0; r < trace.ranks; ++r) {
     if (only_rank >= 0 && r != only_rank) continue;
-    const json j = to_kineto_json(trace, r);
+    const json j = rank_json(trace, lane, std::move(of_rank[static_cast<std::size_t>(r)]), r);
     // One event per line, as write_trace does: diffable and greppable.
     // distributedInfo indented: HTA finds a file's rank by the text `"rank": N` (with the
     // space Kineto writes), line by line, before it parses the file.
@@ -382,12 +396,8 @@ void KinetoImport::add(const std::string& source, const nlohmann::json& root) {
       TraceEvent& e = op.event;
       e.rank = f.rank;
       e.name = op_name;
-      e.kind = parsed.kind;
-      e.mb = parsed.mb;
-      e.chunk = parsed.chunk;
-      e.slice = parsed.slice;
-      e.peer = parsed.peer;
-      e.stream = static_cast<int>(parsed.stream ? *parsed.stream : ir::default_stream(parsed.kind));
+      set_op_fields(e, parsed);
+      e.stream = parsed.stream_or_default();
       e.dur_ns = ns_of(dur);
       if (args && group.size() == 1) {  // tdpipe's own fields (its Kineto files)
         if (auto k = args->find("kind"); k != args->end() && k->is_string()) {

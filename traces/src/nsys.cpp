@@ -129,12 +129,8 @@ Trace trace_from_nsys_sqlite(const std::string& path) {
       TraceEvent e;
       e.rank = rank_of_pid.at(r->pid);
       e.name = name;
-      e.kind = op.kind;
-      e.mb = op.mb;
-      e.chunk = op.chunk;
-      e.slice = op.slice;
-      e.peer = op.peer;
-      e.stream = static_cast<int>(op.stream ? *op.stream : ir::default_stream(op.kind));
+      set_op_fields(e, op);
+      e.stream = op.stream_or_default();
       e.start_ns = r->start - origin;
       e.dur_ns = r->end - r->start;
       if (e.peer >= n)

@@ -73,6 +73,14 @@ std::optional<ParsedOpName> parse_op_name(std::string_view name) {
   return op;
 }
 
+void set_op_fields(TraceEvent& e, const ParsedOpName& op) {
+  e.kind = op.kind;
+  e.mb = op.mb;
+  e.chunk = op.chunk;
+  e.slice = op.slice;
+  e.peer = op.peer;
+}
+
 std::vector<NamedOp> parse_op_group(std::string_view name) {
   std::vector<NamedOp> ops;
   while (true) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tdpipe/ir/op.hpp"
+#include "tdpipe/traces/trace.hpp"
 
 namespace tdpipe::traces {
 
@@ -18,12 +19,18 @@ struct ParsedOpName {
   int peer = -1;  ///< SEND/RECV
   int tag = 0;    ///< collectives: bucket
   std::optional<ir::Stream> stream;  ///< from an "@stream" suffix; unset: the kind's default
+
+  /// The stream the op runs on: its "@stream", else its kind's default.
+  int stream_or_default() const { return static_cast<int>(stream ? *stream : ir::default_stream(kind)); }
 };
 
 /// Parses "F3", "BW0.c1:s2", "OPT", "SEND(F0.c1>r1)", "RECV(B3<r2)", "ALLREDUCE(b0)",
 /// with an optional "@stream" suffix (the grammar of ir/plan_io.hpp). nullopt when
 /// the name is not an op's text form.
 std::optional<ParsedOpName> parse_op_name(std::string_view name);
+
+/// Sets an event's op fields (kind, mb, chunk, slice, peer) from its parsed name.
+void set_op_fields(TraceEvent& event, const ParsedOpName& op);
 
 /// One op of a range name: its text and its fields.
 struct NamedOp {
