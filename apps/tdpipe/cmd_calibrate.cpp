@@ -19,6 +19,7 @@
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/planner/cost_fit.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/planner/stack_fit.hpp"
 #include "tdpipe/traces/profile.hpp"
@@ -33,10 +34,12 @@ struct CalibrateArgs {
   std::string schedule;
   int slices = 0;
   int steps = 5;
-  int warmup = 2;
+  int warmup = 3;
   std::string corpus;
   std::string shared_capacity;  // "", "fit" or a number
   std::int64_t max_ops = 0;
+  std::string probes;           // layouts to fit the cost model on (default kDefaultProbes)
+  bool show_fit = false;        // print every measured op group beside the fit
   bool from_run = false;        // fit the compute efficiency to an observed run
   double iteration_time = 0, mfu = 0, tokens_per_s = 0;  // the observation (one of them)
 };
@@ -124,12 +127,139 @@ exec::cpu::SharingChoice sharing_choice(const std::string& text) {
   return c;
 }
 
+// ---- probes: the cost model's own parameters fitted to several layouts (cost_fit.hpp) ----
+
+// Layouts that exercise every term the model has on a scenario's pipeline: split B and W
+// with whole chunks and single layers (zb-h1, zb-v), fused BW likewise (1f1b,
+// interleaved), and short slices after prefixes (tdpipe S=4).
+constexpr const char* kDefaultProbes = "zb-h1,zb-v,1f1b,interleaved,tdpipe:4";
+
+struct Probe {
+  std::string schedule;
+  int slices = 0;
+};
+
+std::vector<Probe> parse_probes(const std::string& text) {
+  std::vector<Probe> out;
+  for (std::size_t at = 0; at <= text.size();) {
+    const std::size_t end = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, end - at);
+    at = end + 1;
+    const std::size_t colon = item.find(':');
+    Probe p{item.substr(0, colon), 0};
+    const auto& names = planner::schedule_names();
+    if (std::find(names.begin(), names.end(), p.schedule) == names.end())
+      throw Error(fmt::format("--probes: '{}': expected SCHEDULE or SCHEDULE:SLICES with a schedule of {}", item,
+                              fmt::join(names, ", ")));
+    if (colon != std::string::npos) {
+      std::size_t used = 0;
+      try {
+        p.slices = std::stoi(item.substr(colon + 1), &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != item.size() - colon - 1 || p.slices < 1 || p.slices > 4096)
+        throw Error(fmt::format("--probes: '{}': expected a slice count 1 … 4096 after ':'", item));
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+void run_calibrate_probes(const CalibrateArgs& a) {
+  const ir::Scenario sc = ir::load_scenario(a.scenario);
+  if (sc.synthetic)
+    throw Error(fmt::format("{}: scenario '{}' is synthetic (its op times are given): there is no cost model to fit; "
+                            "measure one schedule with --schedule", a.scenario, sc.name));
+  exec::cpu::CalibrateOptions opt;
+  opt.steps = a.steps;
+  opt.warmup_steps = a.warmup;
+  opt.train.corpus_path = a.corpus;
+  opt.sharing = sharing_choice(a.shared_capacity);
+  std::vector<ir::Plan> plans;
+  std::vector<traces::Profile> measured;
+  const std::vector<Probe> probes = parse_probes(a.probes.empty() ? kDefaultProbes : a.probes);
+  for (const Probe& probe : probes) {
+    const std::string name = probe.slices > 0 ? fmt::format("{} S={}", probe.schedule, probe.slices) : probe.schedule;
+    try {
+      plans.push_back(planner::build_plan(sc, probe.schedule, probe.slices, a.max_ops).lowered);
+    } catch (const Error& e) {
+      fmt::print(stderr, "note: probe {} skipped: {}\n", name, e.what());
+      continue;
+    }
+    fmt::print(stderr, "probe {} ({} of {})\n", name, plans.size(), probes.size());
+    measured.push_back(exec::cpu::calibrate(plans.back(), opt));
+  }
+  if (measured.empty()) throw Error(fmt::format("{}: no probe layout could be planned for this scenario", a.scenario));
+  std::vector<planner::MeasuredRun> runs;
+  for (std::size_t i = 0; i < plans.size(); ++i) runs.push_back({&plans[i], &measured[i]});
+  const planner::CostFit fit = planner::fit_cost_model(runs);
+
+  // The platform from the first probe; the hand-off latency pooled over every probe's
+  // clean hand-offs (each probe's mean, weighted by its samples).
+  traces::Profile prof = measured.front();
+  prof.ops.clear();
+  prof.stages = 0;  // the model prices any pipeline depth
+  prof.model = fit.model;
+  double latency = 0, weight = 0;
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < measured.size(); ++i) {
+    const auto& m = measured[i].metadata;
+    const auto n = m.find("p2p_latency_samples");
+    const double w = n == m.end() ? 0.0 : std::stod(n->second);
+    latency += w * measured[i].p2p.latency_seconds;
+    weight += w;
+    names.push_back(fmt::format("{}{}", plans[i].schedule, plans[i].slices > 1 ? fmt::format(":{}", plans[i].slices) : ""));
+    prof.metadata["probe_" + names.back() + "_median_trace_iteration_seconds"] =
+        m.at("median_trace_iteration_seconds");
+  }
+  if (weight > 0) {
+    prof.p2p.latency_seconds = latency / weight;
+    prof.metadata["p2p_latency_samples"] = fmt::format("{:.0f}", weight);
+  }
+  for (const char* key : {"schedule", "chunks", "slices", "slice_tokens", "median_iteration_seconds",
+                          "median_trace_iteration_seconds"})
+    prof.metadata.erase(key);
+  prof.metadata["probes"] = fmt::format("{}", fmt::join(names, ","));
+  std::vector<double> errors;
+  for (const auto& p : fit.points) errors.push_back(std::abs(p.fitted_seconds - p.measured_seconds) / p.measured_seconds);
+  std::sort(errors.begin(), errors.end());
+  const double median_error = errors[errors.size() / 2], max_error = errors.back();
+  prof.metadata["fit_groups"] = std::to_string(fit.points.size());
+  prof.metadata["fit_median_abs_error"] = fmt::format("{:.4f}", median_error);
+  prof.metadata["fit_max_abs_error"] = fmt::format("{:.4f}", max_error);
+  traces::write_profile(prof, a.output);
+
+  fmt::print("{}: cost model fitted to {} op groups of {} probe layouts ({}); |error| per group median {:.1f} %, "
+             "max {:.1f} %; p2p hand-off {:.1f} us; shared capacity {}\n",
+             a.output, fit.points.size(), plans.size(), fmt::join(names, ", "), 100 * median_error, 100 * max_error,
+             prof.p2p.latency_seconds * 1e6, prof.metadata["shared_capacity"]);
+  fmt::print("  {:<4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "kind", "op (us)", "layer (us)", "gemm",
+             "attention", "elementw.", "head", "optimizer");
+  for (const auto& [kind, c] : fit.model.coefficients)
+    fmt::print("  {:<4} {:>10.1f} {:>10.1f} {:>10.3g} {:>10.3g} {:>10.3g} {:>10.3g} {:>10.3g}\n", ir::to_string(kind),
+               c[0] * 1e6, c[1] * 1e6, c[2], c[3], c[4], c[7], c[8]);
+  if (a.show_fit) {
+    fmt::print("  {:<22} {:<4} {:>5} {:>5} {:>7} {:>12} {:>12} {:>8}\n", "probe", "kind", "stage", "slice", "samples",
+               "measured us", "fitted us", "error");
+    for (const auto& p : fit.points)
+      fmt::print("  {:<22} {:<4} {:>5} {:>5} {:>7} {:>12.1f} {:>12.1f} {:>+7.1f}%\n", p.layout, ir::to_string(p.kind),
+                 p.virtual_stage, p.slice, p.samples, p.measured_seconds * 1e6, p.fitted_seconds * 1e6,
+                 100 * (p.fitted_seconds - p.measured_seconds) / p.measured_seconds);
+  }
+  fmt::print("  predict any schedule of this scenario: tdpipe sim {} --schedule S --profile {}\n", a.scenario,
+             a.output);
+}
+
 void run_calibrate(const CalibrateArgs& a) {
   if (a.from_run) return run_calibrate_from_run(a);
   if (a.iteration_time > 0 || a.mfu > 0 || a.tokens_per_s > 0)
     throw Error("--iteration-time, --mfu and --tokens-per-s describe an observed run: give --from-run too");
 #ifdef TDPIPE_HAVE_CUDA
   if (a.backend == "cuda") {
+    if (!a.probes.empty())
+      throw Error("--probes: the CUDA backend measures one layout (give --schedule); fitting the cost model on "
+                  "probe layouts runs on the CPU backend only, for now");
     CudaCalibrateRequest c;
     c.scenario = a.scenario;
     c.schedule = a.schedule;
@@ -145,6 +275,11 @@ void run_calibrate(const CalibrateArgs& a) {
   }
 #endif
   check_cpu_backend(a.backend);
+  if (!a.probes.empty() && (!a.schedule.empty() || a.slices != 0))
+    throw Error("--probes fits the cost model on several layouts; --schedule/--slices measure one: give one or the other");
+  if (a.schedule.empty() && a.slices == 0 && !planner::is_plan_file(a.scenario)) return run_calibrate_probes(a);
+  if (!a.probes.empty()) throw Error(fmt::format("{}: a plan file is measured as it is: --probes needs the scenario file",
+                                                 a.scenario));
   const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices, a.max_ops);
   const ir::Scenario& sc = loaded.scenario;
   const std::string& schedule = loaded.schedule;
@@ -183,7 +318,8 @@ void add_calibrate_command(CLI::App& app) {
   CLI::Option* backend =
       cmd->add_option("--backend", args->backend, "Executor backend")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("-o,--output", args->output, "Profile to write (JSON)")->required();
-  cmd->add_option("--schedule", args->schedule, "Schedule whose layout (chunks, slices) is measured")
+  cmd->add_option("--schedule", args->schedule, "Measure this schedule's layout (chunks, slices) alone: op times for this layout only "
+                  "(default: fit the cost model on --probes layouts, for any layout)")
       ->check(CLI::IsMember(planner::schedule_names()));
   add_slices_option(cmd, args->slices);
   CLI::Option* steps = cmd->add_option("--steps", args->steps, "Measured steps")->check(CLI::PositiveNumber);
@@ -194,12 +330,17 @@ void add_calibrate_command(CLI::App& app) {
                   "How many ops the shared device runs at full speed at once: a number, or `fit` (from the "
                   "run; default: the CPU's cores, 1 for a GPU)");
   add_max_ops_option(cmd, args->max_ops);
+  CLI::Option* probes = cmd->add_option("--probes", args->probes,
+                  fmt::format("Without --schedule: the layouts whose runs fit the cost model (default {}); "
+                              "SCHEDULE or SCHEDULE:SLICES, comma-separated", kDefaultProbes));
+  CLI::Option* show_fit = cmd->add_flag("--show-fit", args->show_fit,
+                "With probes: print every measured op group (probe, kind, stage, slice) beside the fitted model");
   CLI::Option* from_run = cmd->add_flag("--from-run", args->from_run,
                 "Run nothing: fit the software stack's compute efficiency (cluster.compute_efficiency) so that "
                 "the scenario's predicted iteration equals one observed run's (give one of the next three); the "
                 "profile then predicts any layout or scale on the same GPUs (tdpipe sim --profile)");
   // A fit runs nothing: the options of a measured calibration do not go with it.
-  for (CLI::Option* measured : {backend, steps, warmup, corpus, capacity}) from_run->excludes(measured);
+  for (CLI::Option* measured : {backend, steps, warmup, corpus, capacity, probes, show_fit}) from_run->excludes(measured);
   cmd->add_option("--iteration-time", args->iteration_time, "--from-run: the observed seconds per iteration")
       ->check(CLI::Range(1e-9, 1e7));
   cmd->add_option("--mfu", args->mfu,

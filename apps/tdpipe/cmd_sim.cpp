@@ -11,6 +11,7 @@
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/planner/build_plan.hpp"
+#include "tdpipe/planner/cost_fit.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/generators.hpp"
 #include "tdpipe/planner/plan_input.hpp"
@@ -343,6 +344,10 @@ void run_sim(const SimArgs& a) {
     if (profile->compute_efficiency > 0)
       fmt::print(stderr, "note: {}: compute efficiency {:.4f} (fitted on {})\n", a.profile,
                  profile->compute_efficiency, profile->platform.device);
+    if (!profile->model.empty() && !profile->scenario.empty() && profile->scenario != sc.name)
+      fmt::print(stderr, "note: {}: cost model fitted on scenario '{}'; '{}' is another model shape, so its op "
+                         "times are the fit carried to other sizes (its layouts were probed, this shape was not)\n",
+                 a.profile, profile->scenario, sc.name);
   }
   const FaultRun faults = parse_faults(a, sc);
   const auto runs = plan_file ? std::vector<Run>{{plan_file->schedule, plan_file->built.lowered.slices, ""}}
@@ -360,7 +365,7 @@ void run_sim(const SimArgs& a) {
       planner::BuiltPlan built =
           plan_file ? plan_file->built : planner::build_plan(scenario, schedule, slices, a.max_ops);
       if (profile) {
-        const traces::ProfileApplied applied = traces::apply_profile(*profile, built.lowered, a.profile_ops_only);
+        const traces::ProfileApplied applied = planner::apply_profile(*profile, built.lowered, a.profile_ops_only);
         if (applied.ops_kept > 0)
           fmt::print(stderr, "note: {}: the profile has no entry for {} of {} compute ops; they keep the cost model's time\n",
                      a.profile, applied.ops_kept, applied.ops_kept + applied.ops_from_profile);

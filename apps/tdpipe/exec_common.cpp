@@ -107,6 +107,7 @@ nlohmann::json run_report(const ir::Scenario& scenario, const ir::Plan& plan, in
   j["weights_l2"] = weights_l2;
   j["iteration_time"] = iteration_seconds;
   j["iteration_times"] = run.iteration_seconds;
+  j["trace_iteration_times"] = run.span_seconds;  // each step's span, as traces and compare measure it
   j["optimizer"] = scenario.parallel.optimizer;
   if (scenario.parallel.onebit()) j["onebit_warmup_steps"] = scenario.parallel.onebit_warmup_steps;
   if (!run.dp_wire_bytes.empty()) j["dp_wire_bytes"] = run.dp_wire_bytes;  // (the CPU backend counts them)

@@ -3,6 +3,7 @@
 #include "tdpipe/exec/cpu/run.hpp"
 
 #include <algorithm>
+#include <malloc.h>
 #include <cmath>
 #include <thread>
 #include <vector>
@@ -244,6 +245,13 @@ std::int64_t World::run_step(int step, FaultInjector& injector, Heartbeats* hear
     }
   }
   return start;
+}
+
+void keep_freed_memory() {
+#if defined(__GLIBC__)
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's ceiling for it on 64-bit
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
 }
 
 RunResult run_cpu(const ir::Plan& plan, const CpuRunOptions& options) {

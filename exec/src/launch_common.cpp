@@ -146,6 +146,11 @@ void record_step(RunResult& result, std::vector<RankStepResult>& outs, std::int6
   for (const auto& o : outs) loss += o.loss;
   result.loss_per_step.push_back(loss);
   result.iteration_seconds.push_back(static_cast<double>(step_ns) * 1e-9);
+  // The trace's iteration (traces::compute_metrics): first op start to last op end.
+  std::int64_t first = std::numeric_limits<std::int64_t>::max(), last = std::numeric_limits<std::int64_t>::min();
+  for (const auto& o : outs)
+    for (const auto& e : o.events) first = std::min(first, e.start_ns), last = std::max(last, e.end_ns());
+  result.span_seconds.push_back(last > first ? static_cast<double>(last - first) * 1e-9 : 0.0);
   if (!traced && !keep_every_trace) return;
   traces::Trace t = run_trace_header(origin, plan, ranks);
   t.events = step_events(outs, rebase);

@@ -83,6 +83,7 @@ int optimizer_shards(const ir::Scenario& sc) {
 // searches over them).
 struct LayerCostD {
   OpCost f, b, w;
+  CostParts pf, pb, pw;  // the same work at the GPU's peak rates (chunk_cost_parts)
 };
 
 struct Shape {
@@ -222,6 +223,18 @@ LayerCostD layer_cost_d(const ir::Scenario& sc, const ir::GpuSpec& gpu, double l
   c.b.seconds = b_gemm + b_attn + 2 * f_ew + b_comm;
   c.w.flops = gemm_flops;
   c.w.seconds = w_gemm + w_comm;
+  // The same work at peak: FLOPs / peak, bytes / HBM bandwidth (the attention core with
+  // its softmax bytes, which scale with it; flash attention's executed FLOPs).
+  {
+    const double peak = gpu.peak_flops, hbm = gpu.hbm_bytes_per_second;
+    const double f_core = (s.flash ? 4 * T * (prefix + 0.5 * len) * s.h / s.t : attn_flops) / peak;
+    c.pf = {gemm_flops / peak, f_core + ew_attn / hbm, (ew_replicated + ew_mlp) / hbm, f_comm, 0, 0};
+    c.pb = {gemm_flops / peak, (s.flash ? 2.5 : 2.0) * f_core + 2 * ew_attn / hbm, 2 * (ew_replicated + ew_mlp) / hbm,
+            b_comm, 0, 0};
+    c.pw = {gemm_flops / peak, 0, 0, w_comm, 0, 0};
+    if (sc.parallel.recompute == ir::Recompute::Full) c.pb += c.pf;
+    if (sc.parallel.recompute == ir::Recompute::Selective && !s.flash) c.pb.attention += f_core + ew_attn / hbm;
+  }
   switch (sc.parallel.recompute) {
     case ir::Recompute::Full:
       c.b.flops += c.f.flops;
@@ -301,17 +314,24 @@ LayerCostD ends_cost(const ir::Scenario& sc, const ir::GpuSpec& gpu, int vs, int
     // Gather rows of the vocab-parallel table, add positions, dropout; the partial
     // results are summed across the TP ranks (scattered with SP). Gradient: scatter-add.
     c.f.seconds += slow * hbm_seconds(T * s.h * (3 * e + 1), gpu);
-    if (t > 1)
-      c.f.seconds += tp_collective_seconds(sc, gpu, s.sp ? OpKind::REDUCE_SCATTER : OpKind::ALLREDUCE,
-                                           bytes, t);
+    c.pf.embedding += T * s.h * (3 * e + 1) / gpu.hbm_bytes_per_second;
+    if (t > 1) {
+      const double comm = tp_collective_seconds(sc, gpu, s.sp ? OpKind::REDUCE_SCATTER : OpKind::ALLREDUCE, bytes, t);
+      c.f.seconds += comm;
+      c.pf.comm += comm;
+    }
     c.w.seconds += slow * hbm_seconds(T * s.h * 3 * e, gpu);
+    c.pw.embedding += T * s.h * 3 * e / gpu.hbm_bytes_per_second;
   } else if (t > 1 && !s.sp) {
     // Megatron's scatter/gather of pipeline tensors: each TP rank received 1/t, the full
     // activation is rebuilt with an NVLink all-gather.
     c.f.seconds += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
+    c.pf.comm += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
   }
-  if (!last && t > 1 && !s.sp)
+  if (!last && t > 1 && !s.sp) {
     c.b.seconds += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
+    c.pb.comm += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
+  }
   if (last) {
     const double V = sc.model.vocab;
     const double logits = T * V / s.t;
@@ -325,17 +345,40 @@ LayerCostD ends_cost(const ir::Scenario& sc, const ir::GpuSpec& gpu, int vs, int
                            hbm_seconds(4 * e * T * s.h / (s.sp ? s.t : 1.0), gpu));
     c.w.flops += head_flops;
     c.w.seconds += slow * gemm_seconds(s.h, V / s.t, T, gpu, 1, e);
+    const double peak = gpu.peak_flops, hbm = gpu.hbm_bytes_per_second;
+    c.pf.head += head_flops / peak + (2 * e * T * s.h / (s.sp ? s.t : 1.0) + logits * (e + 8)) / hbm;
+    c.pb.head += head_flops / peak + (logits * (4 + e) + 4 * e * T * s.h / (s.sp ? s.t : 1.0)) / hbm;
+    c.pw.head += head_flops / peak;
     if (t > 1) {
+      const double ag = tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
       if (s.sp) {
-        c.f.seconds += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
-        c.b.seconds += tp_collective_seconds(sc, gpu, OpKind::REDUCE_SCATTER, bytes, t);
-        c.w.seconds += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
+        const double rs = tp_collective_seconds(sc, gpu, OpKind::REDUCE_SCATTER, bytes, t);
+        c.f.seconds += ag, c.pf.comm += ag;
+        c.b.seconds += rs, c.pb.comm += rs;
+        c.w.seconds += ag, c.pw.comm += ag;
       } else {
-        c.b.seconds += tp_collective_seconds(sc, gpu, OpKind::ALLREDUCE, bytes, t);
+        const double ar = tp_collective_seconds(sc, gpu, OpKind::ALLREDUCE, bytes, t);
+        c.b.seconds += ar, c.pb.comm += ar;
       }
     }
   }
   return c;
+}
+
+CostParts pick_parts(const LayerCostD& c, OpKind kind) {
+  switch (kind) {
+    case OpKind::F: return c.pf;
+    case OpKind::B: return c.pb;
+    case OpKind::W: return c.pw;
+    case OpKind::BW: {
+      CostParts p = c.pb;
+      p += c.pw;
+      return p;
+    }
+    default: break;
+  }
+  throw Error(fmt::format("cost model: op kind {} is not a per-chunk compute op (expected F, B, W or BW)",
+                          ir::to_string(kind)));
 }
 
 OpCost pick(const LayerCostD& c, OpKind kind) {
@@ -489,6 +532,14 @@ OpCost chunk_cost(const ir::Scenario& sc, const ir::GpuSpec& gpu, OpKind kind, i
   const LayerCostD ends = ends_cost(sc, gpu, virtual_stage, virtual_stages, tokens, prefix);
   const OpCost a = pick(l, kind), b = pick(ends, kind);
   return OpCost{a.flops * layers + b.flops, a.seconds * layers + b.seconds};
+}
+
+CostParts chunk_cost_parts(const ir::Scenario& sc, const ir::GpuSpec& gpu, OpKind kind, int virtual_stage,
+                           int virtual_stages, int layers, int tokens, int prefix) {
+  CostParts p = pick_parts(layer_cost_d(sc, gpu, tokens, prefix), kind);
+  p *= layers;
+  p += pick_parts(ends_cost(sc, gpu, virtual_stage, virtual_stages, tokens, prefix), kind);
+  return p;
 }
 
 LayerCost stage_ends_cost(const ir::Scenario& sc, const ir::GpuSpec& gpu, bool first, bool last, int tokens,

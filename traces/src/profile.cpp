@@ -146,6 +146,8 @@ void apply_profile_to_scenario(const Profile& profile, ir::Scenario& scenario) {
 }
 
 ProfileApplied apply_profile(const Profile& profile, ir::Plan& plan, bool ops_only) {
+  if (!profile.model.empty())
+    throw Error("a fitted cost-model profile prices ops from their shapes: apply it with planner::apply_profile");
   if (profile.compute_efficiency > 0) {
     if (plan.scenario.cluster.compute_efficiency != profile.compute_efficiency)
       throw Error(fmt::format("a compute-efficiency profile ({}) applies to the scenario before planning "
@@ -203,15 +205,21 @@ ProfileApplied apply_profile(const Profile& profile, ir::Plan& plan, bool ops_on
       }
     }
   }
-  if (!ops_only && profile.p2p.latency_seconds > 0) {
+  if (!ops_only) {
+    apply_profile_platform(profile, plan);
+    applied.links = profile.p2p.latency_seconds > 0;
+  }
+  return applied;
+}
+
+void apply_profile_platform(const Profile& profile, ir::Plan& plan) {
+  if (profile.p2p.latency_seconds > 0) {
     auto& c = plan.scenario.cluster;
     c.nvlink_latency_seconds = c.ib_latency_seconds = profile.p2p.latency_seconds;
     if (profile.p2p.bytes_per_second > 0)
       c.nvlink_bytes_per_second = c.ib_bytes_per_second_per_nic = profile.p2p.bytes_per_second;
-    applied.links = true;
   }
-  if (!ops_only) plan.scenario.cluster.shared_capacity = profile.platform.shared_capacity;
-  return applied;
+  plan.scenario.cluster.shared_capacity = profile.platform.shared_capacity;
 }
 
 nlohmann::json to_json(const Profile& p) {
@@ -238,6 +246,16 @@ nlohmann::json to_json(const Profile& p) {
           {"collective", transport_json(p.collective)},
           {"metadata", p.metadata}};
   if (p.stages > 0) j["stages"] = p.stages;  // 0: unknown, left out
+  if (!p.model.empty()) {
+    json model = json::object();
+    for (const auto& [kind, coef] : p.model.coefficients) {
+      json terms = json::object();
+      for (int i = 0; i < kCostTermCount; ++i)
+        if (coef.at(static_cast<std::size_t>(i)) != 0) terms[kCostTerms[i]] = coef[static_cast<std::size_t>(i)];
+      model[std::string(ir::to_string(kind))] = std::move(terms);
+    }
+    j["model"] = std::move(model);
+  }
   if (p.compute_efficiency > 0) j["compute_efficiency"] = p.compute_efficiency;
   return j;
 }
@@ -245,7 +263,7 @@ nlohmann::json to_json(const Profile& p) {
 Profile profile_from_json(const nlohmann::json& j, const std::string& source) {
   const Fields top(j, source, "",
                    {"tdpipe_profile", "scenario", "stages", "platform", "ops", "p2p", "collective", "metadata",
-                    "compute_efficiency"});
+                    "compute_efficiency", "model"});
   const json* version = top.find("tdpipe_profile");
   if (!version) top.fail("tdpipe_profile", "missing (not a tdpipe calibration profile)");
   if (!version->is_number_integer() || version->get<int>() != kFormatVersion)
@@ -286,6 +304,20 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& source) {
       f.number("seconds", op.seconds, kMaxOpSeconds);
       f.integer("samples", op.samples, 0);
       p.ops.push_back(op);
+    }
+  }
+  if (const json* model = top.find("model")) {
+    if (!model->is_object() || model->empty())
+      top.fail("model", "expected an object of op kinds (F, B, W, BW, OPT), each an object of term coefficients");
+    const std::vector<std::string> terms(std::begin(kCostTerms), std::end(kCostTerms));
+    for (const auto& [kind, _] : model->items()) {
+      const auto k = ir::op_kind_from_string(kind);
+      if (!k || !ir::is_compute(*k))
+        top.fail("model." + kind, "expected an op kind F, B, W, BW or OPT");
+      const Fields f = top.sub("model", {"F", "B", "W", "BW", "OPT"}).sub(kind.c_str(), terms);
+      std::vector<double> coef(kCostTermCount, 0.0);
+      for (int i = 0; i < kCostTermCount; ++i) f.number(kCostTerms[i], coef[static_cast<std::size_t>(i)], kMaxOpSeconds);
+      p.model.coefficients[*k] = std::move(coef);
     }
   }
   if (top.find("p2p")) p.p2p = read_transport(top.sub("p2p", {"latency", "bandwidth"}));

@@ -96,6 +96,32 @@ LayerCost layer_cost(const ir::Scenario& scenario, const ir::GpuSpec& gpu, int t
 OpCost chunk_cost(const ir::Scenario& scenario, const ir::GpuSpec& gpu, ir::OpKind kind,
                   int virtual_stage, int virtual_stages, int layers, int tokens, int prefix);
 
+/// The work of a compute op (F, B, W or BW) of a chunk, part by part, as seconds at the
+/// GPU's peak rates — FLOPs / peak_flops, bytes / HBM bandwidth — before any efficiency;
+/// TP collectives as the cost model prices them. These are what `tdpipe calibrate` fits
+/// a speed to (planner/cost_fit.hpp): a part's coefficient is 1 / its achieved fraction
+/// of peak on the measured machine, where chunk_cost assumes the documented efficiencies.
+struct CostParts {
+  double gemm = 0;         ///< the layers' weight GEMMs: FLOPs / peak
+  double attention = 0;    ///< attention core: executed FLOPs / peak + softmax bytes / HBM (standard attention)
+  double elementwise = 0;  ///< the layers' other memory-bound work (LayerNorms, GeLU, residuals, dropout): bytes / HBM
+  double comm = 0;         ///< tensor-parallel collectives folded into the op (seconds, as chunk_cost)
+  double embedding = 0;    ///< embedding gather / scatter-add (virtual stage 0): bytes / HBM
+  double head = 0;         ///< final LayerNorm, LM head and loss (last virtual stage): FLOPs / peak + bytes / HBM
+  CostParts& operator+=(const CostParts& o) {
+    gemm += o.gemm, attention += o.attention, elementwise += o.elementwise, comm += o.comm;
+    embedding += o.embedding, head += o.head;
+    return *this;
+  }
+  CostParts& operator*=(double k) {
+    gemm *= k, attention *= k, elementwise *= k, comm *= k, embedding *= k, head *= k;
+    return *this;
+  }
+};
+/// The parts of the op chunk_cost prices (same layers, slice, recompute and ends).
+CostParts chunk_cost_parts(const ir::Scenario& scenario, const ir::GpuSpec& gpu, ir::OpKind kind,
+                           int virtual_stage, int virtual_stages, int layers, int tokens, int prefix);
+
 /// F, B and W of a stage's ends alone: the embedding on the first stage, the LM head and
 /// loss on the last (both on a one-stage pipeline), and without sequence parallelism
 /// Megatron's scatter/gather of pipeline tensors on the others. chunk_cost of a stage

@@ -52,6 +52,25 @@ struct Platform {
   friend bool operator==(const Platform&, const Platform&) = default;
 };
 
+/// The terms of a fitted cost model, as a profile names them. Per op: "op" (1: a fixed
+/// cost per op), "layer" (the chunk's transformer layers: a fixed cost per layer); the
+/// cost model's seconds of the op by part (planner::CostParts): "gemm", "attention",
+/// "elementwise", "comm", "embedding", "head"; and for OPT "optimizer" (the cost
+/// model's optimizer-step seconds). planner/cost_fit.hpp computes and fits them.
+inline constexpr const char* kCostTerms[] = {"op",   "layer",     "gemm", "attention", "elementwise",
+                                             "comm", "embedding", "head", "optimizer"};
+inline constexpr int kCostTermCount = 9;
+
+/// A cost model fitted by `tdpipe calibrate` from probe runs: an op of kind K takes
+/// Σ coefficients[K][term] × term seconds (or counts, for "op" and "layer") — for any
+/// chunking, slicing, partition or schedule, since the terms come from the op's shape.
+struct FittedCostModel {
+  /// kind → one coefficient per kCostTerms entry; kinds without data are absent.
+  std::map<ir::OpKind, std::vector<double>> coefficients;
+  bool empty() const { return coefficients.empty(); }
+  friend bool operator==(const FittedCostModel&, const FittedCostModel&) = default;
+};
+
 struct Profile {
   std::string scenario;  ///< name of the scenario the costs belong to
   int stages = 0;        ///< p of the measured runs (0: unknown)
@@ -64,6 +83,8 @@ struct Profile {
   /// --from-run`): no op times, but cluster.compute_efficiency for any scenario — any
   /// model, layout or scale — on the GPUs named in platform.device (comma-separated).
   double compute_efficiency = 0;
+  /// Non-empty: op costs come from this fitted model (planner::apply_profile), not `ops`.
+  FittedCostModel model;
   friend bool operator==(const Profile&, const Profile&) = default;
 };
 
@@ -95,6 +116,10 @@ struct ProfileApplied {
 /// cluster with op times measured here. Throws tdpipe::Error when the profile was
 /// measured for another scenario or pipeline depth.
 ProfileApplied apply_profile(const Profile& profile, ir::Plan& plan, bool ops_only = false);
+
+/// The platform half of apply_profile: the p2p transport as every link of
+/// plan.scenario and the profile's shared capacity as the cluster's.
+void apply_profile_platform(const Profile& profile, ir::Plan& plan);
 
 nlohmann::json to_json(const Profile& profile);
 /// Throws tdpipe::Error naming `source` and the field on bad input.

@@ -81,6 +81,7 @@ struct CpuRunOptions {
 struct RunResult {
   std::vector<double> loss_per_step;      ///< mean token cross-entropy of each step
   std::vector<double> iteration_seconds;  ///< wall time of each step
+  std::vector<double> span_seconds;       ///< each step's trace span: first op start to last op end
   ParamMap weights;  ///< replica 0, after the last step
   /// replica 0, the last step's gradients: reduced, but after 1-bit Adam's warm-up its
   /// own (the momentum is what the replicas reduce then)
@@ -138,6 +139,16 @@ int rank_thread_count(const ir::Plan& plan, const CpuRunOptions& options);
 /// or world rank outside the run. run_cpu checks its own; a caller that cuts a run into
 /// segments (each getting the injection only if it holds the step) checks the whole.
 void check_injection(const TrainOptions::OverflowInjection& inject, const ir::Plan& plan, int first, int steps);
+
+/// Tunes glibc's allocator for the executor, process-wide: blocks up to 32 MiB come from
+/// the heap and freed memory is kept (mallopt M_MMAP_THRESHOLD, M_TRIM_THRESHOLD). The
+/// CPU model allocates its activations and gradients per op; by default glibc maps each
+/// block over 128 KiB afresh and unmaps it on free, so every step page-faults its memory
+/// back in, and its adaptive threshold only settles after dozens of steps — the tiny
+/// scenario's 1f1b step took 44 ms for its first 40 steps, 33 ms once tuned
+/// (docs/BENCHMARKS.md). `tdpipe` calls it before any command; a program of its own that
+/// times run_cpu should too. No effect with another allocator.
+void keep_freed_memory();
 
 /// Trains `plan` (lowered) for options.train.steps steps. Throws tdpipe::Error with
 /// the failing rank's message, or the watchdog's report of blocked ranks.

@@ -1,0 +1,239 @@
+// cost_fit.cpp — terms of an op, the least-change fit of their coefficients, and
+// pricing a plan with a fitted model (see cost_fit.hpp).
+#include "tdpipe/planner/cost_fit.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+
+#include <Eigen/Dense>
+#include <fmt/format.h>
+
+#include "tdpipe/ir/error.hpp"
+#include "tdpipe/planner/cost_model.hpp"
+
+namespace tdpipe::planner {
+namespace {
+
+using ir::OpKind;
+
+enum Term { kOp, kLayer, kGemm, kAttention, kElementwise, kComm, kEmbedding, kHead, kOptimizer };
+
+// The cost model itself: no fixed costs; each part at the documented efficiency of its
+// kind of kernel (GEMMs — the attention core and LM head included — at gemm_max,
+// streaming kernels at hbm: the large-size limits of chunk_cost's curves); collectives
+// and the optimizer step as chunk_cost prices them.
+double prior(int term) {
+  const Efficiencies& e = default_efficiencies();
+  switch (term) {
+    case kOp:
+    case kLayer: return 0;
+    case kGemm:
+    case kAttention:
+    case kHead: return 1 / e.gemm_max;
+    case kElementwise:
+    case kEmbedding: return 1 / e.hbm;
+    default: return 1;
+  }
+}
+
+// Slice `slice`'s (tokens, prefix) in `plan` (the whole sequence without slicing).
+std::pair<int, int> slice_shape(const ir::Plan& plan, int slice) {
+  const int seq = plan.scenario.model.seq;
+  if (plan.slices <= 1 || plan.slice_tokens.empty()) return {seq, 0};
+  if (slice < 0 || slice >= static_cast<int>(plan.slice_tokens.size()))
+    throw Error(fmt::format("cost terms: slice {} outside the plan's {} slices", slice, plan.slice_tokens.size()));
+  int prefix = 0;
+  for (int j = 0; j < slice; ++j) prefix += plan.slice_tokens[static_cast<std::size_t>(j)];
+  return {plan.slice_tokens[static_cast<std::size_t>(slice)], prefix};
+}
+
+// The chunk's layers: plan.stage_layers, or the even split a plan without them has.
+int chunk_layers_of(const ir::Plan& plan, int virtual_stage) {
+  const auto [a, b] = ir::layer_range(plan.stage_layers, plan.scenario.model.layers, virtual_stage,
+                                      plan.virtual_stages());
+  return b - a;
+}
+
+}  // namespace
+
+CostTerms op_terms(const ir::Plan& plan, int rank, const ir::Op& op) {
+  const ir::Scenario& sc = plan.scenario;
+  if (sc.synthetic)
+    throw Error(fmt::format("scenario '{}' is synthetic (its op times are given): a fitted cost model prices "
+                            "ops from the model's shapes, which it has none of", sc.name));
+  if (rank < 0 || rank >= plan.num_ranks() || rank >= static_cast<int>(plan.stage_of.size()))
+    throw Error(fmt::format("cost terms: rank {} outside the plan's {} ranks", rank, plan.num_ranks()));
+  const std::vector<int>& chunks = plan.stage_of[static_cast<std::size_t>(rank)];
+  const ir::GpuSpec gpu = gpu_of_rank(sc, rank);
+  const int vstages = plan.virtual_stages();
+  CostTerms t{};
+  t[kOp] = 1;
+  if (op.kind == OpKind::OPT) {
+    double params = 0;
+    for (int vs : chunks) params += params_of_chunk(sc, vs, vstages, chunk_layers_of(plan, vs));
+    t[kOptimizer] = optimizer_seconds(sc, gpu, params);
+    return t;
+  }
+  if (!ir::is_compute(op.kind))
+    throw Error(fmt::format("cost terms: {} is not a compute op", ir::to_string(op.kind)));
+  if (op.chunk < 0 || op.chunk >= static_cast<int>(chunks.size()))
+    throw Error(fmt::format("cost terms: rank {} has no chunk {}", rank, op.chunk));
+  const int vs = chunks[static_cast<std::size_t>(op.chunk)];
+  const int layers = chunk_layers_of(plan, vs);
+  const auto [tokens, prefix] = slice_shape(plan, op.slice);
+  const CostParts p = chunk_cost_parts(sc, gpu, op.kind, vs, vstages, layers, tokens, prefix);
+  t[kLayer] = layers;
+  t[kGemm] = p.gemm;
+  t[kAttention] = p.attention;
+  t[kElementwise] = p.elementwise;
+  t[kComm] = p.comm;
+  t[kEmbedding] = p.embedding;
+  t[kHead] = p.head;
+  return t;
+}
+
+double fitted_seconds(const traces::FittedCostModel& model, OpKind kind, const CostTerms& terms) {
+  const auto it = model.coefficients.find(kind);
+  if (it == model.coefficients.end()) return -1;
+  double s = 0;
+  for (int i = 0; i < traces::kCostTermCount; ++i) s += it->second.at(static_cast<std::size_t>(i)) * terms[i];
+  return s;
+}
+
+namespace {
+
+struct Row {
+  CostTerms x;
+  double y = 0, weight = 0;
+};
+
+// Least change to the cost model (see the banner) for one kind's rows.
+std::vector<double> fit_kind(const std::vector<Row>& rows) {
+  const int n = traces::kCostTermCount;
+  std::vector<double> c(static_cast<std::size_t>(n));
+  for (int j = 0; j < n; ++j) c[static_cast<std::size_t>(j)] = prior(j);
+  std::vector<int> active;
+  for (int j = 0; j < n; ++j) {
+    double mass = 0;
+    for (const Row& r : rows) mass += std::abs(r.x[j]);
+    if (mass > 0) active.push_back(j);
+  }
+  while (!active.empty()) {
+    const auto m = static_cast<Eigen::Index>(rows.size());
+    const auto k = static_cast<Eigen::Index>(active.size());
+    Eigen::MatrixXd a(m, k);
+    Eigen::VectorXd b(m), scale(k);
+    for (Eigen::Index i = 0; i < m; ++i) {
+      const Row& r = rows[static_cast<std::size_t>(i)];
+      const double w = std::sqrt(r.weight);
+      double rest = r.y;
+      for (int j = 0; j < n; ++j) rest -= (std::find(active.begin(), active.end(), j) != active.end()
+                                               ? prior(j) : c[static_cast<std::size_t>(j)]) * r.x[j];
+      b(i) = w * rest;
+      for (Eigen::Index q = 0; q < k; ++q) a(i, q) = w * r.x[active[static_cast<std::size_t>(q)]];
+    }
+    for (Eigen::Index q = 0; q < k; ++q) {
+      scale(q) = a.col(q).norm();
+      a.col(q) /= scale(q);
+    }
+    // Columns equal to within 0.1 % cannot be told apart by the probes: minimum norm
+    // shares their change instead of opposing them.
+    Eigen::CompleteOrthogonalDecomposition<Eigen::MatrixXd> cod;
+    cod.setThreshold(1e-3);
+    cod.compute(a);
+    const Eigen::VectorXd z = cod.solve(b);
+    int worst = -1;
+    for (Eigen::Index q = 0; q < k; ++q) {
+      const int j = active[static_cast<std::size_t>(q)];
+      c[static_cast<std::size_t>(j)] = prior(j) + z(q) / scale(q);
+      if (c[static_cast<std::size_t>(j)] < 0 &&
+          (worst < 0 || c[static_cast<std::size_t>(j)] < c[static_cast<std::size_t>(worst)]))
+        worst = j;
+    }
+    if (worst < 0) break;
+    // A negative speed or fixed cost is no physics: pin it at 0 and refit the others.
+    c[static_cast<std::size_t>(worst)] = 0;
+    active.erase(std::find(active.begin(), active.end(), worst));
+  }
+  return c;
+}
+
+}  // namespace
+
+CostFit fit_cost_model(const std::vector<MeasuredRun>& runs) {
+  std::map<OpKind, std::vector<Row>> rows;
+  CostFit fit;
+  for (const MeasuredRun& run : runs) {
+    const ir::Plan& plan = *run.plan;
+    const std::string layout = fmt::format("{} v={} S={}", plan.schedule, plan.chunks, std::max(1, plan.slices));
+    for (const traces::ProfileOp& g : run.profile->ops) {
+      if (g.samples <= 0 || !(g.seconds > 0)) continue;
+      // A rank and chunk that run this virtual stage (OPT: filed under the rank's first chunk).
+      std::optional<std::pair<int, int>> where;
+      for (int r = 0; r < static_cast<int>(plan.stage_of.size()) && !where; ++r)
+        for (int c = 0; c < static_cast<int>(plan.stage_of[static_cast<std::size_t>(r)].size()); ++c)
+          if (plan.stage_of[static_cast<std::size_t>(r)][static_cast<std::size_t>(c)] == g.virtual_stage &&
+              (g.kind != OpKind::OPT || c == 0)) {
+            where = {r, c};
+            break;
+          }
+      if (!where)
+        throw Error(fmt::format("cost fit: {}: measured {} on virtual stage {}, which the plan does not have",
+                                layout, ir::to_string(g.kind), g.virtual_stage));
+      ir::Op op;
+      op.kind = g.kind;
+      op.chunk = where->second;
+      op.slice = std::max(0, g.slice);
+      rows[g.kind].push_back(Row{op_terms(plan, where->first, op), g.seconds, static_cast<double>(g.samples)});
+      fit.points.push_back(FitPoint{layout, g.kind, g.virtual_stage, std::max(0, g.slice), g.samples, g.seconds, 0});
+    }
+  }
+  if (rows.empty()) throw Error("cost fit: the runs measured no compute op");
+  for (const auto& [kind, r] : rows) fit.model.coefficients[kind] = fit_kind(r);
+  std::map<OpKind, std::size_t> next;
+  for (FitPoint& p : fit.points) {
+    const Row& r = rows[p.kind][next[p.kind]++];
+    p.fitted_seconds = fitted_seconds(fit.model, p.kind, r.x);
+  }
+  return fit;
+}
+
+traces::ProfileApplied apply_profile(const traces::Profile& profile, ir::Plan& plan, bool ops_only) {
+  if (profile.model.empty()) return traces::apply_profile(profile, plan, ops_only);
+  const traces::FittedCostModel& model = profile.model;
+  auto has = [&](OpKind k) { return model.coefficients.count(k) > 0; };
+  traces::ProfileApplied applied;
+  for (int r = 0; r < plan.num_ranks(); ++r) {
+    for (ir::Op& op : plan.ranks[static_cast<std::size_t>(r)]) {
+      if (!ir::is_compute(op.kind)) continue;
+      auto price = [&](OpKind kind) {
+        ir::Op as = op;
+        as.kind = kind;
+        return op_terms(plan, r, as);
+      };
+      double s = -1;
+      if (has(op.kind)) {
+        s = fitted_seconds(model, op.kind, price(op.kind));
+      } else if (op.kind == OpKind::BW && has(OpKind::B) && has(OpKind::W)) {
+        s = fitted_seconds(model, OpKind::B, price(OpKind::B)) + fitted_seconds(model, OpKind::W, price(OpKind::W));
+      } else if ((op.kind == OpKind::B || op.kind == OpKind::W) && has(OpKind::BW)) {
+        s = fitted_seconds(model, OpKind::BW, price(op.kind));  // the fused op's speeds, part by part
+      }
+      if (s >= 0) {
+        op.est_seconds = s;
+        ++applied.ops_from_profile;
+      } else {
+        ++applied.ops_kept;
+      }
+    }
+  }
+  if (!ops_only) {
+    traces::apply_profile_platform(profile, plan);
+    applied.links = profile.p2p.latency_seconds > 0;
+  }
+  return applied;
+}
+
+}  // namespace tdpipe::planner
