@@ -172,7 +172,13 @@ s["parallel"].update({"pipeline": 4, "data": 1, "micro_batch": 4, "global_batch"
 s["cluster"]["gpus_per_node"] = 4
 json.dump(s, open(sys.argv[2], "w"), indent=2)
 PY
-: > "$out/compare.tsv"; rm -f "$out/compare-fit.tsv"
+: > "$out/compare.tsv"; rm -f "$out/compare-fit.tsv" "$out/compare-model.tsv"
+# One calibration for every schedule (issue 16 §2): the cost model's parameters fitted on
+# the probe layouts, then each schedule below predicted with it beside its own profile.
+"$tdp" calibrate "$scen" --backend "$run_backend" --probes zb-h1,zb-v,1f1b,interleaved,tdpipe:4 --steps 4 --warmup 3 \
+    --show-fit -o "$out/profiles/model.profile.json" > "$out/calibrate-model.log" 2>&1 \
+  && say "  one profile: $(head -1 "$out/calibrate-model.log")" \
+  || say "  one profile: calibrate --probes failed: $(tail -2 "$out/calibrate-model.log")"
 for spec in "gpipe 1" "1f1b 1" "interleaved 1" "zb-h1 1" "zb-h2 1" "zb-v 1" "tdpipe 4"; do
   set -- $spec
   name="$1-s$2"
@@ -202,6 +208,24 @@ try:
 except Exception as ex:
     print(f"  {sys.argv[3]}: no comparison ({ex})")
 PY
+  # The same schedule predicted from the one probe-fitted profile.
+  if [ -s "$out/profiles/model.profile.json" ]; then
+    "$tdp" sim "$scen" --engine analytic --schedule "$1" --slices "$2" --profile "$out/profiles/model.profile.json" \
+        --trace-out "$out/traces/$name.predicted-model.json" > "$out/predict-model-$name.log" 2>&1 \
+      && "$tdp" compare "$out/traces/$name.predicted-model.json" "$out/traces/$name.$backend.json" --json \
+        > "$out/compare-model-$name.json" 2>&1
+    python3 - "$out/compare-model-$name.json" "$out/compare-model.tsv" <<'PY' | tee -a "$out/summary.txt"
+import json, sys
+try:
+    c = json.load(open(sys.argv[1]))
+    err = c["iteration_error"] * 100
+    print(f"  {'':14s} one profile (probes): predicted {c['predicted_iteration_time']*1e3:8.3f} ms, error {err:+6.2f} %, "
+          f"bubble error {c['bubble_error_pp']:+5.2f} pp")
+    open(sys.argv[2], "a").write(f"model\t{err}\n")
+except Exception as ex:
+    print(f"  {'':14s} one profile: no comparison ({ex})")
+PY
+  fi
   # The same with the device's sharing capacity fitted from the run instead of 1 (the
   # evidence for or against the default): calibrate again, predict, compare.
   if (( $(date +%s) - t_start > 420 )); then continue; fi
@@ -224,12 +248,14 @@ except Exception as ex:
     print(f"  {'':14s} fitted capacity: no comparison ({ex})")
 PY
 done
-for f in compare compare-fit; do
+for f in compare compare-model compare-fit; do
   [ -f "$out/$f.tsv" ] || continue
   python3 - "$out/$f.tsv" "$f" <<'PY' | tee -a "$out/summary.txt"
 import statistics, sys
 errs = [abs(float(l.split("\t")[1])) for l in open(sys.argv[1]) if l.strip()]
-what = "default capacity (GPU 1, CPU its cores)" if sys.argv[2] == "compare" else "fitted capacity"
+what = {"compare": "each schedule's own profile, default capacity (GPU 1, CPU its cores)",
+        "compare-model": "one probe-fitted profile for every schedule",
+        "compare-fit": "each schedule's own profile, fitted capacity"}[sys.argv[2]]
 if errs:
     print(f"median |iteration-time error| over {len(errs)} schedules, {what}: {statistics.median(errs):.2f} % (goal <= 5 %)")
 PY

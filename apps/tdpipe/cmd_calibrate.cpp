@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -166,16 +167,23 @@ std::vector<Probe> parse_probes(const std::string& text) {
   return out;
 }
 
-void run_calibrate_probes(const CalibrateArgs& a) {
+std::vector<std::string> fmt_split(const std::string& text) {
+  std::vector<std::string> out;
+  for (std::size_t at = 0; at <= text.size();) {
+    const std::size_t end = std::min(text.find(',', at), text.size());
+    out.push_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
+// Runs each probe layout of `a.scenario` through `measure` (one backend's calibration of
+// one plan), fits the cost model on them and writes the profile.
+void run_calibrate_probes(const CalibrateArgs& a, const std::function<traces::Profile(const ir::Plan&)>& measure) {
   const ir::Scenario sc = ir::load_scenario(a.scenario);
   if (sc.synthetic)
     throw Error(fmt::format("{}: scenario '{}' is synthetic (its op times are given): there is no cost model to fit; "
                             "measure one schedule with --schedule", a.scenario, sc.name));
-  exec::cpu::CalibrateOptions opt;
-  opt.steps = a.steps;
-  opt.warmup_steps = a.warmup;
-  opt.train.corpus_path = a.corpus;
-  opt.sharing = sharing_choice(a.shared_capacity);
   std::vector<ir::Plan> plans;
   std::vector<traces::Profile> measured;
   const std::vector<Probe> probes = parse_probes(a.probes.empty() ? kDefaultProbes : a.probes);
@@ -188,52 +196,19 @@ void run_calibrate_probes(const CalibrateArgs& a) {
       continue;
     }
     fmt::print(stderr, "probe {} ({} of {})\n", name, plans.size(), probes.size());
-    measured.push_back(exec::cpu::calibrate(plans.back(), opt));
+    measured.push_back(measure(plans.back()));
   }
   if (measured.empty()) throw Error(fmt::format("{}: no probe layout could be planned for this scenario", a.scenario));
-  std::vector<planner::MeasuredRun> runs;
-  for (std::size_t i = 0; i < plans.size(); ++i) runs.push_back({&plans[i], &measured[i]});
-  const planner::CostFit fit = planner::fit_cost_model(runs);
-
-  // The platform from the first probe; the hand-off latency pooled over every probe's
-  // clean hand-offs (each probe's mean, weighted by its samples).
-  traces::Profile prof = measured.front();
-  prof.ops.clear();
-  prof.stages = 0;  // the model prices any pipeline depth
-  prof.model = fit.model;
-  double latency = 0, weight = 0;
-  std::vector<std::string> names;
-  for (std::size_t i = 0; i < measured.size(); ++i) {
-    const auto& m = measured[i].metadata;
-    const auto n = m.find("p2p_latency_samples");
-    const double w = n == m.end() ? 0.0 : std::stod(n->second);
-    latency += w * measured[i].p2p.latency_seconds;
-    weight += w;
-    names.push_back(fmt::format("{}{}", plans[i].schedule, plans[i].slices > 1 ? fmt::format(":{}", plans[i].slices) : ""));
-    prof.metadata["probe_" + names.back() + "_median_trace_iteration_seconds"] =
-        m.at("median_trace_iteration_seconds");
-  }
-  if (weight > 0) {
-    prof.p2p.latency_seconds = latency / weight;
-    prof.metadata["p2p_latency_samples"] = fmt::format("{:.0f}", weight);
-  }
-  for (const char* key : {"schedule", "chunks", "slices", "slice_tokens", "median_iteration_seconds",
-                          "median_trace_iteration_seconds"})
-    prof.metadata.erase(key);
-  prof.metadata["probes"] = fmt::format("{}", fmt::join(names, ","));
-  std::vector<double> errors;
-  for (const auto& p : fit.points) errors.push_back(std::abs(p.fitted_seconds - p.measured_seconds) / p.measured_seconds);
-  std::sort(errors.begin(), errors.end());
-  const double median_error = errors[errors.size() / 2], max_error = errors.back();
-  prof.metadata["fit_groups"] = std::to_string(fit.points.size());
-  prof.metadata["fit_median_abs_error"] = fmt::format("{:.4f}", median_error);
-  prof.metadata["fit_max_abs_error"] = fmt::format("{:.4f}", max_error);
+  planner::CostFit fit;
+  const traces::Profile prof = planner::fitted_profile(plans, measured, &fit);
   traces::write_profile(prof, a.output);
 
+  const auto& m = prof.metadata;
   fmt::print("{}: cost model fitted to {} op groups of {} probe layouts ({}); |error| per group median {:.1f} %, "
              "max {:.1f} %; p2p hand-off {:.1f} us; shared capacity {}\n",
-             a.output, fit.points.size(), plans.size(), fmt::join(names, ", "), 100 * median_error, 100 * max_error,
-             prof.p2p.latency_seconds * 1e6, prof.metadata["shared_capacity"]);
+             a.output, fit.points.size(), plans.size(), fmt::join(fmt_split(m.at("probes")), ", "),
+             100 * std::stod(m.at("fit_median_abs_error")), 100 * std::stod(m.at("fit_max_abs_error")),
+             prof.p2p.latency_seconds * 1e6, m.count("shared_capacity") ? m.at("shared_capacity") : "-");
   fmt::print("  {:<4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "kind", "op (us)", "layer (us)", "gemm",
              "attention", "elementw.", "head", "optimizer");
   for (const auto& [kind, c] : fit.model.coefficients)
@@ -257,9 +232,8 @@ void run_calibrate(const CalibrateArgs& a) {
     throw Error("--iteration-time, --mfu and --tokens-per-s describe an observed run: give --from-run too");
 #ifdef TDPIPE_HAVE_CUDA
   if (a.backend == "cuda") {
-    if (!a.probes.empty())
-      throw Error("--probes: the CUDA backend measures one layout (give --schedule); fitting the cost model on "
-                  "probe layouts runs on the CPU backend only, for now");
+    if (!a.probes.empty() && (!a.schedule.empty() || a.slices != 0))
+      throw Error("--probes fits the cost model on several layouts; --schedule/--slices measure one: give one or the other");
     CudaCalibrateRequest c;
     c.scenario = a.scenario;
     c.schedule = a.schedule;
@@ -270,6 +244,10 @@ void run_calibrate(const CalibrateArgs& a) {
     c.warmup = a.warmup;
     c.sharing = sharing_choice(a.shared_capacity);
     c.max_ops = a.max_ops;
+    if (a.schedule.empty() && a.slices == 0 && !planner::is_plan_file(a.scenario))
+      return run_calibrate_probes(a, [&](const ir::Plan& plan) { return calibrate_cuda_plan(plan, c); });
+    if (!a.probes.empty())
+      throw Error(fmt::format("{}: a plan file is measured as it is: --probes needs the scenario file", a.scenario));
     run_calibrate_cuda(c);
     return;
   }
@@ -277,7 +255,14 @@ void run_calibrate(const CalibrateArgs& a) {
   check_cpu_backend(a.backend);
   if (!a.probes.empty() && (!a.schedule.empty() || a.slices != 0))
     throw Error("--probes fits the cost model on several layouts; --schedule/--slices measure one: give one or the other");
-  if (a.schedule.empty() && a.slices == 0 && !planner::is_plan_file(a.scenario)) return run_calibrate_probes(a);
+  if (a.schedule.empty() && a.slices == 0 && !planner::is_plan_file(a.scenario)) {
+    exec::cpu::CalibrateOptions opt;
+    opt.steps = a.steps;
+    opt.warmup_steps = a.warmup;
+    opt.train.corpus_path = a.corpus;
+    opt.sharing = sharing_choice(a.shared_capacity);
+    return run_calibrate_probes(a, [&](const ir::Plan& plan) { return exec::cpu::calibrate(plan, opt); });
+  }
   if (!a.probes.empty()) throw Error(fmt::format("{}: a plan file is measured as it is: --probes needs the scenario file",
                                                  a.scenario));
   const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices, a.max_ops);

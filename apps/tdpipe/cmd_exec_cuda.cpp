@@ -100,19 +100,23 @@ void run_exec_cuda(const CudaExecRequest& a) {
   print_run_report(j, r.run, r.weights_l2, iteration, 3, "single-device fp64 reference", a.trace_out);
 }
 
-void run_calibrate_cuda(const CudaCalibrateRequest& a) {
-  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices, a.max_ops);
-  const ir::Scenario& sc = loaded.scenario;
-  const std::string& schedule = loaded.schedule;
-  const planner::BuiltPlan& built = loaded.built;
+traces::Profile calibrate_cuda_plan(const ir::Plan& plan, const CudaCalibrateRequest& a) {
   exec::cuda::CudaCalibrateOptions opt;
   opt.steps = a.steps;
   opt.warmup_steps = a.warmup;
   opt.train.corpus_path = a.corpus;
   opt.device = a.device;
   opt.sharing = a.sharing;
-  traces::Profile prof = exec::cuda::calibrate(built.lowered, opt);
-  if (prof.scenario.empty()) prof.scenario = sc.name;
+  traces::Profile prof = exec::cuda::calibrate(plan, opt);
+  if (prof.scenario.empty()) prof.scenario = plan.scenario.name;
+  return prof;
+}
+
+void run_calibrate_cuda(const CudaCalibrateRequest& a) {
+  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices, a.max_ops);
+  const std::string& schedule = loaded.schedule;
+  const planner::BuiltPlan& built = loaded.built;
+  traces::Profile prof = calibrate_cuda_plan(built.lowered, a);
   traces::write_profile(prof, a.output);
   fmt::print("{}: {} ops measured on {} ({} schedule, p={} v={} S={}), loopback p2p {:.2f} us + {:.2f} GB/s, "
              "all-reduce {:.2f} us + {:.2f} GB/s, shared capacity {}\n",

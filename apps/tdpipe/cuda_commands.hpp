@@ -35,5 +35,7 @@ struct CudaCalibrateRequest {
 };
 /// Measures this GPU's op costs (loopback run) and writes the profile.
 void run_calibrate_cuda(const CudaCalibrateRequest& request);
+/// The same measurement of one plan (a probe of `tdpipe calibrate`), as a profile.
+traces::Profile calibrate_cuda_plan(const ir::Plan& plan, const CudaCalibrateRequest& request);
 
 }  // namespace tdpipe::apps

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <optional>
 
@@ -198,6 +199,50 @@ CostFit fit_cost_model(const std::vector<MeasuredRun>& runs) {
     p.fitted_seconds = fitted_seconds(fit.model, p.kind, r.x);
   }
   return fit;
+}
+
+traces::Profile fitted_profile(const std::vector<ir::Plan>& plans, const std::vector<traces::Profile>& measured,
+                               CostFit* fit_out) {
+  if (plans.empty() || plans.size() != measured.size())
+    throw Error(fmt::format("cost fit: {} probe plans but {} measurements", plans.size(), measured.size()));
+  std::vector<MeasuredRun> runs;
+  for (std::size_t i = 0; i < plans.size(); ++i) runs.push_back({&plans[i], &measured[i]});
+  CostFit fit = fit_cost_model(runs);
+
+  traces::Profile prof = measured.front();
+  prof.ops.clear();
+  prof.stages = 0;  // the model prices any pipeline depth
+  prof.model = fit.model;
+  for (const char* key : {"schedule", "chunks", "slices", "slice_tokens", "median_iteration_seconds",
+                          "median_trace_iteration_seconds", "p2p_latency_samples"})
+    prof.metadata.erase(key);
+  double latency = 0, weight = 0;
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < measured.size(); ++i) {
+    const auto& m = measured[i].metadata;
+    double w = 0;
+    if (const auto n = m.find("p2p_latency_samples"); n != m.end()) w = std::strtod(n->second.c_str(), nullptr);
+    latency += w * measured[i].p2p.latency_seconds;
+    weight += w;
+    const ir::Plan& plan = plans[i];
+    names.push_back(plan.slices > 1 ? fmt::format("{}:{}", plan.schedule, plan.slices) : plan.schedule);
+    if (const auto span = m.find("median_trace_iteration_seconds"); span != m.end())
+      prof.metadata["probe_" + names.back() + "_median_trace_iteration_seconds"] = span->second;
+  }
+  if (weight > 0) {
+    prof.p2p.latency_seconds = latency / weight;
+    prof.metadata["p2p_latency_samples"] = fmt::format("{:.0f}", weight);
+  }
+  prof.metadata["probes"] = fmt::format("{}", fmt::join(names, ","));
+  std::vector<double> errors;
+  for (const FitPoint& p : fit.points)
+    errors.push_back(std::abs(p.fitted_seconds - p.measured_seconds) / p.measured_seconds);
+  std::sort(errors.begin(), errors.end());
+  prof.metadata["fit_groups"] = std::to_string(fit.points.size());
+  prof.metadata["fit_median_abs_error"] = fmt::format("{:.4f}", errors[errors.size() / 2]);
+  prof.metadata["fit_max_abs_error"] = fmt::format("{:.4f}", errors.back());
+  if (fit_out) *fit_out = std::move(fit);
+  return prof;
 }
 
 traces::ProfileApplied apply_profile(const traces::Profile& profile, ir::Plan& plan, bool ops_only) {

@@ -107,6 +107,57 @@ assert p["metadata"]["shared_capacity"] == "1.5 (given)", p["metadata"]["shared_
 assert "fitted_shared_capacity" in p["metadata"], p["metadata"].keys()
 PY
     ;;
+  calibrate-probes)
+    # No --schedule: the cost model's parameters fitted on probe layouts, then any layout priced.
+    out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --probes zb-h1,zb-v,tdpipe:4 --steps 2 --warmup 1 \
+          --show-fit -o "$work/m.json" 2>/dev/null) || fail "calibrate --probes exited $?"
+    expect "$out" 'cost model fitted to 40 op groups of 3 probe layouts \(zb-h1, zb-v, tdpipe:4\)' "summary"
+    expect "$out" 'tdpipe v=1 S=4 +BW +1 +3 ' "a slice's group in --show-fit"
+    python3 - "$work/m.json" <<'PY' || fail "model profile"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert sorted(p["model"]) == ["B", "BW", "F", "OPT", "W"], p["model"].keys()
+assert p["ops"] == [] and "stages" not in p, (p["ops"], p.get("stages"))
+assert p["metadata"]["probes"] == "zb-h1,zb-v,tdpipe:4", p["metadata"]["probes"]
+assert all(v >= 0 for k in p["model"].values() for v in k.values())
+assert p["p2p"]["latency"] > 0
+PY
+    # Layouts no probe ran are priced by the model: no op left to the cost model's defaults.
+    for run in "interleaved" "1f1b" "tdpipe --slices 2"; do
+      sim=$("$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule $run --profile "$work/m.json" --json 2>"$work/err") \
+        || fail "sim $run exited $?"
+      [ -s "$work/err" ] && fail "sim $run with the model printed: $(cat "$work/err")"
+      default=$("$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule $run --json)
+      python3 - "$sim" "$default" <<'PY' || fail "sim $run with the model"
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert 0.001 < a["iteration_time"] < 1 and a["iteration_time"] != b["iteration_time"], (a["iteration_time"], b["iteration_time"])
+PY
+    done
+    "$tdpipe" plan scenarios/tiny-gpt-cpu.yaml --schedule zb-v --format json -o "$work/p.json" > /dev/null
+    "$tdpipe" sim "$work/p.json" --profile "$work/m.json" > /dev/null || fail "a plan file priced by the model"
+    out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --probes zb-h1,nope -o "$work/x.json" 2>&1) && fail "--probes nope"
+    expect "$out" "--probes: 'nope': expected SCHEDULE or SCHEDULE:SLICES" "bad probe"
+    out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --probes tdpipe:0 -o "$work/x.json" 2>&1) && fail "--probes tdpipe:0"
+    expect "$out" "'tdpipe:0': expected a slice count" "bad probe slices"
+    out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --probes 1f1b --schedule zb-v -o "$work/x.json" 2>&1) \
+      && fail "--probes with --schedule"
+    expect "$out" "give one or the other" "--probes with --schedule"
+    out=$("$tdpipe" calibrate "$work/p.json" --probes 1f1b -o "$work/x.json" 2>&1) && fail "--probes with a plan file"
+    expect "$out" "needs the scenario file" "--probes with a plan file"
+    [ -e "$work/x.json" ] && fail "a refused calibration wrote a profile"
+    # exec reports each step's trace span; the last is the written trace's iteration.
+    "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --schedule zb-v --steps 3 --json --trace-out "$work/t.json" > "$work/e.json" \
+      || fail "exec exited $?"
+    stats=$("$tdpipe" trace stats "$work/t.json" --json) || fail "trace stats exited $?"
+    python3 - "$work/e.json" "$stats" <<'PY' || fail "trace_iteration_times"
+import json, sys
+e, s = json.load(open(sys.argv[1])), json.loads(sys.argv[2])
+spans = e["trace_iteration_times"]
+assert len(spans) == 3 and all(x > 0 for x in spans), spans
+assert abs(spans[-1] - s["iteration_time"]) < 1e-9, (spans[-1], s["iteration_time"])
+PY
+    ;;
   cuda-handoff)
     # tdpipe links no CUDA library; --backend cuda runs tdpipe-cuda, beside it, in its place
     # (here, without a GPU, that one says so); a tdpipe alone says what is missing. (The
@@ -716,6 +767,26 @@ PY
     out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --steps 2 --inject drop:rank=0,peer=1,step=1 2>&1) \
         && fail "drop on the cuda backend accepted"
     expect "$out" "lost and corrupt messages are the CPU backend's faults" "drop refused on cuda"
+    ;;
+  calibrate-probes-cuda)
+    # The CUDA backend's probes (on the emulated GPU: timings are the emulation's): every
+    # probe measured on the device, one fitted model that prices a layout no probe ran.
+    out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --backend cuda --probes zb-h1,tdpipe:2 --steps 1 --warmup 1 \
+          -o "$work/m.json" 2>/dev/null) || fail "calibrate --backend cuda --probes exited $?"
+    expect "$out" 'cost model fitted to 18 op groups of 2 probe layouts \(zb-h1, tdpipe:2\)' "summary"
+    python3 - "$work/m.json" <<'PY' || fail "model profile"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["platform"]["backend"] == "cuda", p["platform"]
+assert sorted(p["model"]) == ["B", "BW", "F", "OPT", "W"], p["model"].keys()
+assert p["platform"]["shared_capacity"] == 1, p["platform"]
+PY
+    "$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule zb-v --engine analytic --profile "$work/m.json" > /dev/null 2> "$work/err" \
+      || fail "sim with the CUDA model exited $?"
+    [ -s "$work/err" ] && fail "sim with the CUDA model printed: $(cat "$work/err")"
+    out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --backend cuda --probes zb-h1 --schedule zb-v -o "$work/x.json" 2>&1) \
+      && fail "--probes with --schedule on cuda"
+    expect "$out" "give one or the other" "--probes with --schedule"
     ;;
   exec-fp16-cuda)
     # fp16 on the CUDA backend (the emulated GPU: real binary16 stores), TD-Pipe's two

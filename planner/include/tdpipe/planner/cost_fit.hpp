@@ -63,6 +63,17 @@ struct MeasuredRun {
 /// Throws tdpipe::Error when no run has a compute op group.
 CostFit fit_cost_model(const std::vector<MeasuredRun>& runs);
 
+/// The profile `tdpipe calibrate` writes from probe runs: `measured[i]` is the op-table
+/// profile of `plans[i]`. Its model is fit_cost_model's (returned in `fit` too, if
+/// given); its platform and transport are the first probe's, except the p2p hand-off
+/// latency, every probe's fitted latency weighted by its clean hand-offs
+/// (metadata p2p_latency_samples); no op table and no stage count (it prices any);
+/// metadata: the probes, each probe's median trace span
+/// (probe_<schedule[:S]>_median_trace_iteration_seconds), the fit's group count and
+/// median / max |relative error|.
+traces::Profile fitted_profile(const std::vector<ir::Plan>& plans, const std::vector<traces::Profile>& measured,
+                               CostFit* fit = nullptr);
+
 /// Seconds `model` gives an op of `kind` with `terms`, or a negative number when the
 /// model cannot price that kind (no coefficients for it nor a fallback).
 double fitted_seconds(const traces::FittedCostModel& model, ir::OpKind kind, const CostTerms& terms);
