@@ -140,12 +140,19 @@ struct Probe {
   int slices = 0;
 };
 
-std::vector<Probe> parse_probes(const std::string& text) {
-  std::vector<Probe> out;
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
   for (std::size_t at = 0; at <= text.size();) {
     const std::size_t end = std::min(text.find(',', at), text.size());
-    const std::string item = text.substr(at, end - at);
+    out.push_back(text.substr(at, end - at));
     at = end + 1;
+  }
+  return out;
+}
+
+std::vector<Probe> parse_probes(const std::string& text) {
+  std::vector<Probe> out;
+  for (const std::string& item : split_commas(text)) {
     const std::size_t colon = item.find(':');
     Probe p{item.substr(0, colon), 0};
     const auto& names = planner::schedule_names();
@@ -163,16 +170,6 @@ std::vector<Probe> parse_probes(const std::string& text) {
         throw Error(fmt::format("--probes: '{}': expected a slice count 1 … 4096 after ':'", item));
     }
     out.push_back(p);
-  }
-  return out;
-}
-
-std::vector<std::string> fmt_split(const std::string& text) {
-  std::vector<std::string> out;
-  for (std::size_t at = 0; at <= text.size();) {
-    const std::size_t end = std::min(text.find(',', at), text.size());
-    out.push_back(text.substr(at, end - at));
-    at = end + 1;
   }
   return out;
 }
@@ -206,7 +203,7 @@ void run_calibrate_probes(const CalibrateArgs& a, const std::function<traces::Pr
   const auto& m = prof.metadata;
   fmt::print("{}: cost model fitted to {} op groups of {} probe layouts ({}); |error| per group median {:.1f} %, "
              "max {:.1f} %; p2p hand-off {:.1f} us; shared capacity {}\n",
-             a.output, fit.points.size(), plans.size(), fmt::join(fmt_split(m.at("probes")), ", "),
+             a.output, fit.points.size(), plans.size(), fmt::join(split_commas(m.at("probes")), ", "),
              100 * std::stod(m.at("fit_median_abs_error")), 100 * std::stod(m.at("fit_max_abs_error")),
              prof.p2p.latency_seconds * 1e6, m.count("shared_capacity") ? m.at("shared_capacity") : "-");
   fmt::print("  {:<4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "kind", "op (us)", "layer (us)", "gemm",
@@ -230,10 +227,17 @@ void run_calibrate(const CalibrateArgs& a) {
   if (a.from_run) return run_calibrate_from_run(a);
   if (a.iteration_time > 0 || a.mfu > 0 || a.tokens_per_s > 0)
     throw Error("--iteration-time, --mfu and --tokens-per-s describe an observed run: give --from-run too");
+  if (!a.probes.empty() && (!a.schedule.empty() || a.slices != 0))
+    throw Error("--probes fits the cost model on several layouts; --schedule/--slices measure one: give one or the other");
+  // Without a layout to measure, the probes fit the cost model (any layout); a plan file
+  // or --schedule is measured as it is.
+  const bool probing = a.schedule.empty() && a.slices == 0 && !planner::is_plan_file(a.scenario);
+  if (!probing && !a.probes.empty())
+    throw Error(fmt::format("{}: a plan file is measured as it is: --probes needs the scenario file", a.scenario));
+  if (!probing && a.show_fit)
+    throw Error("--show-fit prints the probes' fit: it goes without --schedule, --slices and plan files");
 #ifdef TDPIPE_HAVE_CUDA
   if (a.backend == "cuda") {
-    if (!a.probes.empty() && (!a.schedule.empty() || a.slices != 0))
-      throw Error("--probes fits the cost model on several layouts; --schedule/--slices measure one: give one or the other");
     CudaCalibrateRequest c;
     c.scenario = a.scenario;
     c.schedule = a.schedule;
@@ -244,36 +248,22 @@ void run_calibrate(const CalibrateArgs& a) {
     c.warmup = a.warmup;
     c.sharing = sharing_choice(a.shared_capacity);
     c.max_ops = a.max_ops;
-    if (a.schedule.empty() && a.slices == 0 && !planner::is_plan_file(a.scenario))
-      return run_calibrate_probes(a, [&](const ir::Plan& plan) { return calibrate_cuda_plan(plan, c); });
-    if (!a.probes.empty())
-      throw Error(fmt::format("{}: a plan file is measured as it is: --probes needs the scenario file", a.scenario));
+    if (probing) return run_calibrate_probes(a, [&](const ir::Plan& plan) { return calibrate_cuda_plan(plan, c); });
     run_calibrate_cuda(c);
     return;
   }
 #endif
   check_cpu_backend(a.backend);
-  if (!a.probes.empty() && (!a.schedule.empty() || a.slices != 0))
-    throw Error("--probes fits the cost model on several layouts; --schedule/--slices measure one: give one or the other");
-  if (a.schedule.empty() && a.slices == 0 && !planner::is_plan_file(a.scenario)) {
-    exec::cpu::CalibrateOptions opt;
-    opt.steps = a.steps;
-    opt.warmup_steps = a.warmup;
-    opt.train.corpus_path = a.corpus;
-    opt.sharing = sharing_choice(a.shared_capacity);
-    return run_calibrate_probes(a, [&](const ir::Plan& plan) { return exec::cpu::calibrate(plan, opt); });
-  }
-  if (!a.probes.empty()) throw Error(fmt::format("{}: a plan file is measured as it is: --probes needs the scenario file",
-                                                 a.scenario));
-  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices, a.max_ops);
-  const ir::Scenario& sc = loaded.scenario;
-  const std::string& schedule = loaded.schedule;
-  const planner::BuiltPlan& built = loaded.built;
   exec::cpu::CalibrateOptions opt;
   opt.steps = a.steps;
   opt.warmup_steps = a.warmup;
   opt.train.corpus_path = a.corpus;
   opt.sharing = sharing_choice(a.shared_capacity);
+  if (probing) return run_calibrate_probes(a, [&](const ir::Plan& plan) { return exec::cpu::calibrate(plan, opt); });
+  const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices, a.max_ops);
+  const ir::Scenario& sc = loaded.scenario;
+  const std::string& schedule = loaded.schedule;
+  const planner::BuiltPlan& built = loaded.built;
   std::vector<ir::Plan> plans{built.lowered};
   // A fused-backward schedule never runs B or W alone; zb-h1 has the same layout
   // (one chunk, no slices) and splits them, so the profile can serve every schedule.

@@ -143,6 +143,9 @@ PY
     out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --probes 1f1b --schedule zb-v -o "$work/x.json" 2>&1) \
       && fail "--probes with --schedule"
     expect "$out" "give one or the other" "--probes with --schedule"
+    out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --schedule zb-v --show-fit -o "$work/x.json" 2>&1) \
+      && fail "--show-fit with --schedule"
+    expect "$out" "--show-fit prints the probes' fit" "--show-fit with --schedule"
     out=$("$tdpipe" calibrate "$work/p.json" --probes 1f1b -o "$work/x.json" 2>&1) && fail "--probes with a plan file"
     expect "$out" "needs the scenario file" "--probes with a plan file"
     [ -e "$work/x.json" ] && fail "a refused calibration wrote a profile"
