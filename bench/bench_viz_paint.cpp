@@ -81,7 +81,10 @@ int main(int argc, char** argv) {
 
   viz::TimelineModel model;
   auto t0 = Clock::now();
-  model.set_traces(std::move(pred), std::move(meas));
+  std::vector<traces::Trace> both;
+  both.push_back(std::move(pred));
+  both.push_back(std::move(meas));
+  model.set_traces(std::move(both));
   const double build_ms = ms_since(t0);
 
   viz::TimelineView view;

@@ -40,14 +40,14 @@ TEST_CASE("TimelineModel puts each predicted lane directly above its measured la
   c.seed = 3;
   auto meas = make_1f1b(c);
   TimelineModel m;
-  m.set_traces(pred, meas);
+  m.set_traces({pred, meas});
   // 3 ranks × {compute, p2p} × {pred, meas}
   REQUIRE(m.lanes().size() == 12);
   for (std::size_t i = 0; i < m.lanes().size(); i += 2) {
     const Lane& top = m.lanes()[i];
     const Lane& below = m.lanes()[i + 1];
-    CHECK(top.side == Side::Predicted);
-    CHECK(below.side == Side::Measured);
+    CHECK(top.trace == 0);
+    CHECK(below.trace == 1);
     CHECK(top.rank == below.rank);
     CHECK(top.stream == below.stream);
     CHECK(below.y == top.y + top.height + kLaneGap);
@@ -76,11 +76,11 @@ TEST_CASE("TimelineModel shifts traces to start at 0 and hit-tests ops and gaps"
   auto pred = make_1f1b(c);
   for (auto& e : pred.events) e.start_ns += 5'000'000;  // an absolute origin
   TimelineModel m;
-  m.set_traces(pred, std::nullopt);
-  CHECK(m.shift_ns(Side::Predicted) == 5'000'000);
+  m.set_traces({pred});
+  CHECK(m.shift_ns(0) == 5'000'000);
   CHECK(m.lanes().size() == 8);  // 4 ranks × {compute, p2p}
-  CHECK_FALSE(m.has(Side::Measured));
-  CHECK(m.end_ns(Side::Measured) == 0);
+  CHECK_FALSE(m.has(1));
+  CHECK(m.end_ns(1) == 0);
 
   // The last stage waits (p−1)(F + comm) for its first forward: a bubble.
   const int lane3 = 6;  // rank 3 compute
@@ -97,7 +97,8 @@ TEST_CASE("TimelineModel shifts traces to start at 0 and hit-tests ops and gaps"
   CHECK(m.event(*f0).mb == 0);
   CHECK(m.event(*f0).start_ns == 3'300'000);
   CHECK_FALSE(m.gap_at(lane3, 3'500'000));
-  CHECK_FALSE(m.twin(*f0));  // one trace: no twin
+  CHECK(m.twins(*f0).empty());  // one trace: no twin
+  CHECK_FALSE(m.twin(*f0, 1));
   // lane_at_y: inside a lane, and in the gap between ranks.
   CHECK(m.lane_at_y(m.lanes()[lane3].y + 3) == lane3);
   CHECK(m.lane_at_y(m.lanes()[1].y + m.lanes()[1].height + 1) == -1);
@@ -110,27 +111,28 @@ TEST_CASE("TimelineModel.twin follows the pairing both ways", "[model][pairing]"
   c.seed = 11;
   const auto meas = make_1f1b(c);
   TimelineModel m;
-  m.set_traces(pred, meas);
-  const int i = find_event(m.trace(Side::Predicted), 2, ir::OpKind::BW, 5);
+  m.set_traces({pred, meas});
+  const int i = find_event(m.trace(0), 2, ir::OpKind::BW, 5);
   REQUIRE(i >= 0);
-  const auto twin = m.twin({Side::Predicted, i});
+  const auto twin = m.twin({0, i}, 1);
   REQUIRE(twin);
-  CHECK(twin->side == Side::Measured);
+  CHECK(twin->trace == 1);
   const auto& e = m.event(*twin);
   CHECK(e.rank == 2);
   CHECK(e.kind == ir::OpKind::BW);
   CHECK(e.mb == 5);
-  CHECK(m.twin(*twin) == OpId{Side::Predicted, i});
-  CHECK(m.lane_of(*twin) == m.lane_of({Side::Predicted, i}) + 1);
+  CHECK(m.twin(*twin, 0) == OpId{0, i});
+  CHECK(m.twins({0, i}) == std::vector<OpId>{*twin});
+  CHECK(m.lane_of(*twin) == m.lane_of({0, i}) + 1);
 }
 
 TEST_CASE("TimelineModel shows foreign traces with one lane per pid and tid", "[model]") {
   TimelineModel m;
-  m.set_traces(tdpipe::viz::testing::make_foreign(1'700'000'000'000'000), std::nullopt);
+  m.set_traces({tdpipe::viz::testing::make_foreign(1'700'000'000'000'000)});
   REQUIRE(m.lanes().size() == 2);
   CHECK(m.lanes()[0].label == "r0 tid 7 · pred");
   CHECK(m.lanes()[0].compute);  // unknown purpose: idle is shown as bubble
-  CHECK(m.end_ns(Side::Predicted) == 3'500'000 + 600'000);
+  CHECK(m.end_ns(0) == 3'500'000 + 600'000);
   const auto op = m.op_at(1, 500'000 + 100);
   REQUIRE(op);
   CHECK(m.event(*op).name == "matmul");

@@ -32,7 +32,10 @@ struct Rendered {
 
   Rendered(const std::optional<traces::Trace>& pred, const std::optional<traces::Trace>& meas,
            QSize size = {1000, 420}) {
-    model.set_traces(pred, meas);
+    std::vector<traces::Trace> present;  // the traces given, in order
+    for (const auto* t : {&pred, &meas})
+      if (*t) present.push_back(**t);
+    model.set_traces(std::move(present));
     view.resize(size);
     view.set_model(&model);
     view.fit();
@@ -62,9 +65,9 @@ TEST_CASE("rendered timeline: ops at their lane rows, bubbles where ranks idle",
   for (int rank = 0; rank < 4; ++rank) {
     for (int mb = 0; mb < 8; ++mb) {
       for (auto kind : {ir::OpKind::F, ir::OpKind::BW}) {
-        const int i = find_event(model.trace(Side::Predicted), rank, kind, mb);
+        const int i = find_event(model.trace(0), rank, kind, mb);
         REQUIRE(i >= 0);
-        const OpId id{Side::Predicted, i};
+        const OpId id{0, i};
         CHECK(model.lanes()[static_cast<std::size_t>(model.lane_of(id))].rank == rank);
         const QPoint pt = r.mid_of(id);
         // Labels are drawn at the centre; sample just above them, inside the box.
@@ -92,11 +95,11 @@ TEST_CASE("rendered timeline: nothing is drawn past the iteration end", "[gui][r
   const auto meas = make_1f1b(slow);
   Rendered r(pred, meas);
   const auto& m = r.model;
-  REQUIRE(m.end_ns(Side::Measured) > m.end_ns(Side::Predicted));
+  REQUIRE(m.end_ns(1) > m.end_ns(0));
   const QColor white(Qt::white);
   for (int lane = 0; lane < static_cast<int>(m.lanes().size()); ++lane) {
     const Lane& l = m.lanes()[static_cast<std::size_t>(lane)];
-    const std::int64_t end = m.end_ns(l.side);
+    const std::int64_t end = m.end_ns(l.trace);
     const int x_end = r.at(lane, end).x();
     const int y = r.at(lane, 0).y();
     INFO("lane " << l.label);
@@ -109,8 +112,8 @@ TEST_CASE("rendered timeline: nothing is drawn past the iteration end", "[gui][r
     CHECK(drawn == 0);
   }
   // The shorter predicted run leaves a visible empty stretch before the measured end.
-  const int x_pred_end = r.at(0, m.end_ns(Side::Predicted)).x();
-  const int x_meas_end = r.at(1, m.end_ns(Side::Measured)).x();
+  const int x_pred_end = r.at(0, m.end_ns(0)).x();
+  const int x_meas_end = r.at(1, m.end_ns(1)).x();
   CHECK(x_meas_end - x_pred_end > 20);
 }
 
@@ -120,9 +123,9 @@ TEST_CASE("selecting an op outlines it and its twin in the other trace", "[gui][
   c.seed = 9;
   const auto meas = make_1f1b(c);
   Rendered r(pred, meas);
-  const int i = find_event(r.model.trace(Side::Predicted), 1, ir::OpKind::BW, 3);
-  const OpId id{Side::Predicted, i};
-  const auto twin = r.model.twin(id);
+  const int i = find_event(r.model.trace(0), 1, ir::OpKind::BW, 3);
+  const OpId id{0, i};
+  const auto twin = r.model.twin(id, 1);
   REQUIRE(twin);
 
   // Click on the op (press and release without moving) selects it.
@@ -138,7 +141,7 @@ TEST_CASE("selecting an op outlines it and its twin in the other trace", "[gui][
   QApplication::sendEvent(r.view.viewport(), &release);
   CHECK(signalled_index == i);
   REQUIRE(r.view.selected() == id);
-  REQUIRE(r.view.selected_twin() == twin);
+  REQUIRE(r.view.selected_twins() == std::vector<OpId>{*twin});
   r.regrab();
 
   // The outline runs along the top of both boxes, one pixel below the lane top.
@@ -147,7 +150,7 @@ TEST_CASE("selecting an op outlines it and its twin in the other trace", "[gui][
     const Lane& lane = r.model.lanes()[static_cast<std::size_t>(r.model.lane_of(o))];
     const QPoint top = r.view.widget_point(e.start_ns + e.dur_ns / 2, lane.y + 1);
     const QColor c = pixel(r.image, top);
-    INFO("side " << static_cast<int>(o.side));
+    INFO("trace " << o.trace);
     // Solid outline on the selection; the twin's outline is dashed, so look along it.
     bool dark = false;
     for (int dx = -6; dx <= 6 && !dark; ++dx)
@@ -156,13 +159,13 @@ TEST_CASE("selecting an op outlines it and its twin in the other trace", "[gui][
     (void)c;
   }
   // A different op shows no outline.
-  const int other = find_event(r.model.trace(Side::Predicted), 1, ir::OpKind::F, 6);
-  const auto& oe = r.model.event({Side::Predicted, other});
-  const Lane& lane0 = r.model.lanes()[static_cast<std::size_t>(r.model.lane_of({Side::Predicted, other}))];
+  const int other = find_event(r.model.trace(0), 1, ir::OpKind::F, 6);
+  const auto& oe = r.model.event({0, other});
+  const Lane& lane0 = r.model.lanes()[static_cast<std::size_t>(r.model.lane_of({0, other}))];
   CHECK(pixel(r.image, r.view.widget_point(oe.start_ns + oe.dur_ns / 2, lane0.y + 1)).lightness() > 40);
 
   r.view.select(std::nullopt);
-  CHECK_FALSE(r.view.selected_twin());
+  CHECK(r.view.selected_twins().empty());
   CHECK(signalled_index == -1);
 }
 
@@ -172,14 +175,14 @@ TEST_CASE("tooltip shows the op's fields and predicted vs measured timing", "[gu
   c.seed = 4;
   const auto meas = make_1f1b(c);
   Rendered r(pred, meas);
-  const int i = find_event(r.model.trace(Side::Measured), 2, ir::OpKind::F, 4);
-  const OpId id{Side::Measured, i};
+  const int i = find_event(r.model.trace(1), 2, ir::OpKind::F, 4);
+  const OpId id{1, i};
   const QPoint vp = r.view.viewport()->mapFrom(&r.view, r.mid_of(id));
   const QString tip = r.view.tooltip_at(vp);
   CHECK(tip.contains("F4"));
   CHECK(tip.contains("measured"));
   CHECK(tip.contains("micro-batch"));
-  const auto& pe = r.model.event(*r.model.twin(id));
+  const auto& pe = r.model.event(*r.model.twin(id, 0));
   CHECK(tip.contains(format_duration(pe.start_ns)));
   CHECK(tip.contains(format_duration(r.model.event(id).dur_ns)));
   // Over a bubble: the idle gap and its length.
@@ -196,7 +199,7 @@ TEST_CASE("zoom keeps the time under the cursor and fit shows the whole iteratio
   const double fit_scale = r.view.px_per_ns();
   const auto [a, b] = r.view.visible_range();
   CHECK(a <= 0);
-  CHECK(b >= r.model.end_ns(Side::Predicted));
+  CHECK(b >= r.model.end_ns(0));
   const double anchor = 400;
   const auto t_before = r.view.time_at_scene_x(r.view.mapToScene(QPoint(400, 0)).x());
   r.view.zoom(8.0, anchor);
@@ -225,7 +228,7 @@ TEST_CASE("level of detail: 100,000 ops at fit draw at most a few boxes per pixe
       t.events.push_back(e);
     }
   TimelineModel model;
-  model.set_traces(t, std::nullopt);
+  model.set_traces({t});
   TimelineView view;
   view.resize(1200, 300);
   view.set_model(&model);

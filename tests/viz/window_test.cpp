@@ -23,7 +23,7 @@
 #include "tdpipe/viz/op_style.hpp"
 #include "tdpipe/viz/timeline_view.hpp"
 #include "tdpipe/viz/view_command.hpp"
-#include "tdpipe/viz/side_names.hpp"
+#include "tdpipe/viz/trace_names.hpp"
 #include "tdpipe/viz/viewer_window.hpp"
 
 using namespace tdpipe;
@@ -43,7 +43,7 @@ QString write_text(const QTemporaryDir& dir, const QString& name, const QByteArr
 
 QString table_cell(const MetricsTable& t, const QString& metric, int column) {
   for (int r = 0; r < t.rowCount(); ++r)
-    if (t.item(r, 0)->text() == metric) return t.item(r, column)->text();
+    if (t.item(r, 0)->text() == metric) return t.item(r, column) ? t.item(r, column)->text() : QString();
   return {};
 }
 
@@ -55,7 +55,7 @@ TEST_CASE("window shows charts, legend and metrics for two traces", "[gui][windo
   c.seed = 21;
   const auto meas = make_1f1b(c);
   ViewerWindow w;
-  w.set_traces(pred, meas, "pred.json", "meas.json");
+  w.set_traces({pred, meas}, {"pred.json", "meas.json"});
   CHECK(w.windowTitle() == "tdpipe-view — pred.json vs meas.json");
   CHECK(w.model().pairing().pairs == static_cast<int>(pred.events.size()));
   CHECK(w.charts()->scatter_points() == static_cast<int>(pred.events.size()));
@@ -66,7 +66,7 @@ TEST_CASE("window shows charts, legend and metrics for two traces", "[gui][windo
   for (const auto& e : w.legend()->entries()) legend << e.text;
   CHECK(legend == QStringList{"F", "BW", "OPT", "SEND", "RECV", "idle (bubble)"});
   // The table's iteration row agrees with the metrics of each side.
-  const auto& mp = *w.metrics(Side::Predicted);
+  const auto& mp = *w.metrics(0);
   CHECK(table_cell(*w.table(), "iteration time", 1) ==
         QString::number(mp.iteration_ns / 1e6, 'f', 2) + " ms");
   CHECK_FALSE(table_cell(*w.table(), "iteration time", 3).isEmpty());
@@ -86,7 +86,7 @@ TEST_CASE("at scale: compute lanes only, a rank label every few ranks, per-row u
   big.seed = 5;
   const auto meas = make_1f1b(big);
   ViewerWindow w;
-  w.set_traces(pred, meas, "pred.json", "meas.json");
+  w.set_traces({pred, meas}, {"pred.json", "meas.json"});
   const std::size_t all_lanes = w.model().lanes().size();
   w.set_compute_lanes_only(true);
   CHECK(w.model().lanes().size() == 2 * 40);  // one per rank and side
@@ -97,11 +97,11 @@ TEST_CASE("at scale: compute lanes only, a rank label every few ranks, per-row u
   // Beside a foreign trace, that side keeps every lane of its own.
   {
     ViewerWindow mixed;
-    mixed.set_traces(pred, tdpipe::viz::testing::make_foreign(0), "pred.json", "profile.json");
+    mixed.set_traces({pred, tdpipe::viz::testing::make_foreign(0)}, {"pred.json", "profile.json"});
     mixed.set_compute_lanes_only(true);
     int foreign = 0;
     for (const auto& lane : mixed.model().lanes()) {
-      if (lane.side == Side::Measured) ++foreign;
+      if (lane.trace == 1) ++foreign;
       else CHECK(lane.stream == static_cast<int>(ir::Stream::Compute));
     }
     CHECK(foreign == 2);  // make_foreign: two ranks, one tid each
@@ -123,20 +123,20 @@ TEST_CASE("at scale: compute lanes only, a rank label every few ranks, per-row u
   CHECK_FALSE(w.charts()->highlighted());
   int i = 0;
   while (pred.events[static_cast<std::size_t>(i)].kind != ir::OpKind::BW) ++i;
-  w.timeline()->select(OpId{Side::Predicted, i});
+  w.timeline()->select(OpId{0, i});
   const auto point = w.charts()->highlighted();
   REQUIRE(point);
   const int j = w.model().pairing().pred_to_meas[static_cast<std::size_t>(i)];
   REQUIRE(j >= 0);
   CHECK(point->x() / point->y() ==
         Approx(double(pred.events[static_cast<std::size_t>(i)].dur_ns) / double(meas.events[static_cast<std::size_t>(j)].dur_ns)));
-  w.timeline()->select(OpId{Side::Measured, j});  // from the measured side: the same point
+  w.timeline()->select(OpId{1, j});  // from the measured side: the same point
   REQUIRE(w.charts()->highlighted());
   CHECK(*w.charts()->highlighted() == *point);
   w.timeline()->select(std::nullopt);
   CHECK_FALSE(w.charts()->highlighted());
   // Switching lanes clears a selection (and its ring) rather than leaving it behind.
-  w.timeline()->select(OpId{Side::Predicted, i});
+  w.timeline()->select(OpId{0, i});
   REQUIRE(w.charts()->highlighted());
   w.set_compute_lanes_only(true);
   CHECK_FALSE(w.charts()->highlighted());
@@ -166,12 +166,13 @@ TEST_CASE("later chunks are lighter shades of their kind, and the legend says so
 
 TEST_CASE("window works with one trace", "[gui][window]") {
   ViewerWindow w;
-  w.set_traces(make_1f1b({}), std::nullopt, "pred.json");
+  w.set_traces({make_1f1b({})}, {"pred.json"});
   CHECK(w.windowTitle() == "tdpipe-view — pred.json");
   CHECK(w.charts()->scatter_points() == 0);
   CHECK_FALSE(w.charts()->scatter_view()->isVisibleTo(w.charts()));  // nothing to compare
   CHECK(w.model().lanes().size() == 8);
-  CHECK(table_cell(*w.table(), "iteration time", 2) == "–");
+  CHECK(w.table()->columnCount() == 2);  // metric and the one trace: no empty columns
+  CHECK_FALSE(table_cell(*w.table(), "iteration time", 1).isEmpty());
   CHECK(table_cell(*w.table(), "ops (matched)", 0).isEmpty());  // no comparison rows
 }
 
@@ -180,9 +181,9 @@ TEST_CASE("a malformed trace shows an error dialog and keeps the view", "[gui][w
   REQUIRE(dir.isValid());
   const QString bad = write_text(dir, "broken.json", "{\"traceEvents\": [ {\"ph\": \"X\", \"ts\": ");
   ViewerWindow w;
-  w.set_traces(make_1f1b({}), std::nullopt, "good.json");
+  w.set_traces({make_1f1b({})}, {"good.json"});
   const auto lanes_before = w.model().lanes().size();
-  CHECK_FALSE(w.open(bad, {}));
+  CHECK_FALSE(w.open({bad}));
   REQUIRE(w.error_dialog() != nullptr);
   CHECK(w.error_dialog()->isVisible());
   CHECK(w.error_dialog()->text().contains("broken.json"));
@@ -191,7 +192,7 @@ TEST_CASE("a malformed trace shows an error dialog and keeps the view", "[gui][w
   w.error_dialog()->close();
 
   // A missing file names the file too.
-  CHECK_FALSE(w.open(dir.filePath("missing.json"), {}));
+  CHECK_FALSE(w.open({dir.filePath("missing.json")}));
   CHECK(w.last_error().contains("missing.json"));
   CHECK(w.last_error().contains("no such file"));
 }
@@ -201,7 +202,7 @@ TEST_CASE("headless render: malformed trace exits non-zero, good traces write a 
   REQUIRE(dir.isValid());
   const QString bad = write_text(dir, "bad.json", "[{\"ph\": \"X\", \"name\": \"x\", \"ts\": \"soon\"}]");
   ViewArgs args;
-  args.predicted = bad;
+  args.traces = {bad};
   args.render_to = dir.filePath("out.png");
   CHECK(render_headless(args) == 2);
   CHECK_FALSE(QFile::exists(*args.render_to));
@@ -212,8 +213,7 @@ TEST_CASE("headless render: malformed trace exits non-zero, good traces write a 
   traces::write_trace(make_1f1b(c), pred.toStdString());
   c.seed = 2;
   traces::write_trace(make_1f1b(c), meas.toStdString());
-  args.predicted = pred;
-  args.measured = meas;
+  args.traces = {pred, meas};
   args.width = 1200;
   args.height = 700;
   CHECK(render_headless(args) == 0);
@@ -231,12 +231,11 @@ TEST_CASE("headless render: a Kineto folder and the shipped torch.profiler trace
   c.seed = 2;
   traces::write_trace(make_1f1b(c), dir.filePath("meas").toStdString(), traces::TraceFormat::Kineto);
   ViewArgs args;
-  args.predicted = pred;
-  args.measured = dir.filePath("meas");
+  args.traces = {pred, dir.filePath("meas")};
   args.render_to = dir.filePath("kineto.png");
   CHECK(render_headless(args) == 0);
   CHECK(QImage(*args.render_to).width() > 0);
-  args.measured = QStringLiteral(TDPIPE_SOURCE_DIR "/traces/samples/torch-cpu/tiny-gpt-cpu-1f1b");
+  args.traces[1] = QStringLiteral(TDPIPE_SOURCE_DIR "/traces/samples/torch-cpu/tiny-gpt-cpu-1f1b");
   args.render_to = dir.filePath("torch.png");
   CHECK(render_headless(args) == 0);
   CHECK(QImage(*args.render_to).width() > 0);
@@ -287,32 +286,33 @@ TEST_CASE("parse_view_args", "[cli]") {
   CHECK(a.render_to == QString("o.png"));
   CHECK(a.width == 800);
   CHECK(a.height == 900);
-  CHECK(a.predicted == "p.json");
-  CHECK(a.measured == "m.json");
-  CHECK(ok({}).predicted.isEmpty());
+  CHECK(a.traces == QStringList{"p.json", "m.json"});
+  CHECK(ok({}).traces.isEmpty());
   CHECK(ok({"-h"}).help);
   CHECK(err({"--render"}) == "--render needs an output file (e.g. --render out.png)");
   CHECK(err({"--render", "o.png"}) == "--render needs at least one trace file");
-  CHECK(err({"a", "b", "c"}) == "at most two traces (PREDICTED MEASURED), got 3");
+  CHECK(ok({"a", "b", "c"}).traces.size() == 3);  // N traces side by side (multi_trace_test.cpp)
+  CHECK(err({"1", "2", "3", "4", "5", "6", "7", "8", "9"}) == "at most 8 traces side by side, got 9");
   CHECK(err({"--bogus"}) == "unknown option '--bogus'");
   CHECK(err({"--height", "x", "a"}).find("--height needs a whole number") == 0);
   const auto l = ok({"--labels", "balanced, unbalanced", "b.json", "u.json"});
   REQUIRE(l.labels);
-  CHECK(l.labels->first == "balanced");
-  CHECK(l.labels->second == "unbalanced");
+  CHECK(*l.labels == QStringList{"balanced", "unbalanced"});
   CHECK(!ok({"p.json"}).labels);
-  CHECK(err({"--labels", "one", "a"}).find("--labels needs two different names") == 0);
-  CHECK(err({"--labels", "a,a", "x"}).find("--labels needs two different names") == 0);
-  CHECK(err({"--labels"}).find("--labels needs two different names") == 0);
+  CHECK(err({"--labels", "one", "a", "b"}).find("--labels needs two different names") == 0);
+  CHECK(err({"--labels", "a,a", "x", "y"}).find("--labels needs two different names") == 0);
+  CHECK(err({"--labels", "a,", "x", "y"}).find("--labels needs two different names") == 0);
+  CHECK(err({"x", "y", "--labels"}).find("--labels needs two different names") == 0);
+  CHECK(err({"--labels"}) == "--labels names the traces, one name each, but no trace file was given");
 }
 
 TEST_CASE("two measured runs under their own names (--labels)", "[gui][window]") {
-  set_side_names("balanced", "unbalanced");
   ViewerWindow w;
+  w.set_labels({"balanced", "unbalanced"});
   OneFOneB slow;
   slow.seed = 7;
   slow.jitter = 0.2;
-  w.set_traces(make_1f1b({}), make_1f1b(slow));
+  w.set_traces({make_1f1b({}), make_1f1b(slow)});
   w.resize(1600, 900);
   const auto& lanes = w.model().lanes();
   REQUIRE(!lanes.empty());
@@ -320,14 +320,18 @@ TEST_CASE("two measured runs under their own names (--labels)", "[gui][window]")
   CHECK(lanes[1].label == "r0 compute · unbalanced");
   CHECK(w.table()->horizontalHeaderItem(1)->text() == "balanced");
   CHECK(w.table()->horizontalHeaderItem(3)->text() == "change");
-  reset_side_names();
-  CHECK(side_name(Side::Predicted) == "predicted");
+  // Without them, the default names come back.
+  w.set_labels({});
+  w.set_traces({make_1f1b({}), make_1f1b(slow)});
+  CHECK(w.model().name(0) == "predicted");
+  CHECK(w.table()->horizontalHeaderItem(1)->text() == "predicted");
+  CHECK(w.table()->horizontalHeaderItem(3)->text() == "error");
 }
 
 TEST_CASE("export PNG and SVG", "[gui][window]") {
   QTemporaryDir dir;
   ViewerWindow w;
-  w.set_traces(make_1f1b({}), std::nullopt);
+  w.set_traces({make_1f1b({})});
   w.resize(900, 600);
   const QString png = dir.filePath("v.png");
   REQUIRE(w.export_png(png));
@@ -352,20 +356,20 @@ TEST_CASE("reload follows a changed file", "[gui][window]") {
   c.m = 4;
   traces::write_trace(make_1f1b(c), path.toStdString());
   ViewerWindow w;
-  REQUIRE(w.open(path, {}));
+  REQUIRE(w.open({path}));
   CHECK(w.watched_files() == QStringList{path});
-  const auto n4 = w.model().trace(Side::Predicted).events.size();
+  const auto n4 = w.model().trace(0).events.size();
   c.m = 6;
   traces::write_trace(make_1f1b(c), path.toStdString());
   w.timeline()->zoom(3, 100);
   const double zoomed = w.timeline()->px_per_ns();
   REQUIRE(w.reload());
-  CHECK(w.model().trace(Side::Predicted).events.size() > n4);
+  CHECK(w.model().trace(0).events.size() > n4);
   CHECK(w.timeline()->px_per_ns() == zoomed);  // the reload kept the zoom
   // A reload that fails keeps the view and the watch.
   write_text(dir, "t.json", "{");
   CHECK_FALSE(w.reload());
-  CHECK(w.model().trace(Side::Predicted).events.size() > n4);
+  CHECK(w.model().trace(0).events.size() > n4);
   CHECK(w.watched_files() == QStringList{path});
 }
 
@@ -383,25 +387,25 @@ TEST_CASE("any Chrome trace with X events opens: lanes per pid and tid", "[gui][
     {"ph": "X", "name": "gemm", "pid": "gpu1", "tid": 1, "ts": 1700000000100.0, "dur": 250}
   ]})");
   ViewerWindow w;
-  REQUIRE(w.open(path, {}));
+  REQUIRE(w.open({path}));
   const auto& m = w.model();
   REQUIRE(m.lanes().size() == 3);  // gpu0/tid1, gpu0/tid2, gpu1/tid1
   // Lanes keep the profiler's names: its process and thread names, else its pid and tid.
   CHECK(m.lanes()[0].label == "GPU 0 · tid 1 · pred");
   CHECK(m.lanes()[1].label == "GPU 0 · nccl stream · pred");
   CHECK(m.lanes()[2].label == "pid gpu1 · tid 1 · pred");
-  CHECK(m.end_ns(Side::Predicted) == 800'000);
+  CHECK(m.end_ns(0) == 800'000);
   CHECK(m.lanes()[0].events.size() == 2);
   CHECK(m.lanes()[0].compute);
   // Foreign events are coloured by name: both gemms alike, the all-reduce apart.
-  const auto& t = m.trace(Side::Predicted);
+  const auto& t = m.trace(0);
   CHECK(op_color(t.events[0]) == op_color(t.events[1]));
   CHECK(op_color(t.events[0]) != op_color(t.events[2]));
   QStringList legend;
   for (const auto& e : w.legend()->entries()) legend << e.text;
   CHECK(legend == QStringList{"other (by name)", "idle (bubble)"});
   // The same file as "measured" pairs every op with itself.
-  REQUIRE(w.open(path, path));
+  REQUIRE(w.open({path, path}));
   CHECK(w.model().pairing().pairs == 4);
 }
 
@@ -412,14 +416,14 @@ TEST_CASE("a watched trace file reloads by itself when it changes", "[gui][windo
   c.m = 2;
   traces::write_trace(make_1f1b(c), path.toStdString());
   ViewerWindow w;
-  REQUIRE(w.open(path, {}));
-  const auto before = w.model().trace(Side::Predicted).events.size();
+  REQUIRE(w.open({path}));
+  const auto before = w.model().trace(0).events.size();
   c.m = 5;
   traces::write_trace(make_1f1b(c), path.toStdString());
   // The watcher fires, then a short quiet period, then the reload.
   QElapsedTimer timer;
   timer.start();
-  while (w.model().trace(Side::Predicted).events.size() == before && timer.elapsed() < 10'000)
+  while (w.model().trace(0).events.size() == before && timer.elapsed() < 10'000)
     QApplication::processEvents(QEventLoop::AllEvents, 50);
-  CHECK(w.model().trace(Side::Predicted).events.size() > before);
+  CHECK(w.model().trace(0).events.size() > before);
 }

@@ -1,6 +1,5 @@
 // charts_panel.cpp — building the three Qt Charts panels from metrics and pairing.
 #include "tdpipe/viz/charts_panel.hpp"
-#include "tdpipe/viz/side_names.hpp"
 
 #include <QVBoxLayout>
 #include <QtCharts/QBarCategoryAxis>
@@ -9,6 +8,7 @@
 #include <QtCharts/QCategoryAxis>
 #include <QtCharts/QChart>
 #include <QtCharts/QChartView>
+#include <QtCharts/QHorizontalStackedBarSeries>
 #include <QtCharts/QLegend>
 #include <QtCharts/QLegendMarker>
 #include <QtCharts/QLineSeries>
@@ -57,14 +57,17 @@ void style_axis(QAbstractAxis* axis, const QString& title = {}) {
 }
 
 // The x axis of per-rank bars (`per_rank` bars side by side for each of `ranks` ranks;
-// bar i sits at x = i): a label per bar while they fit (`names`), past a dozen ranks a
-// rank label every few ranks ("r0", "r5", …) at its bars, which stays readable at
-// 35–64 ranks where one label per bar would elide to "…".
-QAbstractAxis* rank_axis(const QStringList& names, int ranks, int per_rank) {
-  if (ranks <= 12) {
+// bar i sits at x = i): a label per bar while they fit (`names`), past a dozen ranks (or
+// two dozen bars) a rank label every few ranks ("r0", "r5", …) at its bars, which stays
+// readable at 35–64 ranks where one label per bar would elide to "…". `bars` says what
+// the bars of one rank are (the traces); the title says so where the labels do not, or
+// where `explain_labels` (labels of tags that are not self-evident).
+QAbstractAxis* rank_axis(const QStringList& names, int ranks, int per_rank, const QString& bars = {},
+                         bool explain_labels = false) {
+  if (ranks <= 12 && ranks * per_rank <= 24) {
     auto* x = new QBarCategoryAxis;
     x->append(names);
-    style_axis(x);
+    style_axis(x, explain_labels ? QStringLiteral("bars: ") + bars : QString());
     return x;
   }
   auto* x = new QCategoryAxis;
@@ -73,8 +76,7 @@ QAbstractAxis* rank_axis(const QStringList& names, int ranks, int per_rank) {
   const int every = ranks <= 24 ? 2 : ranks <= 60 ? 5 : 10;
   for (int r = 0; r < ranks; r += every) x->append(QStringLiteral("r%1").arg(r), r * per_rank + (per_rank - 1) / 2.0);
   x->setGridLineVisible(false);
-  style_axis(x, per_rank > 1 ? QStringLiteral("rank (bars: %1, %2)").arg(side_name(Side::Predicted), side_name(Side::Measured))
-                             : QStringLiteral("rank"));
+  style_axis(x, per_rank > 1 ? QStringLiteral("rank (bars: %1)").arg(bars) : QStringLiteral("rank"));
   return x;
 }
 
@@ -118,10 +120,6 @@ QChartView* make_view(QWidget* parent) {
 
 }  // namespace
 
-QColor side_color(Side side) {
-  return side == Side::Predicted ? QColor(0x5b, 0x8f, 0xd4) : QColor(0x4a, 0x4a, 0x4a);
-}
-
 ChartsPanel::ChartsPanel(QWidget* parent) : QWidget(parent) {
   auto* layout = new QVBoxLayout(this);
   layout->setContentsMargins(0, 0, 0, 0);
@@ -129,38 +127,58 @@ ChartsPanel::ChartsPanel(QWidget* parent) : QWidget(parent) {
   bubble_ = make_view(this);
   breakdown_ = make_view(this);
   scatter_ = make_view(this);
+  iteration_ = make_view(this);
   layout->addWidget(bubble_, 1);
   layout->addWidget(breakdown_, 1);
   layout->addWidget(scatter_, 1);
+  layout->addWidget(iteration_, 1);
+  iteration_->setVisible(false);
 }
 
-void ChartsPanel::set_data(const TimelineModel& model, const std::optional<traces::Metrics>& pred,
-                           const std::optional<traces::Metrics>& meas) {
-  const int nranks = static_cast<int>(std::max(pred ? pred->ranks.size() : 0, meas ? meas->ranks.size() : 0));
+void ChartsPanel::set_data(const TimelineModel& model, const std::vector<traces::Metrics>& metrics) {
+  const int n = static_cast<int>(metrics.size());
+  const TraceNames& names = model.names();
+  auto name_of = [&](int t) { return QString::fromStdString(names.name[static_cast<std::size_t>(t)]); };
+  int nranks = 0;
+  for (const auto& m : metrics) nranks = std::max(nranks, static_cast<int>(m.ranks.size()));
   QStringList rank_names;
   for (int r = 0; r < nranks; ++r) rank_names << QStringLiteral("r%1").arg(r);
+  // What the bars of one rank are, where more than one: "predicted, measured", or each
+  // trace's tag and name ("G gpipe, 1 1f1b, …") where the tags are not self-evident.
+  QStringList bar_names;
+  for (int t = 0; t < n; ++t)
+    bar_names << (n <= 2 ? name_of(t)
+                         : QStringLiteral("%1 = %2").arg(QString::fromStdString(names.tag[static_cast<std::size_t>(t)]),
+                                                         QString::fromStdString(names.short_name[static_cast<std::size_t>(t)])));
+  QString bars = bar_names.join(QStringLiteral(", "));
+  // (where the mapping would not fit an axis title, the header lines start with the tags)
+  if (n > 2 && bars.size() > 90) bars = QStringLiteral("traces %1–%2 in order, tagged as in the header").arg(
+      QString::fromStdString(names.tag.front()), QString::fromStdString(names.tag.back()));
+  // A legend entry per trace: above the plot while the names fit a row, else beside it.
+  int legend_chars = 0;
+  for (int t = 0; t < n; ++t) legend_chars += static_cast<int>(name_of(t).size()) + 5;
+  const bool legend_beside = legend_chars > 80;
 
-  // 1. Bubble (idle) fraction per rank, predicted vs measured.
+  // 1. Bubble (idle) fraction per rank, a bar per trace.
   {
     QChart* chart = new_chart(QStringLiteral("Bubble per rank: (iteration − compute) / iteration"));
     auto* series = new QBarSeries;
-    for (Side side : {Side::Predicted, Side::Measured}) {
-      const auto& m = side == Side::Predicted ? pred : meas;
-      if (!m) continue;
-      auto* set = new QBarSet(side_name(side));
-      set->setColor(side_color(side));
-      set->setBorderColor(side_color(side));
+    for (int t = 0; t < n; ++t) {
+      const auto& m = metrics[static_cast<std::size_t>(t)];
+      auto* set = new QBarSet(name_of(t));
+      set->setColor(trace_color(t, n));
+      set->setBorderColor(trace_color(t, n));
       for (int r = 0; r < nranks; ++r)
-        *set << (r < static_cast<int>(m->ranks.size()) ? 100.0 * m->ranks[static_cast<std::size_t>(r)].idle_fraction : 0.0);
+        *set << (r < static_cast<int>(m.ranks.size()) ? 100.0 * m.ranks[static_cast<std::size_t>(r)].idle_fraction : 0.0);
       series->append(set);
     }
     chart->addSeries(series);
+    if (legend_beside) chart->legend()->setAlignment(Qt::AlignRight);
     QAbstractAxis* x = rank_axis(rank_names, nranks, 1);
     auto* y = new QValueAxis;
     double top = 0;
-    for (const auto& m : {pred, meas})
-      if (m)
-        for (const auto& r : m->ranks) top = std::max(top, 100.0 * r.idle_fraction);
+    for (const auto& m : metrics)
+      for (const auto& r : m.ranks) top = std::max(top, 100.0 * r.idle_fraction);
     nice_range(y, std::min(100.0, top * 1.1));
     y->setLabelFormat(QStringLiteral("%.0f%%"));
     style_axis(y);
@@ -171,11 +189,12 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
     replace_chart(bubble_, chart);
   }
 
-  // 2. Compute / exposed comm / idle per rank (and side), stacked.
+  // 2. Compute / exposed comm / idle per rank (and trace), stacked.
   {
     QChart* chart = new_chart(QStringLiteral("Compute and bubble per rank (bubble = exposed comm + idle)"));
     auto* series = new QStackedBarSeries;
-    const std::int64_t iter = std::max(pred ? pred->iteration_ns : 0, meas ? meas->iteration_ns : 0);
+    std::int64_t iter = 0;
+    for (const auto& m : metrics) iter = std::max(iter, m.iteration_ns);
     const auto [scale, unit] = unit_for(static_cast<double>(iter));
     auto* compute = new QBarSet(QStringLiteral("compute"));
     auto* comm = new QBarSet(QStringLiteral("exposed comm"));
@@ -186,12 +205,11 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
     for (auto* s : {compute, comm, idle}) s->setBorderColor(s->color().darker(130));
     QStringList cats;
     for (int r = 0; r < nranks; ++r) {
-      for (Side side : {Side::Predicted, Side::Measured}) {
-        const auto& m = side == Side::Predicted ? pred : meas;
-        if (!m) continue;
-        cats << QStringLiteral("r%1 %2").arg(r).arg(side_names().tag[static_cast<int>(side)]);
-        const traces::RankMetrics rm = r < static_cast<int>(m->ranks.size()) ? m->ranks[static_cast<std::size_t>(r)]
-                                                                          : traces::RankMetrics{};
+      for (int t = 0; t < n; ++t) {
+        const auto& m = metrics[static_cast<std::size_t>(t)];
+        cats << QStringLiteral("r%1 %2").arg(r).arg(QString::fromStdString(names.tag[static_cast<std::size_t>(t)]));
+        const traces::RankMetrics rm = r < static_cast<int>(m.ranks.size()) ? m.ranks[static_cast<std::size_t>(r)]
+                                                                         : traces::RankMetrics{};
         *compute << static_cast<double>(rm.compute_ns) / scale;
         *comm << static_cast<double>(rm.exposed_comm_ns) / scale;
         *idle << static_cast<double>(rm.idle_ns) / scale;
@@ -202,7 +220,7 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
     series->append(idle);
     series->setBarWidth(0.8);
     chart->addSeries(series);
-    QAbstractAxis* x = rank_axis(cats, nranks, static_cast<int>(cats.size()) / std::max(1, nranks));
+    QAbstractAxis* x = rank_axis(cats, nranks, std::max(1, n), bars, n > 2);
     auto* y = new QValueAxis;
     nice_range(y, static_cast<double>(iter) / scale);
     y->setLabelFormat(QStringLiteral("%.3g"));
@@ -214,18 +232,59 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
     replace_chart(breakdown_, chart);
   }
 
-  // 3. Predicted vs measured op duration, one series per op kind, with y = x.
+  // 3b. Three traces or more: each trace's iteration, mean compute + bubble, a row each.
   {
-    QChart* chart = new_chart(
-        QStringLiteral("Op duration: %1 vs %2").arg(side_name(Side::Measured), side_name(Side::Predicted)));
+    iteration_->setVisible(n > 2);
+    QChart* chart = new_chart(QStringLiteral("Iteration time per trace: mean compute per rank + bubble"));
+    if (n > 2) {
+      std::int64_t iter = 0;
+      for (const auto& m : metrics) iter = std::max(iter, m.iteration_ns);
+      const auto [scale, unit] = unit_for(static_cast<double>(iter));
+      auto* series = new QHorizontalStackedBarSeries;
+      auto* compute = new QBarSet(QStringLiteral("compute"));
+      auto* bubble = new QBarSet(QStringLiteral("bubble"));
+      compute->setColor(QColor(0x4c, 0x78, 0xa8));
+      bubble->setColor(kBubbleColor);
+      for (auto* s : {compute, bubble}) s->setBorderColor(s->color().darker(130));
+      QStringList cats;
+      for (int t = n - 1; t >= 0; --t) {  // the first trace on top, as in the timeline
+        const auto& m = metrics[static_cast<std::size_t>(t)];
+        const double it = static_cast<double>(m.iteration_ns);
+        cats << QString::fromStdString(names.short_name[static_cast<std::size_t>(t)]);
+        *compute << it * (1 - m.bubble_fraction) / scale;
+        *bubble << it * m.bubble_fraction / scale;
+      }
+      series->append(compute);
+      series->append(bubble);
+      series->setBarWidth(0.7);
+      chart->addSeries(series);
+      auto* y = new QBarCategoryAxis;
+      y->append(cats);
+      style_axis(y);
+      auto* x = new QValueAxis;
+      nice_range(x, static_cast<double>(iter) / scale);
+      x->setLabelFormat(QStringLiteral("%.3g"));
+      style_axis(x, unit);
+      chart->addAxis(y, Qt::AlignLeft);
+      chart->addAxis(x, Qt::AlignBottom);
+      series->attachAxis(x);
+      series->attachAxis(y);
+    }
+    replace_chart(iteration_, chart);
+  }
+
+  // 3. Two traces: the first vs the second's op durations, a series per op kind, with y = x.
+  {
+    const bool both = n == 2 && model.count() == 2;
+    QChart* chart = new_chart(both ? QStringLiteral("Op duration: %1 vs %2").arg(name_of(1), name_of(0)) : QString());
     scatter_points_ = 0;
     selected_ = nullptr;
-    const bool both = model.has(Side::Predicted) && model.has(Side::Measured);
-    // With one trace there is nothing to compare: the panel steps aside.
+    // With one trace there is nothing to compare, and three or more have no one pair to
+    // plot (each has its row in the iteration chart instead): the panel steps aside.
     scatter_->setVisible(both);
     if (both) {
-      const auto& p = model.trace(Side::Predicted).events;
-      const auto& m = model.trace(Side::Measured).events;
+      const auto& p = model.trace(0).events;
+      const auto& m = model.trace(1).events;
       const auto& map = model.pairing().pred_to_meas;
       const int pairs = model.pairing().pairs;
       const int stride = std::max(1, (pairs + kMaxScatterPoints - 1) / kMaxScatterPoints);
@@ -263,8 +322,8 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
       const double top = x->max();
       x->setLabelFormat(QStringLiteral("%.3g"));
       y->setLabelFormat(QStringLiteral("%.3g"));
-      style_axis(x, QStringLiteral("%1 (%2)").arg(side_name(Side::Predicted), unit));
-      style_axis(y, QStringLiteral("%1 (%2)").arg(side_name(Side::Measured), unit));
+      style_axis(x, QStringLiteral("%1 (%2)").arg(name_of(0), unit));
+      style_axis(y, QStringLiteral("%1 (%2)").arg(name_of(1), unit));
       chart->addAxis(x, Qt::AlignBottom);
       chart->addAxis(y, Qt::AlignLeft);
       auto* diag = new QLineSeries;
@@ -301,18 +360,16 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::optional<trace
   }
 }
 
-void ChartsPanel::highlight_op(const TimelineModel& model, Side side, int index) {
+void ChartsPanel::highlight_op(const TimelineModel& model, int trace, int index) {
   if (!selected_) return;
   selected_->clear();
-  if (index < 0 || !model.has(Side::Predicted) || !model.has(Side::Measured)) return;
-  const auto& pairing = model.pairing();
-  const auto& map = side == Side::Predicted ? pairing.pred_to_meas : pairing.meas_to_pred;
-  if (static_cast<std::size_t>(index) >= map.size() || map[static_cast<std::size_t>(index)] < 0) return;
-  const int other = map[static_cast<std::size_t>(index)];
-  const int p = side == Side::Predicted ? index : other;
-  const int m = side == Side::Predicted ? other : index;
-  selected_->append(double(model.event({Side::Predicted, p}).dur_ns) / scatter_scale_,
-                    double(model.event({Side::Measured, m}).dur_ns) / scatter_scale_);
+  if (index < 0 || model.count() != 2 || (trace != 0 && trace != 1)) return;
+  const auto twin = model.twin({trace, index}, 1 - trace);
+  if (!twin) return;
+  const int p = trace == 0 ? index : twin->index;
+  const int m = trace == 0 ? twin->index : index;
+  selected_->append(double(model.event({0, p}).dur_ns) / scatter_scale_,
+                    double(model.event({1, m}).dur_ns) / scatter_scale_);
 }
 
 std::optional<QPointF> ChartsPanel::highlighted() const {

@@ -14,15 +14,17 @@ namespace {
 
 double ns(std::int64_t v) { return static_cast<double>(v); }
 
-// A time row's values in the unit that makes the larger side read between 1 and 1000
-// (ns, µs, ms, s), so that both columns share it.
+// A time row's values in the unit that makes the largest read between 1 and 1000
+// (ns, µs, ms, s), so that every column shares it.
 void scale_time_row(ComparisonRow& row) {
-  const double a = std::max(row.predicted ? std::abs(*row.predicted) : 0.0, row.measured ? std::abs(*row.measured) : 0.0);
+  double a = 0;
+  for (const auto& v : row.values)
+    if (v) a = std::max(a, std::abs(*v));
   const auto [scale, unit] = a >= 1e9 ? std::pair{1e9, "s"} : a >= 1e6 ? std::pair{1e6, "ms"}
                                  : a >= 1e3 ? std::pair{1e3, "µs"} : std::pair{1.0, "ns"};
   row.unit = unit;
-  if (row.predicted) *row.predicted /= scale;
-  if (row.measured) *row.measured /= scale;
+  for (auto& v : row.values)
+    if (v) *v /= scale;
 }
 
 template <class F>
@@ -36,29 +38,28 @@ double mean_over_ranks(const traces::Metrics& m, F f) {
 }  // namespace
 
 std::vector<ComparisonRow> comparison_rows(const TimelineModel& model,
-                                           const std::optional<traces::Metrics>& pred,
-                                           const std::optional<traces::Metrics>& meas) {
+                                           const std::vector<traces::Metrics>& metrics) {
   std::vector<ComparisonRow> rows;
+  const int n = static_cast<int>(metrics.size());
+  const bool two = n == 2 && model.count() == 2;
   std::optional<traces::Comparison> cmp;
   std::string cmp_error;
-  if (model.has(Side::Predicted) && model.has(Side::Measured)) {
+  if (two) {
     try {
-      cmp = traces::compare(model.trace(Side::Predicted), model.trace(Side::Measured));
+      cmp = traces::compare(model.trace(0), model.trace(1));
     } catch (const std::exception& e) {
       cmp_error = e.what();  // e.g. traces of different runs: show both, compare nothing
     }
   }
-  auto side_row = [&](std::string name, std::string unit, auto value) {
-    ComparisonRow row{std::move(name), std::move(unit), {}, {}, {}, "%"};
-    if (pred) row.predicted = value(*pred);
-    if (meas) row.measured = value(*meas);
-    if (row.predicted && row.measured && *row.measured != 0)
-      row.error = 100.0 * (*row.predicted - *row.measured) / *row.measured;
+  auto trace_row = [&](std::string name, std::string unit, auto value) {
+    ComparisonRow row{std::move(name), std::move(unit), {}, {}, "%"};
+    for (const auto& m : metrics) row.values.emplace_back(value(m));
+    if (two && *row.values[1] != 0) row.error = 100.0 * (*row.values[0] - *row.values[1]) / *row.values[1];
     return row;
   };
 
   auto time_row = [&](std::string name, auto value) {
-    ComparisonRow row = side_row(std::move(name), "ns", value);
+    ComparisonRow row = trace_row(std::move(name), "ns", value);
     scale_time_row(row);
     return row;
   };
@@ -67,8 +68,8 @@ std::vector<ComparisonRow> comparison_rows(const TimelineModel& model,
   rows.push_back(iter);
   // Bubble: the time a rank's compute stream does not run, over the iteration — exposed
   // communication is bubble too (the same meaning as the charts and `tdpipe compare`).
-  auto bubble = side_row("bubble (1 − mean compute / iteration)", "%",
-                         [](const traces::Metrics& m) { return 100.0 * m.bubble_fraction; });
+  auto bubble = trace_row("bubble (1 − mean compute / iteration)", "%",
+                          [](const traces::Metrics& m) { return 100.0 * m.bubble_fraction; });
   bubble.error_unit = "pp";
   bubble.error = cmp ? std::optional<double>(cmp->bubble_error_pp) : std::nullopt;
   rows.push_back(bubble);
@@ -82,31 +83,41 @@ std::vector<ComparisonRow> comparison_rows(const TimelineModel& model,
     return mean_over_ranks(m, [](const traces::RankMetrics& r) { return ns(r.hidden_comm_ns); });
   }));
 
+  // A row of the two traces' comparison: no per-trace values, or the two given.
+  auto pair_row = [](std::string name, std::string unit, std::optional<double> a, std::optional<double> b,
+                     std::optional<double> error, std::string error_unit) {
+    ComparisonRow row{std::move(name), std::move(unit), {a, b}, error, std::move(error_unit)};
+    return row;
+  };
   if (cmp) {
-    rows.push_back({"ops (matched)", "", double(cmp->matched + cmp->only_predicted),
-                    double(cmp->matched + cmp->only_measured), double(cmp->matched), ""});
+    rows.push_back(pair_row("ops (matched)", "", double(cmp->matched + cmp->only_predicted),
+                            double(cmp->matched + cmp->only_measured), double(cmp->matched), ""));
     auto dist = [&](const std::string& what, const traces::ErrorDistribution& d) {
       if (d.count == 0) return;
-      rows.push_back({what + " dur |error| median", "", {}, {}, 100.0 * d.median, "%"});
-      rows.push_back({what + " dur |error| p90", "", {}, {}, 100.0 * d.p90, "%"});
-      rows.push_back({what + " dur |error| max", "", {}, {}, 100.0 * d.max, "%"});
+      rows.push_back(pair_row(what + " dur |error| median", "", {}, {}, 100.0 * d.median, "%"));
+      rows.push_back(pair_row(what + " dur |error| p90", "", {}, {}, 100.0 * d.p90, "%"));
+      rows.push_back(pair_row(what + " dur |error| max", "", {}, {}, 100.0 * d.max, "%"));
     };
     dist("compute op", cmp->compute_duration_error);
     dist("all op", cmp->all_duration_error);
     for (const auto& rc : cmp->ranks)
-      rows.push_back({"rank " + std::to_string(rc.rank) + " bubble", "%", 100.0 * rc.predicted_idle,
-                      100.0 * rc.measured_idle, rc.bubble_error_pp, "pp"});
-    for (const auto& w : cmp->warnings) rows.push_back({"warning: " + w, "", {}, {}, {}, ""});
+      rows.push_back(pair_row("rank " + std::to_string(rc.rank) + " bubble", "%", 100.0 * rc.predicted_idle,
+                              100.0 * rc.measured_idle, rc.bubble_error_pp, "pp"));
+    for (const auto& w : cmp->warnings) rows.push_back(pair_row("warning: " + w, "", {}, {}, {}, ""));
   } else {
-    if (!cmp_error.empty()) rows.push_back({"not comparable: " + cmp_error, "", {}, {}, {}, ""});
-    const std::size_t n = std::max(pred ? pred->ranks.size() : 0, meas ? meas->ranks.size() : 0);
-    for (std::size_t r = 0; r < n; ++r) {
-      ComparisonRow row{"rank " + std::to_string(r) + " bubble", "%", {}, {}, {}, "pp"};
-      if (pred && r < pred->ranks.size()) row.predicted = 100.0 * pred->ranks[r].idle_fraction;
-      if (meas && r < meas->ranks.size()) row.measured = 100.0 * meas->ranks[r].idle_fraction;
+    if (!cmp_error.empty()) rows.push_back(pair_row("not comparable: " + cmp_error, "", {}, {}, {}, ""));
+    std::size_t ranks = 0;
+    for (const auto& m : metrics) ranks = std::max(ranks, m.ranks.size());
+    for (std::size_t r = 0; r < ranks; ++r) {
+      ComparisonRow row{"rank " + std::to_string(r) + " bubble", "%", {}, {}, "pp"};
+      for (const auto& m : metrics)
+        row.values.push_back(r < m.ranks.size() ? std::optional<double>(100.0 * m.ranks[r].idle_fraction)
+                                                : std::nullopt);
       rows.push_back(std::move(row));
     }
   }
+  // Every row has a cell per trace (the pair rows' blanks included).
+  for (auto& row : rows) row.values.resize(static_cast<std::size_t>(n));
   return rows;
 }
 

@@ -44,7 +44,7 @@ LaneItem::LaneItem(const TimelineView* view, int lane) : view_(view), lane_(lane
   setFlag(QGraphicsItem::ItemUsesExtendedStyleOption, true);
   const TimelineModel& model = *view_->model();
   const Lane& l = model.lanes()[static_cast<std::size_t>(lane_)];
-  const auto& events = model.trace(l.side).events;
+  const auto& events = model.trace(l.trace).events;
   ops_.reserve(l.events.size());
   // Nesting (a profiler's ranges inside ranges on one thread): each op's depth is the
   // number of ranges still open around it, so that inner ranges draw inset in their outer.
@@ -68,7 +68,7 @@ void LaneItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
   stats_ = {};
   const TimelineModel& model = *view_->model();
   const Lane& lane = model.lanes()[static_cast<std::size_t>(lane_)];
-  const auto& events = model.trace(lane.side).events;
+  const auto& events = model.trace(lane.trace).events;
   QRectF exposed = option->exposedRect.isValid() ? option->exposedRect : boundingRect();
   if (exposed.width() > kMaxPaintWidthPx) {
     // Painted whole (not through a view): keep to the part the view shows.
@@ -79,8 +79,8 @@ void LaneItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
   const double y = lane.y, h = lane.height;
 
   // Active window [0, end): bubble shade on compute lanes, grey on comm lanes. Nothing
-  // is drawn past the side's iteration end.
-  const double end_x = std::floor(view_->scene_x(model.end_ns(lane.side)));
+  // is drawn past the trace's iteration end.
+  const double end_x = std::floor(view_->scene_x(model.end_ns(lane.trace)));
   const double start_x = std::floor(view_->scene_x(0));
   {
     const double a = std::max(start_x, std::floor(exposed.left()));
@@ -175,10 +175,11 @@ void LaneItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
     }
   }
 
-  // The selected op and its twin: a dark outline, solid for the selection, dashed
-  // for the twin, drawn last so neighbours cannot cover it.
-  for (const auto& [id, dashed] : {std::pair{view_->selected(), false},
-                                   std::pair{view_->selected_twin(), true}}) {
+  // The selected op and its twins: a dark outline, solid for the selection, dashed
+  // for the twins, drawn last so neighbours cannot cover it.
+  std::vector<std::pair<std::optional<OpId>, bool>> marked{{view_->selected(), false}};
+  for (const OpId& t : view_->selected_twins()) marked.emplace_back(t, true);
+  for (const auto& [id, dashed] : marked) {
     if (!id || model.lane_of(*id) != lane_) continue;
     const auto& e = model.event(*id);
     const double x0 = std::floor(view_->scene_x(e.start_ns));

@@ -1,6 +1,5 @@
 // metrics_table.cpp — the comparison rows as a compact read-only table.
 #include "tdpipe/viz/metrics_table.hpp"
-#include "tdpipe/viz/side_names.hpp"
 
 #include <QHeaderView>
 #include <cmath>
@@ -25,13 +24,9 @@ QString cell(const std::optional<double>& v, const std::string& unit) {
 }  // namespace
 
 MetricsTable::MetricsTable(QWidget* parent) : QTableWidget(parent) {
-  setColumnCount(4);
-  setHorizontalHeaderLabels({QStringLiteral("metric"), side_names().name[0], side_names().name[1],
-                             side_names().difference});
+  set_rows({}, default_trace_names({}));
   verticalHeader()->setVisible(false);
   verticalHeader()->setDefaultSectionSize(20);
-  horizontalHeader()->setSectionResizeMode(0, QHeaderView::Stretch);
-  for (int c = 1; c < 4; ++c) horizontalHeader()->setSectionResizeMode(c, QHeaderView::ResizeToContents);
   setEditTriggers(QAbstractItemView::NoEditTriggers);
   setSelectionBehavior(QAbstractItemView::SelectRows);
   setAlternatingRowColors(true);
@@ -40,13 +35,27 @@ MetricsTable::MetricsTable(QWidget* parent) : QTableWidget(parent) {
   setFont(f);
 }
 
-void MetricsTable::set_rows(const std::vector<ComparisonRow>& rows) {
+void MetricsTable::set_rows(const std::vector<ComparisonRow>& rows, const TraceNames& names) {
+  // metric | one column per trace | the difference, for two traces
+  const int n = names.size();
+  const bool difference = n == 2 && !names.difference.empty();
+  const int columns = 1 + n + (difference ? 1 : 0);
+  QStringList headers{QStringLiteral("metric")};
+  for (const auto& name : names.name) headers << QString::fromStdString(name);
+  if (difference) headers << QString::fromStdString(names.difference);
+  setColumnCount(static_cast<int>(headers.size()));
+  setHorizontalHeaderLabels(headers);
+  horizontalHeader()->setSectionResizeMode(0, QHeaderView::Stretch);
+  for (int c = 1; c < columnCount(); ++c) horizontalHeader()->setSectionResizeMode(c, QHeaderView::ResizeToContents);
   setRowCount(static_cast<int>(rows.size()));
   for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
     const auto& row = rows[static_cast<std::size_t>(r)];
-    const QString cells[4] = {QString::fromStdString(row.metric), cell(row.predicted, row.unit),
-                              cell(row.measured, row.unit), cell(row.error, row.error_unit)};
-    for (int c = 0; c < 4; ++c) {
+    QStringList cells{QString::fromStdString(row.metric)};
+    for (int t = 0; t < n; ++t)
+      cells << cell(t < static_cast<int>(row.values.size()) ? row.values[static_cast<std::size_t>(t)] : std::nullopt,
+                    row.unit);
+    if (difference) cells << cell(row.error, row.error_unit);
+    for (int c = 0; c < columns; ++c) {
       auto* item = new QTableWidgetItem(cells[c]);
       if (c > 0) item->setTextAlignment(Qt::AlignRight | Qt::AlignVCenter);
       setItem(r, c, item);

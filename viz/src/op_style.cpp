@@ -57,6 +57,24 @@ QColor op_color(const traces::TraceEvent& e) {
                          150 + static_cast<int>((h >> 20) % 60));
 }
 
+QColor trace_color(int t, int n) {
+  if (n <= 2) return t == 0 ? QColor(0x5b, 0x8f, 0xd4) : QColor(0x4a, 0x4a, 0x4a);
+  // Tableau 10's first eight: apart from each other, and the first is the one-trace blue's kin.
+  static const QColor palette[] = {{0x4e, 0x79, 0xa7}, {0xf2, 0x8e, 0x2b}, {0x59, 0xa1, 0x4f},
+                                   {0xe1, 0x57, 0x59}, {0x76, 0xb7, 0xb2}, {0xb0, 0x7a, 0xa1},
+                                   {0xed, 0xc9, 0x48}, {0x9c, 0x75, 0x5f}};
+  return palette[static_cast<std::size_t>(std::max(0, t)) % std::size(palette)];
+}
+
+QColor trace_text_color(int t, int n) {
+  if (n <= 2) return t == 0 ? QColor(0x1f, 0x4e, 0x9a) : QColor(0x20, 0x20, 0x20);
+  // Darker than the bars so thin text reads on the light label margin (the yellow most).
+  QColor c = trace_color(t, n);
+  float h, s, v;
+  c.getHsvF(&h, &s, &v);
+  return QColor::fromHsvF(h, std::min(1.0f, s * 1.1f + 0.1f), std::min(v, 0.62f));
+}
+
 QString op_label(const traces::TraceEvent& e) {
   if (!e.kind) return QString::fromStdString(e.name);
   QString s = QString::fromUtf8(ir::to_string(*e.kind).data(),

@@ -1,6 +1,5 @@
 // timeline_model.cpp — lanes, shifts, pairing and hit testing of the timeline.
 #include "tdpipe/viz/timeline_model.hpp"
-#include "tdpipe/viz/side_names.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -8,6 +7,7 @@
 #include <set>
 #include <utility>
 
+#include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/op.hpp"
 
 namespace tdpipe::viz {
@@ -27,15 +27,20 @@ std::string stream_name(int stream, bool tdpipe_trace) {
   return "tid " + std::to_string(stream);
 }
 
-void TimelineModel::set_traces(std::optional<traces::Trace> predicted,
-                               std::optional<traces::Trace> measured) {
-  traces_[0] = std::move(predicted);
-  traces_[1] = std::move(measured);
-  for (std::size_t s = 0; s < 2; ++s) {
-    shift_[s] = 0;
-    end_[s] = 0;
-    if (!traces_[s] || traces_[s]->events.empty()) continue;
-    auto& events = traces_[s]->events;
+void TimelineModel::set_traces(std::vector<traces::Trace> traces, std::optional<TraceNames> names) {
+  if (static_cast<int>(traces.size()) > kMaxTraces)
+    throw Error("at most " + std::to_string(kMaxTraces) + " traces side by side, got " +
+                std::to_string(traces.size()));
+  if (names && names->size() != static_cast<int>(traces.size()))
+    throw Error("trace names: " + std::to_string(names->size()) + " names for " +
+                std::to_string(traces.size()) + " traces");
+  traces_ = std::move(traces);
+  const std::size_t n = traces_.size();
+  shift_.assign(n, 0);
+  end_.assign(n, 0);
+  for (std::size_t s = 0; s < n; ++s) {
+    auto& events = traces_[s].events;
+    if (events.empty()) continue;
     std::int64_t first = std::numeric_limits<std::int64_t>::max();
     for (const auto& e : events) first = std::min(first, e.start_ns);
     std::int64_t last = 0;
@@ -46,14 +51,23 @@ void TimelineModel::set_traces(std::optional<traces::Trace> predicted,
     shift_[s] = first;
     end_[s] = last;
   }
-  if (traces_[0] && traces_[1])
-    pairing_ = traces::pair_ops(*traces_[0], *traces_[1]);
-  else
-    pairing_ = traces::OpPairing{};
+  if (names) {
+    names_ = std::move(*names);
+  } else {
+    std::vector<const traces::Trace*> ptrs;
+    for (const auto& t : traces_) ptrs.push_back(&t);
+    names_ = default_trace_names(ptrs);
+  }
+  pairings_.clear();
+  if (n == 2) (void)pairing(0, 1);  // the scatter and the twins need it at once
   build_lanes();
 }
 
-std::int64_t TimelineModel::span_ns() const { return std::max(end_[0], end_[1]); }
+std::int64_t TimelineModel::span_ns() const {
+  std::int64_t span = 0;
+  for (const auto e : end_) span = std::max(span, e);
+  return span;
+}
 
 void TimelineModel::set_compute_lanes_only(bool on) {
   if (on == compute_only_) return;
@@ -65,35 +79,34 @@ void TimelineModel::build_lanes() {
   lanes_.clear();
   total_height_ = 0;
   ranks_ = 0;
-  for (std::size_t s = 0; s < 2; ++s)
-    lane_of_event_[s].assign(traces_[s] ? traces_[s]->events.size() : 0, -1);
+  const std::size_t n = traces_.size();
+  lane_of_event_.assign(n, {});
+  for (std::size_t s = 0; s < n; ++s) lane_of_event_[s].assign(traces_[s].events.size(), -1);
 
-  // Lanes are keyed by (rank, stream); both sides share the key set so the
-  // predicted lane always sits directly above the measured one.
+  // Lanes are keyed by (rank, stream); every trace shares the key set so that the
+  // traces' lanes of one rank and stream sit together, in trace order.
   std::set<std::pair<int, int>> keys;
-  std::array<bool, 2> tdpipe_side{false, false};  // streams are tdpipe's on this side
-  for (std::size_t s = 0; s < 2; ++s) {
-    if (!traces_[s]) continue;
-    tdpipe_side[s] = is_tdpipe_trace(*traces_[s]);
-    for (const auto& e : traces_[s]->events) keys.insert({e.rank, e.stream});
-    ranks_ = std::max(ranks_, traces_[s]->ranks);
+  std::vector<bool> tdpipe_trace(n, false);  // streams are tdpipe's in this trace
+  for (std::size_t s = 0; s < n; ++s) {
+    tdpipe_trace[s] = is_tdpipe_trace(traces_[s]);
+    for (const auto& e : traces_[s].events) keys.insert({e.rank, e.stream});
+    ranks_ = std::max(ranks_, traces_[s].ranks);
   }
   // Bucket every event into its lane in one pass.
   std::map<std::pair<int, int>, int> key_index;
   for (const auto& k : keys) key_index.emplace(k, static_cast<int>(key_index.size()));
-  std::array<std::vector<std::vector<int>>, 2> buckets;
-  for (std::size_t s = 0; s < 2; ++s) {
-    if (!traces_[s]) continue;
+  std::vector<std::vector<std::vector<int>>> buckets(n);
+  for (std::size_t s = 0; s < n; ++s) {
     buckets[s].resize(keys.size());
-    const auto& events = traces_[s]->events;
+    const auto& events = traces_[s].events;
     for (int i = 0; i < static_cast<int>(events.size()); ++i) {
       const auto& e = events[static_cast<std::size_t>(i)];
       buckets[s][static_cast<std::size_t>(key_index.at({e.rank, e.stream}))].push_back(i);
     }
   }
 
-  // Compute lanes only: each tdpipe side keeps its compute lanes, shorter and closer (17 px
-  // a rank: ~30 ranks of one trace in a 1600 × 900 window); a foreign side keeps its lanes.
+  // Compute lanes only: each tdpipe trace keeps its compute lanes, shorter and closer (17 px
+  // a rank: ~30 ranks of one trace in a 1600 × 900 window); a foreign trace keeps its lanes.
   const int compute_height = compute_only_ ? kCompactLaneHeight : kComputeLaneHeight;
   const int rank_gap = compute_only_ ? kCompactRankGap : kRankGap;
   int y = 0;
@@ -101,25 +114,27 @@ void TimelineModel::build_lanes() {
   for (const auto& [key, k] : key_index) {
     const auto [rank, stream] = key;
     ranks_ = std::max(ranks_, rank + 1);
-    // (compact mode also drops a side's empty lanes: a foreign trace beside a tdpipe one
+    // (compact mode also drops a trace's empty lanes: a foreign trace beside a tdpipe one
     // shares no streams with it)
     auto shown = [&](std::size_t s) {
-      if (!traces_[s]) return false;
       if (!compute_only_) return true;
       if (buckets[s][static_cast<std::size_t>(k)].empty()) return false;
-      return !(tdpipe_side[s] && stream != static_cast<int>(ir::Stream::Compute));
+      return !(tdpipe_trace[s] && stream != static_cast<int>(ir::Stream::Compute));
     };
-    if (!shown(0) && !shown(1)) continue;
+    bool any = false;
+    for (std::size_t s = 0; s < n; ++s) any = any || shown(s);
+    if (!any) continue;
     if (rank != prev_rank && prev_rank != std::numeric_limits<int>::min()) y += rank_gap;
     prev_rank = rank;
-    for (std::size_t s = 0; s < 2; ++s) {
+    for (std::size_t s = 0; s < n; ++s) {
       if (!shown(s)) continue;
-      const bool tdpipe = tdpipe_side[s];
+      const bool tdpipe = tdpipe_trace[s];
+      const std::string& who = names_.short_name[s];
       Lane lane;
-      lane.side = static_cast<Side>(s);
+      lane.trace = static_cast<int>(s);
       lane.rank = rank;
       lane.stream = stream;
-      const auto& events = traces_[s]->events;
+      const auto& events = traces_[s].events;
       lane.events = std::move(buckets[s][static_cast<std::size_t>(k)]);
       bool any_kind = false, any_compute = false;
       for (int i : lane.events) {
@@ -142,10 +157,9 @@ void TimelineModel::build_lanes() {
       lane.height = lane.compute ? compute_height : kCommLaneHeight;
       lane.y = y;
       y += lane.height + kLaneGap;
-      lane.label = "r" + std::to_string(rank) + " " + stream_name(stream, tdpipe) +
-                   " · " + side_names().short_name[s].toStdString();
+      lane.label = "r" + std::to_string(rank) + " " + stream_name(stream, tdpipe) + " · " + who;
       if (!tdpipe) {  // a foreign trace's own names for its process and thread, where it gave them
-        const auto& meta = traces_[s]->metadata;
+        const auto& meta = traces_[s].metadata;
         auto find = [&](const std::string& key) {
           const auto it = meta.find(key);
           return it == meta.end() ? std::string() : it->second;
@@ -158,8 +172,7 @@ void TimelineModel::build_lanes() {
           thread = "tid " + find("chrome.tid." + std::to_string(stream));
         if (!process.empty() || !thread.empty())
           lane.label = (process.empty() ? "r" + std::to_string(rank) : process) + " · " +
-                       (thread.empty() ? stream_name(stream, false) : thread) + " · " +
-                       side_names().short_name[s].toStdString();
+                       (thread.empty() ? stream_name(stream, false) : thread) + " · " + who;
       }
       const int lane_index = static_cast<int>(lanes_.size());
       for (int i : lane.events) lane_of_event_[s][static_cast<std::size_t>(i)] = lane_index;
@@ -169,17 +182,39 @@ void TimelineModel::build_lanes() {
   total_height_ = y;
 }
 
-std::optional<OpId> TimelineModel::twin(OpId id) const {
-  if (!has(Side::Predicted) || !has(Side::Measured) || id.index < 0) return std::nullopt;
-  const auto& map = id.side == Side::Predicted ? pairing_.pred_to_meas : pairing_.meas_to_pred;
+const traces::OpPairing& TimelineModel::pairing(int a, int b) const {
+  static const traces::OpPairing none;
+  if (!has(a) || !has(b) || a == b) return none;
+  auto it = pairings_.find({a, b});
+  if (it == pairings_.end())
+    it = pairings_.emplace(std::pair{a, b}, traces::pair_ops(trace(a), trace(b))).first;
+  return it->second;
+}
+
+const traces::OpPairing& TimelineModel::pairing() const { return pairing(0, 1); }
+
+std::optional<OpId> TimelineModel::twin(OpId id, int other) const {
+  if (!has(id.trace) || !has(other) || other == id.trace || id.index < 0) return std::nullopt;
+  // One pairing per pair of traces, kept as (lower, higher): pair_ops is symmetric.
+  const bool forward = id.trace < other;
+  const auto& p = forward ? pairing(id.trace, other) : pairing(other, id.trace);
+  const auto& map = forward ? p.pred_to_meas : p.meas_to_pred;
   if (id.index >= static_cast<int>(map.size())) return std::nullopt;
-  const int other = map[static_cast<std::size_t>(id.index)];
-  if (other < 0) return std::nullopt;
-  return OpId{id.side == Side::Predicted ? Side::Measured : Side::Predicted, other};
+  const int j = map[static_cast<std::size_t>(id.index)];
+  if (j < 0) return std::nullopt;
+  return OpId{other, j};
+}
+
+std::vector<OpId> TimelineModel::twins(OpId id) const {
+  std::vector<OpId> out;
+  for (int t = 0; t < count(); ++t)
+    if (const auto tw = twin(id, t)) out.push_back(*tw);
+  return out;
 }
 
 int TimelineModel::lane_of(OpId id) const {
-  const auto& v = lane_of_event_[index(id.side)];
+  if (!has(id.trace)) return -1;
+  const auto& v = lane_of_event_[index(id.trace)];
   if (id.index < 0 || id.index >= static_cast<int>(v.size())) return -1;
   return v[static_cast<std::size_t>(id.index)];
 }
@@ -198,7 +233,7 @@ std::optional<OpId> TimelineModel::op_at(int lane_index, std::int64_t t,
                                          std::int64_t slack) const {
   if (lane_index < 0 || lane_index >= static_cast<int>(lanes_.size())) return std::nullopt;
   const Lane& lane = lanes_[static_cast<std::size_t>(lane_index)];
-  const auto& events = trace(lane.side).events;
+  const auto& events = trace(lane.trace).events;
   // Events are sorted by start; none starting before t - max_dur - slack can cover t.
   const std::int64_t lo = t - lane.max_dur_ns - slack;
   auto it = std::lower_bound(lane.events.begin(), lane.events.end(), lo, [&](int i, std::int64_t v) {
@@ -214,7 +249,7 @@ std::optional<OpId> TimelineModel::op_at(int lane_index, std::int64_t t,
     // Prefer an op truly covering t, then the nearest, then the shortest.
     const std::int64_t dist = t < e.start_ns ? e.start_ns - t : (t > e.end_ns() ? t - e.end_ns() : 0);
     if (dist < best_dist || (dist == best_dist && e.dur_ns < best_dur)) {
-      best = OpId{lane.side, *it};
+      best = OpId{lane.trace, *it};
       best_dist = dist;
       best_dur = e.dur_ns;
     }
@@ -226,9 +261,9 @@ std::optional<std::pair<std::int64_t, std::int64_t>> TimelineModel::gap_at(
     int lane_index, std::int64_t t) const {
   if (lane_index < 0 || lane_index >= static_cast<int>(lanes_.size())) return std::nullopt;
   const Lane& lane = lanes_[static_cast<std::size_t>(lane_index)];
-  const std::int64_t end = end_ns(lane.side);
+  const std::int64_t end = end_ns(lane.trace);
   if (!lane.compute || t < 0 || t >= end) return std::nullopt;
-  const auto& events = trace(lane.side).events;
+  const auto& events = trace(lane.trace).events;
   std::int64_t gap_start = 0, gap_end = end;
   for (int i : lane.events) {
     const auto& e = events[static_cast<std::size_t>(i)];

@@ -1,6 +1,5 @@
 // timeline_view.cpp — layout, zoom/pan, ruler, lane labels, tooltips, selection.
 #include "tdpipe/viz/timeline_view.hpp"
-#include "tdpipe/viz/side_names.hpp"
 
 #include <QGraphicsScene>
 #include <QHelpEvent>
@@ -82,10 +81,9 @@ class TimelineView::Ruler : public QWidget {
     }
     // Iteration ends: a small marker per open trace.
     const TimelineModel& m = *view_->model();
-    for (Side s : {Side::Predicted, Side::Measured}) {
-      if (!m.has(s)) continue;
-      const double x = std::floor(x_of(m.end_ns(s)));
-      const QColor c = s == Side::Predicted ? QColor(0x1f, 0x4e, 0x9a) : QColor(0x20, 0x20, 0x20);
+    for (int t = 0; t < m.count(); ++t) {
+      const double x = std::floor(x_of(m.end_ns(t)));
+      const QColor c = trace_text_color(t, m.count());
       p.setPen(Qt::NoPen);
       p.setBrush(c);
       const QPolygonF tri{QPointF(x - 5, height() - 9), QPointF(x + 5, height() - 9),
@@ -113,14 +111,16 @@ class TimelineView::LaneLabels : public QWidget {
     const double top = view_->mapToScene(QPoint(0, 0)).y();
     QFont f = font();
     int prev_rank = -1;
+    const int n = view_->model()->count();
     for (const Lane& lane : view_->model()->lanes()) {
       const double y = lane.y - top;
       if (y + lane.height < 0 || y > height()) continue;
       f.setPixelSize(lane.compute ? 11 : 9);
-      f.setBold(lane.compute && lane.side == Side::Predicted);
+      // Two traces: predicted bold blue, measured near-black; more: each in its own colour,
+      // the chart's, compute lanes bold.
+      f.setBold(lane.compute && (n > 2 || lane.trace == 0));
       p.setFont(f);
-      // Predicted lanes in blue, measured in near-black, matching the charts.
-      p.setPen(lane.side == Side::Predicted ? QColor(0x1f, 0x4e, 0x9a) : QColor(0x20, 0x20, 0x20));
+      p.setPen(trace_text_color(lane.trace, n));
       p.drawText(QRectF(4, y, width() - 10, lane.height), Qt::AlignRight | Qt::AlignVCenter,
                  QString::fromStdString(lane.label));
       if (lane.rank != prev_rank && prev_rank != -1) {
@@ -160,7 +160,7 @@ TimelineView::~TimelineView() = default;
 
 void TimelineView::set_model(const TimelineModel* model) {
   selected_.reset();
-  selected_twin_.reset();
+  selected_twins_.clear();
   scene()->clear();
   items_.clear();
   model_ = model;
@@ -263,9 +263,9 @@ QPoint TimelineView::widget_point(std::int64_t t, double timeline_y) const {
 void TimelineView::select(std::optional<OpId> id) {
   if (id && (!model_ || model_->lane_of(*id) < 0)) id.reset();
   selected_ = id;
-  selected_twin_ = id && model_ ? model_->twin(*id) : std::nullopt;
+  selected_twins_ = id && model_ ? model_->twins(*id) : std::vector<OpId>{};
   viewport()->update();
-  emit op_selected(id ? static_cast<int>(id->side) : 0, id ? id->index : -1);
+  emit op_selected(id ? id->trace : 0, id ? id->index : -1);
 }
 
 std::optional<OpId> TimelineView::op_at_viewport(QPoint pos) const {
@@ -292,10 +292,12 @@ QString TimelineView::tooltip_at(QPoint pos) const {
              format_duration(gap->second), format_duration(gap->second - gap->first));
   }
   const auto& e = model_->event(*id);
+  const int n = model_->count();
+  auto name_of = [&](int t) { return QString::fromStdString(model_->name(t)).toHtmlEscaped(); };
   QString html = QStringLiteral("<b>%1</b> &nbsp;(%2)<table>")
                      .arg(QString::fromStdString(e.name.empty() ? op_label(e).toStdString() : e.name)
                               .toHtmlEscaped(),
-                          side_name(id->side));
+                          name_of(id->trace));
   auto row = [&](const QString& k, const QString& v) {
     html += QStringLiteral("<tr><td>%1</td><td>%2</td></tr>").arg(k, v.toHtmlEscaped());
   };
@@ -314,24 +316,31 @@ QString TimelineView::tooltip_at(QPoint pos) const {
   row(QStringLiteral("duration"), format_duration(e.dur_ns));
   row(QStringLiteral("end"), format_duration(e.end_ns()));
   html += QStringLiteral("</table>");
-  if (const auto twin = model_->twin(*id)) {
-    const auto& pe = id->side == Side::Predicted ? e : model_->event(*twin);
-    const auto& me = id->side == Side::Predicted ? model_->event(*twin) : e;
-    const double rel = pe.dur_ns > 0 ? 100.0 * double(me.dur_ns - pe.dur_ns) / double(pe.dur_ns) : 0.0;
-    html += QStringLiteral(
-                "<hr><table><tr><td></td><td><b>start</b></td><td><b>duration</b></td></tr>"
-                "<tr><td>%8</td><td>%1</td><td>%2</td></tr>"
-                "<tr><td>%9</td><td>%3</td><td>%4</td></tr>"
-                "<tr><td>Δ</td><td>%5</td><td>%6 (%7%)</td></tr></table>")
-                .arg(format_duration(pe.start_ns), format_duration(pe.dur_ns),
-                     format_duration(me.start_ns), format_duration(me.dur_ns),
-                     format_duration(me.start_ns - pe.start_ns),
-                     format_duration(me.dur_ns - pe.dur_ns))
-                .arg(rel, 0, 'f', 1)
-                .arg(side_name(Side::Predicted).toHtmlEscaped(), side_name(Side::Measured).toHtmlEscaped());
-  } else if (model_->has(Side::Predicted) && model_->has(Side::Measured)) {
-    html += QStringLiteral("<hr><i>no matching op in the %1 trace</i>")
-                .arg(side_name(id->side == Side::Predicted ? Side::Measured : Side::Predicted));
+  const auto twins = model_->twins(*id);
+  if (!twins.empty()) {
+    // The op in every trace that has it, in trace order; with two, the difference too.
+    std::vector<OpId> all = twins;
+    all.push_back(*id);
+    std::sort(all.begin(), all.end(), [](const OpId& a, const OpId& b) { return a.trace < b.trace; });
+    html += QStringLiteral("<hr><table><tr><td></td><td><b>start</b></td><td><b>duration</b></td></tr>");
+    for (const OpId& o : all) {
+      const auto& oe = model_->event(o);
+      html += QStringLiteral("<tr><td>%1</td><td>%2</td><td>%3</td></tr>")
+                  .arg(name_of(o.trace), format_duration(oe.start_ns), format_duration(oe.dur_ns));
+    }
+    if (all.size() == 2 && n == 2) {
+      const auto& pe = model_->event(all[0]);
+      const auto& me = model_->event(all[1]);
+      const double rel = pe.dur_ns > 0 ? 100.0 * double(me.dur_ns - pe.dur_ns) / double(pe.dur_ns) : 0.0;
+      html += QStringLiteral("<tr><td>Δ</td><td>%1</td><td>%2 (%3%)</td></tr>")
+                  .arg(format_duration(me.start_ns - pe.start_ns), format_duration(me.dur_ns - pe.dur_ns))
+                  .arg(rel, 0, 'f', 1);
+    }
+    html += QStringLiteral("</table>");
+  } else if (n == 2) {
+    html += QStringLiteral("<hr><i>no matching op in the %1 trace</i>").arg(name_of(1 - id->trace));
+  } else if (n > 2) {
+    html += QStringLiteral("<hr><i>no matching op in the other traces</i>");
   }
   return html;
 }

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <exception>
 
-#include "tdpipe/viz/side_names.hpp"
+#include "tdpipe/viz/trace_names.hpp"
 #include "tdpipe/viz/viewer_window.hpp"
 
 namespace tdpipe::viz {
@@ -26,12 +26,15 @@ void quiet_offscreen_messages(QtMsgType type, const QMessageLogContext& ctx, con
 }  // namespace
 
 std::string view_usage() {
-  return "usage: tdpipe-view [PREDICTED] [MEASURED]\n"
-         "       tdpipe-view --render OUT.png [--width W] [--height H] [--labels A,B] [--compute-lanes]\n"
-         "                   PREDICTED [MEASURED]\n"
+  return "usage: tdpipe-view [TRACE…]\n"
+         "       tdpipe-view --render OUT.png [--width W] [--height H] [--labels A,B,…] [--compute-lanes]\n"
+         "                   TRACE…\n"
          "\n"
-         "Shows a predicted and (optionally) a measured trace side by side: Gantt timeline\n"
-         "(bubbles shaded), bubble / breakdown / duration charts and a metrics table.\n"
+         "Shows up to 8 traces side by side: Gantt timeline (bubbles shaded; under each rank and\n"
+         "stream a lane per trace, in the order given), bubble / breakdown charts and a metrics\n"
+         "table with a column per trace. Two traces are a predicted and a measured one (their\n"
+         "duration scatter and the error column); three or more are named by their schedule and\n"
+         "origin (e.g. gpipe (simgrid)), or by --labels.\n"
          "Traces: tdpipe traces, any Chrome-trace JSON with X events, Kineto files or folders of\n"
          "per-rank files (PyTorch profiler), Nsight Systems SQLite exports.\n"
          "Bubble: the time a rank's compute stream does not run (exposed communication included),\n"
@@ -39,11 +42,11 @@ std::string view_usage() {
          "  --render OUT.png  draw the window offscreen into OUT.png and exit\n"
          "  --width W         image width in pixels (default 1600)\n"
          "  --height H        image height in pixels (default 900)\n"
-         "  --labels A,B      call the two traces A and B instead of predicted and measured\n"
-         "                    (e.g. two measured runs: --labels balanced,unbalanced); the\n"
-         "                    difference column is then the change (A − B) / B\n"
-         "  --compute-lanes   only the compute lane of each rank, shorter (~30 ranks of one trace\n"
-         "                    at once in 1600x900; View > Compute lanes only, key C)\n";
+         "  --labels A,B,…    one name per trace, in order, instead of the default names (e.g. two\n"
+         "                    measured runs: --labels balanced,unbalanced, whose difference column\n"
+         "                    is then the change (A − B) / B; or --labels gpipe,1f1b,zb-v)\n"
+         "  --compute-lanes   only the compute lane of each rank and trace, shorter (~30 ranks of\n"
+         "                    one trace at once in 1600x900; View > Compute lanes only, key C)\n";
 }
 
 std::variant<ViewArgs, std::string> parse_view_args(const QStringList& args) {
@@ -70,13 +73,12 @@ std::variant<ViewArgs, std::string> parse_view_args(const QStringList& args) {
                " and " + std::to_string(kMaxSide) + (v ? ", got '" + v->toStdString() + "'" : "");
       (a == "--width" ? out.width : out.height) = n;
     } else if (a == "--labels") {
+      // Checked against the number of traces once all are known.
       const auto v = value();
-      const QStringList both = v ? v->split(QLatin1Char(',')) : QStringList();
-      if (both.size() != 2 || both[0].trimmed().isEmpty() || both[1].trimmed().isEmpty() ||
-          both[0].trimmed() == both[1].trimmed())
-        return "--labels needs two different names separated by a comma (e.g. --labels balanced,unbalanced)" +
-               (v ? ", got '" + v->toStdString() + "'" : std::string());
-      out.labels = {both[0].trimmed(), both[1].trimmed()};
+      QStringList names;
+      if (v)
+        for (const QString& name : v->split(QLatin1Char(','))) names << name.trimmed();
+      out.labels = names;
     } else if (a == "--compute-lanes") {
       out.compute_lanes = true;
     } else if (a.startsWith("-") && a.size() > 1) {
@@ -85,12 +87,17 @@ std::variant<ViewArgs, std::string> parse_view_args(const QStringList& args) {
       positional << a;
     }
   }
-  if (positional.size() > 2)
-    return "at most two traces (PREDICTED MEASURED), got " + std::to_string(positional.size());
-  if (positional.size() > 0) out.predicted = positional[0];
-  if (positional.size() > 1) out.measured = positional[1];
-  if (out.render_to && out.predicted.isEmpty() && !out.help)
+  if (positional.size() > kMaxTraces)
+    return "at most " + std::to_string(kMaxTraces) + " traces side by side, got " + std::to_string(positional.size());
+  out.traces = positional;
+  if (out.render_to && out.traces.isEmpty() && !out.help)
     return std::string("--render needs at least one trace file");
+  if (out.labels && !out.help) {
+    std::vector<std::string> names;
+    for (const QString& name : *out.labels) names.push_back(name.toStdString());
+    if (const std::string problem = check_trace_labels(names, static_cast<int>(out.traces.size())); !problem.empty())
+      return problem;
+  }
   return out;
 }
 
@@ -98,8 +105,9 @@ int render_headless(const ViewArgs& args) {
   ViewerWindow window;
   window.setAttribute(Qt::WA_DontShowOnScreen, true);
   window.set_compute_lanes_only(args.compute_lanes);
+  if (args.labels) window.set_labels(*args.labels);
   try {
-    window.load(args.predicted, args.measured);
+    window.load(args.traces);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tdpipe-view: error: %s\n", e.what());
     return 2;
@@ -154,13 +162,13 @@ int run_view(int argc, char** argv) {
     std::printf("%s", view_usage().c_str());
     return 0;
   }
-  if (args.labels) set_side_names(args.labels->first, args.labels->second);
   if (args.render_to) return render_headless(args);
 
   ViewerWindow window;
   window.set_compute_lanes_only(args.compute_lanes);
+  if (args.labels) window.set_labels(*args.labels);
   window.show();
-  if (!args.predicted.isEmpty()) window.open(args.predicted, args.measured);
+  if (!args.traces.isEmpty()) window.open(args.traces);
   return app.exec();
 }
 

@@ -1,6 +1,5 @@
 // viewer_window.cpp — window layout, loading, file watching and export.
 #include "tdpipe/viz/viewer_window.hpp"
-#include "tdpipe/viz/side_names.hpp"
 
 #include <QAction>
 #include <QApplication>
@@ -75,6 +74,7 @@ ViewerWindow::ViewerWindow(QWidget* parent) : QMainWindow(parent) {
   left_layout->setSpacing(0);
   header_ = new QLabel;
   header_->setTextFormat(Qt::RichText);
+  header_->setWordWrap(true);  // many traces' names and files need not widen the window
   header_->setContentsMargins(8, 4, 8, 2);
   QFont hf = header_->font();
   hf.setPixelSize(12);
@@ -110,22 +110,23 @@ ViewerWindow::ViewerWindow(QWidget* parent) : QMainWindow(parent) {
   reload_timer_->setInterval(300);  // writers replace files in steps; wait for quiet
   connect(watcher_, &QFileSystemWatcher::fileChanged, reload_timer_, qOverload<>(&QTimer::start));
   connect(reload_timer_, &QTimer::timeout, this, [this] { reload(); });
-  connect(timeline_, &TimelineView::op_selected, this, [this](int side, int index) {
-    charts_->highlight_op(model_, static_cast<Side>(side), index);
+  connect(timeline_, &TimelineView::op_selected, this, [this](int trace, int index) {
+    charts_->highlight_op(model_, trace, index);
     if (index < 0) {
       statusBar()->clearMessage();
       return;
     }
-    const OpId id{static_cast<Side>(side), index};
+    const OpId id{trace, index};
     const auto& e = model_.event(id);
     QString msg = QStringLiteral("%1 %2 on rank %3: start %4, duration %5")
-                      .arg(side_name(static_cast<Side>(side)), op_label(e))
+                      .arg(QString::fromStdString(model_.name(trace)), op_label(e))
                       .arg(e.rank)
                       .arg(format_duration(e.start_ns), format_duration(e.dur_ns));
-    if (const auto twin = model_.twin(id)) {
-      const auto& t = model_.event(*twin);
+    for (const OpId& twin : model_.twins(id)) {  // the same op in the other traces
+      const auto& t = model_.event(twin);
       msg += QStringLiteral(" — %1: start %2, duration %3")
-                 .arg(side_name(twin->side), format_duration(t.start_ns), format_duration(t.dur_ns));
+                 .arg(QString::fromStdString(model_.name(twin.trace)), format_duration(t.start_ns),
+                      format_duration(t.dur_ns));
     }
     statusBar()->showMessage(msg);
   });
@@ -148,9 +149,10 @@ void ViewerWindow::build_menus() {
     if (toolbar) tools->addAction(a);
     return a;
   };
-  add(file, QStringLiteral("Open &predicted…"), QKeySequence::Open, [this] { open_dialog(Side::Predicted); }, true);
-  add(file, QStringLiteral("Open &measured…"), QKeySequence(Qt::CTRL | Qt::Key_M),
-      [this] { open_dialog(Side::Measured); }, true);
+  // Open: one trace, predicted and measured, or up to eight side by side (in the order
+  // picked); Add: one more beside those open.
+  add(file, QStringLiteral("&Open traces…"), QKeySequence::Open, [this] { open_dialog(false); }, true);
+  add(file, QStringLiteral("&Add trace…"), QKeySequence(Qt::CTRL | Qt::Key_M), [this] { open_dialog(true); }, true);
   add(file, QStringLiteral("&Reload"), QKeySequence::Refresh, [this] { reload(); }, true);
   file->addSeparator();
   add(file, QStringLiteral("Export P&NG…"), QKeySequence(Qt::CTRL | Qt::Key_E), [this] { export_dialog(false); }, true);
@@ -177,34 +179,45 @@ void ViewerWindow::build_menus() {
   connect(compute_lanes_action_, &QAction::toggled, this, [this](bool on) { set_compute_lanes_only(on); });
 }
 
-void ViewerWindow::load(const QString& predicted, const QString& measured) {
-  std::optional<traces::Trace> p, m;
-  if (!predicted.isEmpty()) p = read_named(predicted);
-  if (!measured.isEmpty()) m = read_named(measured);
-  set_traces(std::move(p), std::move(m), predicted.isEmpty() ? QString() : QFileInfo(predicted).fileName(),
-             measured.isEmpty() ? QString() : QFileInfo(measured).fileName());
-  paths_[0] = predicted;
-  paths_[1] = measured;
-  watch({predicted, measured});
+void ViewerWindow::load(const QStringList& paths) {
+  if (paths.size() > kMaxTraces)
+    throw Error("at most " + std::to_string(kMaxTraces) + " traces side by side, got " + std::to_string(paths.size()));
+  std::vector<traces::Trace> traces;
+  QStringList files;
+  for (const QString& path : paths) {
+    traces.push_back(read_named(path));
+    files << QFileInfo(path).fileName();
+  }
+  set_traces(std::move(traces), files);
+  paths_ = paths;
+  watch(paths);
 }
 
-void ViewerWindow::set_traces(std::optional<traces::Trace> predicted,
-                              std::optional<traces::Trace> measured, const QString& predicted_name,
-                              const QString& measured_name) {
-  // Metrics first: if they throw on a strange trace, nothing has changed yet.
-  std::optional<traces::Metrics> mp, mm;
-  if (predicted) mp = traces::compute_metrics(*predicted);
-  if (measured) mm = traces::compute_metrics(*measured);
-  model_.set_traces(std::move(predicted), std::move(measured));
-  metrics_[0] = std::move(mp);
-  metrics_[1] = std::move(mm);
-  names_[0] = predicted_name;
-  names_[1] = measured_name;
-  paths_[0].clear();
-  paths_[1].clear();
+void ViewerWindow::set_traces(std::vector<traces::Trace> traces, const QStringList& files) {
+  if (static_cast<int>(traces.size()) > kMaxTraces)
+    throw Error("at most " + std::to_string(kMaxTraces) + " traces side by side, got " + std::to_string(traces.size()));
+  // Metrics and names first: if they throw on a strange trace, nothing has changed yet.
+  std::vector<traces::Metrics> metrics;
+  for (const auto& t : traces) metrics.push_back(traces::compute_metrics(t));
+  std::vector<const traces::Trace*> ptrs;
+  for (const auto& t : traces) ptrs.push_back(&t);
+  std::vector<std::string> label_list, file_list;
+  for (const auto& l : labels_) label_list.push_back(l.toStdString());
+  for (int i = 0; i < static_cast<int>(traces.size()); ++i)
+    file_list.push_back(i < files.size() ? files[i].toStdString() : std::string());
+  TraceNames names = check_trace_labels(label_list, static_cast<int>(traces.size())).empty()
+                         ? user_trace_names(label_list)
+                         : default_trace_names(ptrs, file_list);
+  model_.set_traces(std::move(traces), std::move(names));
+  metrics_ = std::move(metrics);
+  files_.clear();
+  for (int i = 0; i < model_.count(); ++i) files_ << (i < files.size() ? files[i] : QString());
+  paths_.clear();
   last_error_.clear();
   refresh();
 }
+
+void ViewerWindow::set_labels(const QStringList& labels) { labels_ = labels; }
 
 void ViewerWindow::set_compute_lanes_only(bool on) {
   if (model_.compute_lanes_only() == on) return;  // (the action's toggled signal comes back here)
@@ -215,34 +228,45 @@ void ViewerWindow::set_compute_lanes_only(bool on) {
 }
 
 void ViewerWindow::refresh() {
+  // The header: each trace's name, in its label colour, and its file — on one line for
+  // one or two traces, a line each for more.
+  const int n = model_.count();
   QStringList parts;
   QStringList title;
-  if (model_.has(Side::Predicted)) {
-    parts << QStringLiteral("<span style='color:#1f4e9a'><b>%1</b></span>: ").arg(side_name(Side::Predicted).toHtmlEscaped()) +
-                 describe(model_.trace(Side::Predicted), names_[0]).toHtmlEscaped();
-    title << (names_[0].isEmpty() ? side_name(Side::Predicted) : names_[0]);
+  for (int t = 0; t < n; ++t) {
+    const QString name = QString::fromStdString(model_.name(t));
+    const QColor c = trace_text_color(t, n);
+    const bool colour = n > 2 || t == 0;  // (two traces: the measured name in the text colour, as ever)
+    // (three or more: each line starts with the trace's tag, as the per-rank bars are labelled)
+    const QString tag = n > 2 ? QStringLiteral("<span style='color:%1'>[%2]</span> ")
+                                    .arg(c.name(), QString::fromStdString(model_.names().tag[static_cast<std::size_t>(t)]).toHtmlEscaped())
+                              : QString();
+    parts << tag +
+                 (colour ? QStringLiteral("<span style='color:%1'><b>%2</b></span>: ").arg(c.name(), name.toHtmlEscaped())
+                         : QStringLiteral("<b>%1</b>: ").arg(name.toHtmlEscaped())) +
+                 describe(model_.trace(t), files_[t]).toHtmlEscaped();
+    title << (files_[t].isEmpty() ? name : files_[t]);
   }
-  if (model_.has(Side::Measured)) {
-    parts << QStringLiteral("<b>%1</b>: ").arg(side_name(Side::Measured).toHtmlEscaped()) +
-                 describe(model_.trace(Side::Measured), names_[1]).toHtmlEscaped();
-    title << (names_[1].isEmpty() ? side_name(Side::Measured) : names_[1]);
-  }
-  header_->setText(parts.isEmpty() ? QStringLiteral("No trace open — File ▸ Open predicted…")
-                                   : parts.join(QStringLiteral(" &nbsp;·&nbsp; ")));
+  header_->setText(parts.isEmpty() ? QStringLiteral("No trace open — File ▸ Open traces…")
+                                   : parts.join(n > 2 ? QStringLiteral("<br>") : QStringLiteral(" &nbsp;·&nbsp; ")));
   setWindowTitle(title.isEmpty() ? QStringLiteral("tdpipe-view")
                                  : QStringLiteral("tdpipe-view — ") + title.join(QStringLiteral(" vs ")));
   std::vector<const traces::Trace*> open;
-  for (Side s : {Side::Predicted, Side::Measured})
-    if (model_.has(s)) open.push_back(&model_.trace(s));
-  legend_->set_entries(legend_entries(open), open.size() == 2);
+  std::vector<LegendEntry> lanes;
+  for (int t = 0; t < n; ++t) {
+    open.push_back(&model_.trace(t));
+    lanes.push_back({QString::fromStdString(model_.names().short_name[static_cast<std::size_t>(t)]),
+                     trace_text_color(t, n)});
+  }
+  legend_->set_entries(legend_entries(open), n >= 2 ? lanes : std::vector<LegendEntry>{});
   timeline_->set_model(&model_);
-  charts_->set_data(model_, metrics_[0], metrics_[1]);
-  table_->set_rows(comparison_rows(model_, metrics_[0], metrics_[1]));
+  charts_->set_data(model_, metrics_);
+  table_->set_rows(comparison_rows(model_, metrics_), model_.names());
 }
 
-bool ViewerWindow::open(const QString& predicted, const QString& measured) {
+bool ViewerWindow::open(const QStringList& paths) {
   try {
-    load(predicted, measured);
+    load(paths);
     return true;
   } catch (const std::exception& e) {
     last_error_ = QString::fromStdString(e.what());
@@ -251,12 +275,22 @@ bool ViewerWindow::open(const QString& predicted, const QString& measured) {
   }
 }
 
+bool ViewerWindow::add(const QString& path) {
+  if (model_.count() > 0 && paths_.size() != model_.count()) {
+    // Traces given in memory have no files to read again beside the new one.
+    last_error_ = QStringLiteral("cannot add a trace beside traces that were not opened from files");
+    show_error(QStringLiteral("Cannot add trace"), last_error_);
+    return false;
+  }
+  return open(paths_ + QStringList{path});
+}
+
 bool ViewerWindow::reload() {
-  if (paths_[0].isEmpty() && paths_[1].isEmpty()) return false;
-  const QString p = paths_[0], m = paths_[1];
+  if (paths_.isEmpty()) return false;
+  const QStringList paths = paths_;
   const auto state = timeline_->view_state();  // a reload keeps zoom and scroll
   try {
-    load(p, m);
+    load(paths);
     timeline_->restore_view_state(state);
     statusBar()->showMessage(QStringLiteral("reloaded"), 3000);
     return true;
@@ -265,9 +299,8 @@ bool ViewerWindow::reload() {
     // keep watching so the next change reloads.
     last_error_ = QString::fromStdString(e.what());
     statusBar()->showMessage(QStringLiteral("reload failed: ") + last_error_);
-    paths_[0] = p;
-    paths_[1] = m;
-    watch({p, m});
+    paths_ = paths;
+    watch(paths);
     return false;
   }
 }
@@ -290,16 +323,17 @@ void ViewerWindow::show_error(const QString& title, const QString& message) {
   box->open();
 }
 
-void ViewerWindow::open_dialog(Side side) {
-  const QString path = QFileDialog::getOpenFileName(
-      this, side == Side::Predicted ? QStringLiteral("Open predicted trace") : QStringLiteral("Open measured trace"),
-      {}, QStringLiteral("Traces (*.json *.json.gz *.sqlite);;All files (*)"));
-  if (path.isEmpty()) return;
-  // Opening one side keeps the other side's file.
-  if (side == Side::Predicted)
-    open(path, paths_[1]);
-  else
-    open(paths_[0], path);
+void ViewerWindow::open_dialog(bool add_one) {
+  const QString filter = QStringLiteral("Traces (*.json *.json.gz *.sqlite);;All files (*)");
+  if (add_one) {
+    const QString path = QFileDialog::getOpenFileName(this, QStringLiteral("Add a trace"), {}, filter);
+    if (!path.isEmpty()) add(path);
+    return;
+  }
+  // Several files: side by side in the order picked (one: predicted; two: predicted, measured).
+  const QStringList paths = QFileDialog::getOpenFileNames(
+      this, QStringLiteral("Open traces (up to %1, shown in this order)").arg(kMaxTraces), {}, filter);
+  if (!paths.isEmpty()) open(paths);
 }
 
 void ViewerWindow::export_dialog(bool svg) {

@@ -1,11 +1,14 @@
 // charts_panel.hpp — the Qt Charts panels beside the timeline: bubble fraction per
-// rank (predicted vs measured bars), predicted vs measured op duration (scatter with
-// the y = x line), and compute / exposed comm / idle per rank (stacked bars).
+// rank (a bar per trace), compute / exposed comm / idle per rank and trace (stacked
+// bars), and below them, for two traces, the first vs the second trace's op durations
+// (scatter with the y = x line); for three or more, each trace's iteration time split
+// into mean compute and bubble (stacked bars, a row per trace).
 #pragma once
 
 #include <QPointF>
 #include <QWidget>
 #include <optional>
+#include <vector>
 
 #include "tdpipe/traces/metrics.hpp"
 #include "tdpipe/viz/timeline_model.hpp"
@@ -18,29 +21,27 @@ QT_END_NAMESPACE
 
 namespace tdpipe::viz {
 
-/// Colours of the two sides in every chart: predicted blue, measured dark grey.
-QColor side_color(Side side);
-
 class ChartsPanel : public QWidget {
   Q_OBJECT
 
  public:
   explicit ChartsPanel(QWidget* parent = nullptr);
 
-  /// Rebuilds the three charts. `pred` / `meas` are the metrics of the model's
-  /// sides (absent where the side is not open).
-  void set_data(const TimelineModel& model, const std::optional<traces::Metrics>& pred,
-                const std::optional<traces::Metrics>& meas);
+  /// Rebuilds the charts; `metrics` holds one entry per trace of the model.
+  void set_data(const TimelineModel& model, const std::vector<traces::Metrics>& metrics);
 
   QChartView* bubble_view() const { return bubble_; }
+  /// Shown for exactly two traces.
   QChartView* scatter_view() const { return scatter_; }
   QChartView* breakdown_view() const { return breakdown_; }
+  /// Shown for three traces or more: iteration time per trace (compute + bubble).
+  QChartView* iteration_view() const { return iteration_; }
   /// Number of points in the duration scatter (after thinning).
   int scatter_points() const { return scatter_points_; }
 
-  /// Marks the op selected in the timeline (either side; `index` −1 clears) in the
-  /// duration scatter: its pair's point, ringed, whether or not thinning kept it.
-  void highlight_op(const TimelineModel& model, Side side, int index);
+  /// Marks the op selected in the timeline (in either of two traces; `index` −1 clears)
+  /// in the duration scatter: its pair's point, ringed, whether or not thinning kept it.
+  void highlight_op(const TimelineModel& model, int trace, int index);
   /// The marked point (predicted, measured duration in the scatter's unit), if any.
   std::optional<QPointF> highlighted() const;
 
@@ -48,6 +49,7 @@ class ChartsPanel : public QWidget {
   QChartView* bubble_;
   QChartView* scatter_;
   QChartView* breakdown_;
+  QChartView* iteration_;
   int scatter_points_ = 0;
   QScatterSeries* selected_ = nullptr;  ///< owned by the scatter's chart
   double scatter_scale_ = 1;

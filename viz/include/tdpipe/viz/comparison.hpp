@@ -1,6 +1,6 @@
-// comparison.hpp — the numbers the metrics table shows: per side iteration time,
-// bubble fraction, compute and exposed communication, and predicted-vs-measured
-// errors (iteration, bubble, per-op duration over the paired ops).
+// comparison.hpp — the numbers the metrics table shows: per trace iteration time,
+// bubble fraction, compute and exposed communication, and, for exactly two traces,
+// their differences (iteration, bubble, per-op duration over the paired ops).
 #pragma once
 
 #include <optional>
@@ -13,17 +13,18 @@
 namespace tdpipe::viz {
 
 /// One table row. Values are already in display units (a time row in ns, µs, ms or s,
-/// whichever reads best for its larger side; %); absent cells are nullopt.
+/// whichever reads best for its largest value; %); absent cells are nullopt.
 struct ComparisonRow {
   std::string metric;
   std::string unit;
-  std::optional<double> predicted, measured, error;
+  std::vector<std::optional<double>> values;  ///< one per trace, in trace order
+  std::optional<double> error;                ///< the difference column (two traces only)
   std::string error_unit;  ///< "%" (relative) or "pp" (percentage points)
 };
 
-/// Rows for the metrics table; errors only when both sides are present.
+/// Rows for the metrics table; `metrics` holds one entry per trace of the model.
+/// Differences only when the model has exactly two traces.
 std::vector<ComparisonRow> comparison_rows(const TimelineModel& model,
-                                           const std::optional<traces::Metrics>& pred,
-                                           const std::optional<traces::Metrics>& meas);
+                                           const std::vector<traces::Metrics>& metrics);
 
 }  // namespace tdpipe::viz

@@ -38,7 +38,7 @@ class LaneItem : public QGraphicsItem {
   struct PackedOp {
     std::int64_t start_ns, end_ns;
     QRgb color;
-    int event;      ///< index into the side's events (for labels)
+    int event;      ///< index into the trace's events (for labels)
     int depth = 0;  ///< ranges it lies inside on this lane (a foreign trace's nesting)
   };
   const TimelineView* view_;

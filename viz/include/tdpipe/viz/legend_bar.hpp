@@ -1,7 +1,9 @@
 // legend_bar.hpp — the strip above the timeline: colour of each op kind present,
-// the bubble shade, and how predicted and measured lanes are told apart.
+// the bubble shade, and how the traces' lanes are told apart (their order under each
+// rank, in their label colours).
 #pragma once
 
+#include <QPoint>
 #include <QWidget>
 #include <vector>
 
@@ -14,16 +16,28 @@ class LegendBar : public QWidget {
 
  public:
   explicit LegendBar(QWidget* parent = nullptr);
-  void set_entries(std::vector<LegendEntry> entries, bool two_sides);
+  /// `traces`: each trace's short name in its label colour, in trace order (empty or one:
+  /// nothing to tell apart).
+  void set_entries(std::vector<LegendEntry> entries, std::vector<LegendEntry> traces = {});
   const std::vector<LegendEntry>& entries() const { return entries_; }
   QSize sizeHint() const override;
+  bool hasHeightForWidth() const override { return true; }
+  /// One 22-pixel row, or more where the entries do not fit the width.
+  int heightForWidth(int width) const override;
 
  protected:
   void paintEvent(QPaintEvent* event) override;
+  void resizeEvent(QResizeEvent* event) override;
 
  private:
+  struct Piece;
+  std::vector<Piece> pieces() const;
+  int piece_width(const Piece& piece) const;
+  /// Each piece's top-left at this width; `rows`: how many rows they take.
+  std::vector<QPoint> layout(int width, int* rows = nullptr) const;
+
   std::vector<LegendEntry> entries_;
-  bool two_sides_ = false;
+  std::vector<LegendEntry> traces_;
 };
 
 }  // namespace tdpipe::viz

@@ -1,4 +1,5 @@
-// metrics_table.hpp — a read-only table of comparison_rows().
+// metrics_table.hpp — a read-only table of comparison_rows(): the metric, one column per
+// trace (headed by its name), and for two traces the difference column.
 #pragma once
 
 #include <QTableWidget>
@@ -12,7 +13,7 @@ class MetricsTable : public QTableWidget {
 
  public:
   explicit MetricsTable(QWidget* parent = nullptr);
-  void set_rows(const std::vector<ComparisonRow>& rows);
+  void set_rows(const std::vector<ComparisonRow>& rows, const TraceNames& names);
 };
 
 }  // namespace tdpipe::viz

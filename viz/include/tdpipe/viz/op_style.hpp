@@ -33,6 +33,12 @@ struct LegendEntry {
 /// Legend entries for the op kinds present in the given traces (plus "idle (bubble)").
 std::vector<LegendEntry> legend_entries(const std::vector<const traces::Trace*>& traces);
 
+/// The colour of trace `t` of `n` in the charts (bars, legends): one or two traces keep
+/// predicted blue and measured dark grey; three or more take a hue each.
+QColor trace_color(int t, int n);
+/// Trace `t`'s colour for text: lane labels, the header's names, its iteration-end marker.
+QColor trace_text_color(int t, int n);
+
 /// "1.25 ms", "830 µs", "2.10 s" — a duration in the most readable unit.
 QString format_duration(std::int64_t ns);
 

@@ -1,39 +1,42 @@
-// timeline_model.hpp — what the Gantt timeline shows, without any drawing: one or
-// two traces shifted to start at 0, their lanes (rank × stream, predicted lane
-// directly above the measured lane), op pairing and hit testing.
+// timeline_model.hpp — what the Gantt timeline shows, without any drawing: N traces
+// (indexed 0..N−1 in the order given, N ≤ kMaxTraces) shifted to start at 0, their
+// names, their lanes (rank × stream × trace: under each rank and stream one lane per
+// trace in trace order, so with two traces the predicted lane sits directly above the
+// measured one), op pairing between traces and hit testing.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tdpipe/traces/trace.hpp"
 #include "tdpipe/traces/pairing.hpp"
+#include "tdpipe/viz/trace_names.hpp"
 
 namespace tdpipe::viz {
 
-enum class Side : int { Predicted = 0, Measured = 1 };
-
-/// Which op: side and index into that side's trace events.
+/// Which op: the trace (0..N−1) and the index into that trace's events.
 struct OpId {
-  Side side = Side::Predicted;
+  int trace = 0;
   int index = -1;
   friend bool operator==(const OpId&, const OpId&) = default;
 };
 
 /// One row of the timeline: the events of one rank and stream of one trace.
 struct Lane {
-  Side side = Side::Predicted;
+  int trace = 0;
   int rank = 0;
   int stream = 0;
   bool compute = true;      ///< idle time in this lane is a bubble (shaded)
-  std::vector<int> events;  ///< indices into the side's events, sorted by start
+  std::vector<int> events;  ///< indices into the trace's events, sorted by start
   std::int64_t max_dur_ns = 0;
   int y = 0;       ///< top, in timeline pixels
   int height = 0;  ///< in timeline pixels
-  std::string label;
+  std::string label;  ///< "r0 compute · pred": rank, stream and the trace's short name
 };
 
 /// Pixel sizes of the lane layout.
@@ -46,37 +49,49 @@ inline constexpr int kCompactRankGap = 3;      ///< compute lanes only
 
 class TimelineModel {
  public:
-  /// Replaces the traces (either may be absent). Each trace is shifted so that
-  /// its earliest event starts at 0.
-  void set_traces(std::optional<traces::Trace> predicted,
-                  std::optional<traces::Trace> measured);
+  /// Replaces the traces (at most kMaxTraces; more throws tdpipe::Error). Each trace is
+  /// shifted so that its earliest event starts at 0. `names` (one per trace) default to
+  /// default_trace_names().
+  void set_traces(std::vector<traces::Trace> traces, std::optional<TraceNames> names = std::nullopt);
 
-  bool has(Side side) const { return traces_[index(side)].has_value(); }
-  /// Only the compute lanes of tdpipe traces (one shorter lane per rank and side; a foreign
+  /// Number of traces (0..kMaxTraces).
+  int count() const { return static_cast<int>(traces_.size()); }
+  bool has(int trace) const { return trace >= 0 && trace < count(); }
+  bool empty() const { return traces_.empty(); }
+  /// Only the compute lanes of tdpipe traces (one shorter lane per rank and trace; a foreign
   /// trace keeps its lanes): ~30 ranks of one trace at once in a 1600 × 900 window; the p2p,
   /// dp and copy lanes' ops are then not drawn or hit.
   void set_compute_lanes_only(bool on);
   bool compute_lanes_only() const { return compute_only_; }
-  bool empty() const { return !has(Side::Predicted) && !has(Side::Measured); }
-  const traces::Trace& trace(Side side) const { return *traces_[index(side)]; }
+  const traces::Trace& trace(int t) const { return traces_[index(t)]; }
   const traces::TraceEvent& event(OpId id) const {
-    return trace(id.side).events[static_cast<std::size_t>(id.index)];
+    return trace(id.trace).events[static_cast<std::size_t>(id.index)];
   }
-  /// How much the side's trace was shifted left to start at 0 (ns).
-  std::int64_t shift_ns(Side side) const { return shift_[index(side)]; }
-  /// The side's iteration end (last event end after the shift); 0 when absent.
-  std::int64_t end_ns(Side side) const { return end_[index(side)]; }
-  /// The longer of the two iteration ends: the width of the time axis.
+  /// How much the trace was shifted left to start at 0 (ns); 0 when absent.
+  std::int64_t shift_ns(int t) const { return has(t) ? shift_[index(t)] : 0; }
+  /// The trace's iteration end (last event end after the shift); 0 when absent.
+  std::int64_t end_ns(int t) const { return has(t) ? end_[index(t)] : 0; }
+  /// The longest iteration end: the width of the time axis.
   std::int64_t span_ns() const;
+
+  /// The traces' names (lane labels, legends, charts, table, tooltips).
+  const TraceNames& names() const { return names_; }
+  const std::string& name(int t) const { return names_.name[index(t)]; }
 
   const std::vector<Lane>& lanes() const { return lanes_; }
   int total_height() const { return total_height_; }
-  /// Number of ranks shown (max over both traces).
+  /// Number of ranks shown (max over the traces).
   int ranks() const { return ranks_; }
 
-  const traces::OpPairing& pairing() const { return pairing_; }
-  /// The same op in the other trace, when both are open and it was matched.
-  std::optional<OpId> twin(OpId id) const;
+  /// The ops of traces `a` and `b` paired (traces::pair_ops(trace(a), trace(b)):
+  /// pred_to_meas maps a's events to b's), computed on first use and kept.
+  const traces::OpPairing& pairing(int a, int b) const;
+  /// pairing(0, 1) with two traces or more (the duration scatter's pairs); else empty.
+  const traces::OpPairing& pairing() const;
+  /// The same op in trace `other`, when it was matched.
+  std::optional<OpId> twin(OpId id, int other) const;
+  /// The same op in every other trace that has it, in trace order.
+  std::vector<OpId> twins(OpId id) const;
   /// Lane index holding this op.
   int lane_of(OpId id) const;
 
@@ -90,16 +105,16 @@ class TimelineModel {
                                                               std::int64_t t_ns) const;
 
  private:
-  static std::size_t index(Side s) { return static_cast<std::size_t>(s); }
+  static std::size_t index(int t) { return static_cast<std::size_t>(t); }
   void build_lanes();
 
-  std::array<std::optional<traces::Trace>, 2> traces_;
-  std::array<std::int64_t, 2> shift_{0, 0};
-  std::array<std::int64_t, 2> end_{0, 0};
-  std::array<std::vector<int>, 2> lane_of_event_;
+  std::vector<traces::Trace> traces_;
+  TraceNames names_;
+  std::vector<std::int64_t> shift_, end_;
+  std::vector<std::vector<int>> lane_of_event_;
   std::vector<Lane> lanes_;
   bool compute_only_ = false;
-  traces::OpPairing pairing_;
+  mutable std::map<std::pair<int, int>, traces::OpPairing> pairings_;
   int total_height_ = 0;
   int ranks_ = 0;
 };

@@ -1,6 +1,6 @@
 // timeline_view.hpp — the Gantt timeline: a QGraphicsView with one LaneItem per lane,
 // a time ruler above and lane labels to the left; wheel zoom, drag pan, fit,
-// hover tooltips and op selection that also highlights the op's twin.
+// hover tooltips and op selection that also highlights the same op in the other traces.
 //
 // Zoom is horizontal only and is applied by re-laying the scene out in pixels
 // (scene x = kTimelinePad + t · px_per_ns), not by a view transform, so labels stay
@@ -62,10 +62,10 @@ class TimelineView : public QGraphicsView {
   /// A point in this widget's coordinates (as in grab()) for time t at timeline y.
   QPoint widget_point(std::int64_t t_ns, double timeline_y) const;
 
-  /// Selects an op (and highlights its twin); nullopt clears.
+  /// Selects an op (and highlights its twins: the same op in every other trace); nullopt clears.
   void select(std::optional<OpId> id);
   std::optional<OpId> selected() const { return selected_; }
-  std::optional<OpId> selected_twin() const { return selected_twin_; }
+  const std::vector<OpId>& selected_twins() const { return selected_twins_; }
 
   /// The op under a viewport point, if any.
   std::optional<OpId> op_at_viewport(QPoint pos) const;
@@ -73,7 +73,7 @@ class TimelineView : public QGraphicsView {
   QString tooltip_at(QPoint pos) const;
 
  signals:
-  void op_selected(int side, int index);  ///< index −1: selection cleared
+  void op_selected(int trace, int index);  ///< index −1: selection cleared
   void view_changed();                    ///< zoom or scroll changed
 
  protected:
@@ -98,7 +98,8 @@ class TimelineView : public QGraphicsView {
   std::vector<LaneItem*> items_;
   double px_per_ns_ = 1e-6;
   bool fitted_ = true;
-  std::optional<OpId> selected_, selected_twin_;
+  std::optional<OpId> selected_;
+  std::vector<OpId> selected_twins_;
   Ruler* ruler_ = nullptr;
   LaneLabels* labels_ = nullptr;
   QPoint press_pos_;

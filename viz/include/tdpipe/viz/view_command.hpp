@@ -1,5 +1,6 @@
 // view_command.hpp — the tdpipe-view command line: interactive viewer, or headless
-// `--render OUT.png [--width W --height H] PREDICTED [MEASURED]`.
+// `--render OUT.png [--width W --height H] [--labels A,B,…] TRACE…` — one trace, a
+// predicted and a measured one, or up to kMaxTraces side by side.
 #pragma once
 
 #include <QString>
@@ -12,11 +13,11 @@
 namespace tdpipe::viz {
 
 struct ViewArgs {
-  QString predicted, measured;  ///< empty: not given
+  QStringList traces;  ///< the trace files in the order given (0..kMaxTraces)
   std::optional<QString> render_to;
   int width = 1600, height = 900;
   bool help = false;
-  std::optional<std::pair<QString, QString>> labels;  ///< --labels A,B
+  std::optional<QStringList> labels;  ///< --labels A,B,…: one distinct name per trace
   bool compute_lanes = false;  ///< --compute-lanes: only compute lanes (many ranks)
 };
 

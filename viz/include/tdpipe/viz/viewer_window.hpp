@@ -1,6 +1,7 @@
-// viewer_window.hpp — the tdpipe-view main window: legend and Gantt timeline on the
-// left, Qt Charts panels and the metrics table on the right; open, reload on file
-// change, export PNG/SVG.
+// viewer_window.hpp — the tdpipe-view main window: header (each trace's name and file),
+// legend and Gantt timeline above the metrics table on the left, Qt Charts panels on the
+// right; open one or several traces (up to kMaxTraces), add one, reload on file change,
+// export PNG/SVG.
 #pragma once
 
 #include <QImage>
@@ -8,7 +9,9 @@
 #include <QMessageBox>
 #include <QPointer>
 #include <QString>
+#include <QStringList>
 #include <optional>
+#include <vector>
 
 #include "tdpipe/traces/metrics.hpp"
 #include "tdpipe/viz/timeline_model.hpp"
@@ -33,15 +36,22 @@ class ViewerWindow : public QMainWindow {
   explicit ViewerWindow(QWidget* parent = nullptr);
   ~ViewerWindow() override;
 
-  /// Reads and shows the traces at these paths (empty: that side absent). Throws
-  /// tdpipe::Error naming the file and problem; on error the view is unchanged.
-  void load(const QString& predicted, const QString& measured);
-  /// Shows traces already in memory; names are shown in the header.
-  void set_traces(std::optional<traces::Trace> predicted, std::optional<traces::Trace> measured,
-                  const QString& predicted_name = {}, const QString& measured_name = {});
+  /// Reads and shows the traces at these paths (1..kMaxTraces, in this order; none
+  /// clears the view). Throws tdpipe::Error naming the file and problem, or the limit;
+  /// on error the view is unchanged.
+  void load(const QStringList& paths);
+  /// Shows traces already in memory (at most kMaxTraces); `files` (one per trace, or
+  /// none) are shown in the header and tell alike traces' default names apart.
+  void set_traces(std::vector<traces::Trace> traces, const QStringList& files = {});
+  /// The user's names for the traces (`--labels`): used while there are as many traces
+  /// as names (and they are distinct and non-empty), else the default names. Empty: defaults.
+  void set_labels(const QStringList& labels);
+  const QStringList& labels() const { return labels_; }
 
   /// load() for the GUI: on failure shows an error dialog (non-modal) and returns false.
-  bool open(const QString& predicted, const QString& measured);
+  bool open(const QStringList& paths);
+  /// Opens one more trace beside the open ones (File > Add trace…), up to kMaxTraces.
+  bool add(const QString& path);
   /// Reads the current files again; on failure keeps the view and reports in the status bar.
   bool reload();
 
@@ -59,9 +69,14 @@ class ViewerWindow : public QMainWindow {
   MetricsTable* table() const { return table_; }
   LegendBar* legend() const { return legend_; }
   const TimelineModel& model() const { return model_; }
-  const std::optional<traces::Metrics>& metrics(Side side) const {
-    return metrics_[static_cast<std::size_t>(side)];
+  /// Trace t's metrics; null when there is no trace t.
+  const traces::Metrics* metrics(int t) const {
+    return t >= 0 && t < static_cast<int>(metrics_.size()) ? &metrics_[static_cast<std::size_t>(t)] : nullptr;
   }
+  /// The header line(s): each trace's name and file.
+  QLabel* header() const { return header_; }
+  /// The files shown (empty for traces set in memory).
+  const QStringList& paths() const { return paths_; }
   /// The message of the last failed open/reload (empty if none).
   const QString& last_error() const { return last_error_; }
   /// The error dialog currently shown by open(), if any.
@@ -74,14 +89,15 @@ class ViewerWindow : public QMainWindow {
   void refresh();
   void watch(const QStringList& files);
   void show_error(const QString& title, const QString& message);
-  void open_dialog(Side side);
+  void open_dialog(bool add);
   void export_dialog(bool svg);
 
   TimelineModel model_;
   QAction* compute_lanes_action_ = nullptr;
-  std::optional<traces::Metrics> metrics_[2];
-  QString paths_[2];
-  QString names_[2];
+  std::vector<traces::Metrics> metrics_;  ///< one per trace
+  QStringList paths_;                     ///< one per trace, when read from files
+  QStringList files_;                     ///< one per trace: its file name, or empty
+  QStringList labels_;                    ///< the user's names, if any
   QString last_error_;
   QLabel* header_ = nullptr;
   LegendBar* legend_ = nullptr;

@@ -1,0 +1,135 @@
+// trace_names.cpp — default and user names of the viewer's traces (trace_names.hpp).
+#include "tdpipe/viz/trace_names.hpp"
+
+#include <QString>
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace tdpipe::viz {
+namespace {
+
+// Lane labels stay short: a longer name keeps its first characters and "…".
+constexpr int kShortNameChars = 18;
+
+std::string abbreviate(const std::string& s) {
+  const QString q = QString::fromStdString(s);
+  if (q.size() <= kShortNameChars) return s;
+  return (q.left(kShortNameChars - 1).trimmed() + QStringLiteral("…")).toStdString();
+}
+
+bool distinct(const std::vector<std::string>& v) {
+  return std::set<std::string>(v.begin(), v.end()).size() == v.size();
+}
+
+// "runs/a.json.gz" → "a", a Kineto folder "runs/meas/" → "meas".
+std::string file_stem(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const auto slash = path.find_last_of('/');
+  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  for (const char* ext : {".gz", ".json", ".sqlite", ".trace", ".pt"}) {
+    const std::string e = ext;
+    if (name.size() > e.size() && name.compare(name.size() - e.size(), e.size(), e) == 0)
+      name.resize(name.size() - e.size());
+  }
+  return name;
+}
+
+// Chart tags: the first character of each short name, upper-case, where those differ;
+// else the trace's number from 1.
+std::vector<std::string> tags_for(const std::vector<std::string>& short_names) {
+  std::vector<std::string> tags;
+  for (const auto& s : short_names) tags.push_back(QString::fromStdString(s).left(1).toUpper().toStdString());
+  if (!distinct(tags) || std::any_of(tags.begin(), tags.end(), [](const std::string& t) { return t.empty(); }))
+    for (std::size_t i = 0; i < tags.size(); ++i) tags[i] = std::to_string(i + 1);
+  return tags;
+}
+
+const char* count_word(int n) {
+  static const char* words[] = {"no", "one", "two", "three", "four", "five", "six", "seven", "eight"};
+  return n >= 0 && n <= 8 ? words[n] : nullptr;
+}
+
+}  // namespace
+
+TraceNames default_trace_names(const std::vector<const traces::Trace*>& traces,
+                               const std::vector<std::string>& files) {
+  TraceNames n;
+  const std::size_t count = traces.size();
+  if (count <= 2) {
+    // One or two traces: a prediction and the run it predicts, as ever.
+    const char* names[] = {"predicted", "measured"};
+    const char* shorts[] = {"pred", "meas"};
+    const char* tags[] = {"P", "M"};
+    for (std::size_t i = 0; i < count; ++i) {
+      n.name.emplace_back(names[i]);
+      n.short_name.emplace_back(shorts[i]);
+      n.tag.emplace_back(tags[i]);
+    }
+    if (count == 2) n.difference = "error";
+    return n;
+  }
+  // More: schedule and origin, then the file's base name where two are alike, then the
+  // trace's number where they still are.
+  for (std::size_t i = 0; i < count; ++i) {
+    const traces::Trace& t = *traces[i];
+    std::string s;
+    if (!t.schedule.empty()) s = t.schedule + (t.origin.empty() ? "" : " (" + t.origin + ")");
+    else if (!t.origin.empty()) s = t.origin;
+    else s = "trace " + std::to_string(i + 1);
+    n.name.push_back(s);
+  }
+  auto alike = [&](std::size_t i) {
+    return std::count(n.name.begin(), n.name.end(), n.name[i]) > 1;
+  };
+  if (files.size() == count) {
+    std::vector<bool> ambiguous(count);
+    for (std::size_t i = 0; i < count; ++i) ambiguous[i] = alike(i);
+    for (std::size_t i = 0; i < count; ++i)
+      if (ambiguous[i] && !files[i].empty()) n.name[i] += " " + file_stem(files[i]);
+  }
+  {
+    std::vector<bool> ambiguous(count);
+    for (std::size_t i = 0; i < count; ++i) ambiguous[i] = alike(i);
+    for (std::size_t i = 0; i < count; ++i)
+      if (ambiguous[i]) n.name[i] += " #" + std::to_string(i + 1);
+  }
+  // Lane labels: the schedule alone where every trace has a schedule of its own.
+  std::vector<std::string> schedules;
+  for (const auto* t : traces) schedules.push_back(t->schedule);
+  const bool by_schedule =
+      distinct(schedules) && std::none_of(schedules.begin(), schedules.end(), [](const std::string& s) { return s.empty(); });
+  for (std::size_t i = 0; i < count; ++i) n.short_name.push_back(abbreviate(by_schedule ? schedules[i] : n.name[i]));
+  n.tag = tags_for(n.short_name);
+  return n;
+}
+
+TraceNames user_trace_names(const std::vector<std::string>& labels) {
+  TraceNames n;
+  n.name = labels;
+  for (const auto& l : labels) n.short_name.push_back(abbreviate(l));
+  n.tag = tags_for(n.short_name);
+  if (labels.size() == 2) n.difference = "change";
+  return n;
+}
+
+std::string check_trace_labels(const std::vector<std::string>& labels, int traces) {
+  const bool empty = std::any_of(labels.begin(), labels.end(), [](const std::string& l) { return l.empty(); });
+  if (static_cast<int>(labels.size()) == traces && traces > 0 && !empty && distinct(labels)) return {};
+  std::string given;
+  for (const auto& l : labels) given += (given.empty() ? "" : ",") + l;
+  if (traces <= 0) return "--labels names the traces, one name each, but no trace file was given";
+  const char* word = count_word(traces);
+  std::string need = traces == 1 ? "one name" : std::string(word ? word : std::to_string(traces).c_str()) + " different names";
+  std::string what = "--labels needs " + need;
+  if (traces == 2) what += " separated by a comma (e.g. --labels balanced,unbalanced)";
+  else if (traces > 2) what += " separated by commas";
+  what += ", one per trace (" + std::to_string(traces) + (traces == 1 ? " trace" : " traces") + " given)";
+  std::string got;
+  if (empty) got = "an empty name";
+  else if (!distinct(labels)) got = "a name twice";
+  else got = std::to_string(labels.size()) + (labels.size() == 1 ? " name" : " names");
+  return what + ", got " + got + " in '" + given + "'";
+}
+
+}  // namespace tdpipe::viz
