@@ -6,7 +6,7 @@
 # median of RUNS runs). Schedules that
 # were not among the probes are marked "held out". Also prints each probe's own
 # measured span beside its prediction (the model's error without run-to-run noise).
-# Usage: bench/calibration_transfer_cpu.sh [BUILD_DIR] [RUNS] [PROBES]
+# Usage: bench/compare_cpu.sh [BUILD_DIR] [RUNS] [PROBES]
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
   sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'

@@ -37,6 +37,7 @@ for sc in scenarios/tiny-gpt-cpu.yaml scenarios/synthetic-zb-p8-m24.yaml; do
 done
 "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --trace-out "$seeds/fuzz_trace_json/measured.json" > /dev/null
 "$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml -o "$seeds/fuzz_profile/tiny.json" > /dev/null 2>&1
+"$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --steps 1 -o "$seeds/fuzz_profile/tiny-table.json" > /dev/null 2>&1
 printf '%s\n' "--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 --vocab-size 50000 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --bf16 --num-layers-per-virtual-pipeline-stage 1" \
     > "$seeds/fuzz_megatron_args/a.txt"
 printf '%s\n' "--num-layers=30 --hidden-size=2048 --num-attention-heads=16 --seq-length=2048 --micro-batch-size=1 --pipeline-model-parallel-size=4 --decoder-first-pipeline-num-layers=6 --recompute-granularity full --recompute-method block --recompute-num-layers 9 --vocab-size 50000 --swiglu --group-query-attention --num-query-groups 4" \

@@ -169,6 +169,9 @@ std::vector<Probe> parse_probes(const std::string& text) {
       if (used == 0 || used != item.size() - colon - 1 || p.slices < 1 || p.slices > 4096)
         throw Error(fmt::format("--probes: '{}': expected a slice count 1 … 4096 after ':'", item));
     }
+    for (const Probe& seen : out)
+      if (seen.schedule == p.schedule && seen.slices == p.slices)
+        throw Error(fmt::format("--probes: '{}' is given twice", item));
     out.push_back(p);
   }
   return out;
@@ -206,11 +209,17 @@ void run_calibrate_probes(const CalibrateArgs& a, const std::function<traces::Pr
              a.output, fit.points.size(), plans.size(), fmt::join(split_commas(m.at("probes")), ", "),
              100 * std::stod(m.at("fit_median_abs_error")), 100 * std::stod(m.at("fit_max_abs_error")),
              prof.p2p.latency_seconds * 1e6, m.count("shared_capacity") ? m.at("shared_capacity") : "-");
-  fmt::print("  {:<4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "kind", "op (us)", "layer (us)", "gemm",
-             "attention", "elementw.", "head", "optimizer");
-  for (const auto& [kind, c] : fit.model.coefficients)
-    fmt::print("  {:<4} {:>10.1f} {:>10.1f} {:>10.3g} {:>10.3g} {:>10.3g} {:>10.3g} {:>10.3g}\n", ir::to_string(kind),
-               c[0] * 1e6, c[1] * 1e6, c[2], c[3], c[4], c[7], c[8]);
+  // The coefficients: "op" and "layer" in µs, the parts as multiples of their time at peak.
+  fmt::print("  {:<4}", "kind");
+  for (int i = 0; i < traces::kCostTermCount; ++i)
+    fmt::print(" {:>11}", i < 2 ? fmt::format("{} (us)", traces::kCostTerms[i]) : std::string(traces::kCostTerms[i]));
+  fmt::print("\n");
+  for (const auto& [kind, c] : fit.model.coefficients) {
+    fmt::print("  {:<4}", ir::to_string(kind));
+    for (int i = 0; i < traces::kCostTermCount; ++i)
+      fmt::print(" {:>11.3g}", c[static_cast<std::size_t>(i)] * (i < 2 ? 1e6 : 1.0));
+    fmt::print("\n");
+  }
   if (a.show_fit) {
     fmt::print("  {:<22} {:<4} {:>5} {:>5} {:>7} {:>12} {:>12} {:>8}\n", "probe", "kind", "stage", "slice", "samples",
                "measured us", "fitted us", "error");
@@ -225,6 +234,7 @@ void run_calibrate_probes(const CalibrateArgs& a, const std::function<traces::Pr
 
 void run_calibrate(const CalibrateArgs& a) {
   if (a.from_run) return run_calibrate_from_run(a);
+  exec::cpu::keep_freed_memory();  // steady step times from the first steps (run.hpp)
   if (a.iteration_time > 0 || a.mfu > 0 || a.tokens_per_s > 0)
     throw Error("--iteration-time, --mfu and --tokens-per-s describe an observed run: give --from-run too");
   if (!a.probes.empty() && (!a.schedule.empty() || a.slices != 0))
@@ -236,6 +246,9 @@ void run_calibrate(const CalibrateArgs& a) {
     throw Error(fmt::format("{}: a plan file is measured as it is: --probes needs the scenario file", a.scenario));
   if (!probing && a.show_fit)
     throw Error("--show-fit prints the probes' fit: it goes without --schedule, --slices and plan files");
+  if (probing && a.shared_capacity == "fit")
+    throw Error("--shared-capacity fit fits one run's capacity; the probes are several runs fitted together: give a "
+                "number, or leave the default (the CPU's cores, 1 for a GPU)");
 #ifdef TDPIPE_HAVE_CUDA
   if (a.backend == "cuda") {
     CudaCalibrateRequest c;
@@ -287,19 +300,21 @@ void run_calibrate(const CalibrateArgs& a) {
 
 void add_calibrate_command(CLI::App& app) {
   auto args = std::make_shared<CalibrateArgs>();
-  CLI::App* cmd = app.add_subcommand("calibrate", "Measure op costs and transport on this machine");
+  CLI::App* cmd = app.add_subcommand("calibrate", "Fit the cost model to this machine (probe runs) or to an observed run, for sim --profile");
   cmd->add_option("scenario", args->scenario,
                   "Scenario file (YAML or JSON), or a plan file (tdpipe plan --format json -o PLAN.json: run as it is)")->required();
   CLI::Option* backend =
       cmd->add_option("--backend", args->backend, "Executor backend")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("-o,--output", args->output, "Profile to write (JSON)")->required();
   cmd->add_option("--schedule", args->schedule, "Measure this schedule's layout (chunks, slices) alone: op times for this layout only "
-                  "(default: fit the cost model on --probes layouts, for any layout)")
+                  "(so does --slices alone, with the scenario's schedule; default: fit the cost model on the "
+                  "--probes layouts, for any layout)")
       ->check(CLI::IsMember(planner::schedule_names()));
   add_slices_option(cmd, args->slices);
-  CLI::Option* steps = cmd->add_option("--steps", args->steps, "Measured steps")->check(CLI::PositiveNumber);
+  CLI::Option* steps =
+      cmd->add_option("--steps", args->steps, "Measured steps (of each probe)")->check(CLI::PositiveNumber)->capture_default_str();
   CLI::Option* warmup =
-      cmd->add_option("--warmup", args->warmup, "Unmeasured steps first")->check(CLI::NonNegativeNumber);
+      cmd->add_option("--warmup", args->warmup, "Unmeasured steps first (of each probe)")->check(CLI::NonNegativeNumber)->capture_default_str();
   CLI::Option* corpus = cmd->add_option("--corpus", args->corpus, "Training text (default: data/tiny_corpus.txt)");
   CLI::Option* capacity = cmd->add_option("--shared-capacity", args->shared_capacity,
                   "How many ops the shared device runs at full speed at once: a number, or `fit` (from the "

@@ -92,6 +92,7 @@ exec::FaultOptions fault_options(const ExecArgs& a) {
 }
 
 void run_exec(const ExecArgs& a) {
+  exec::cpu::keep_freed_memory();  // steady step times from the first steps (run.hpp)
   const exec::FaultOptions faults = fault_options(a);
   if (a.check && !a.inject_overflow.empty())
     throw Error("--check with --inject-overflow: the single-device reference takes every step, so a skipped step "

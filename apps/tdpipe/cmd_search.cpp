@@ -171,8 +171,11 @@ void run_search(const SearchArgs& a) {
     const traces::Profile profile = traces::read_profile(a.profile);
     if (!(profile.compute_efficiency > 0))
       throw Error(fmt::format("--profile {}: search takes a software stack's profile (tdpipe calibrate --from-run), "
-                              "which holds for any layout; a measured op profile holds for its own layout only",
-                              a.profile));
+                              "which scales the cost model it ranks layouts with; {}", a.profile,
+                              profile.model.empty()
+                                  ? "a measured op profile holds for its own layout only"
+                                  : "a probe calibration prices a given plan's ops on the machine it measured "
+                                    "(tdpipe sim --profile for each layout you consider)"));
     traces::apply_profile_to_scenario(profile, sc);
     if (lead)
       fmt::print(stderr, "note: {}: compute efficiency {:.4f} (fitted on {})\n", a.profile, profile.compute_efficiency,

@@ -369,6 +369,11 @@ void run_sim(const SimArgs& a) {
         if (applied.ops_kept > 0)
           fmt::print(stderr, "note: {}: the profile has no entry for {} of {} compute ops; they keep the cost model's time\n",
                      a.profile, applied.ops_kept, applied.ops_kept + applied.ops_from_profile);
+        if (applied.ops_fallback > 0)
+          fmt::print(stderr, "note: {}: {} of {} compute ops are priced from another kind's fit (the probes ran no "
+                             "{}): add a probe that runs them (calibrate --probes)\n",
+                     a.profile, applied.ops_fallback, applied.ops_kept + applied.ops_from_profile,
+                     profile->model.coefficients.count(ir::OpKind::BW) ? "split B and W" : "fused BW");
       }
       FaultRow fx;
 #ifdef TDPIPE_HAVE_SIMGRID

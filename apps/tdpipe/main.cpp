@@ -10,9 +10,6 @@
 #include "tdpipe/ir/atomic_file.hpp"
 #include "tdpipe/ir/closest.hpp"
 #include "tdpipe/ir/error.hpp"
-#ifdef TDPIPE_HAVE_EXEC
-#include "tdpipe/exec/cpu/run.hpp"
-#endif
 
 namespace tdpipe::apps {
 namespace {
@@ -65,9 +62,6 @@ std::string did_you_mean(const CLI::App& app, const std::vector<std::string>& ar
 
 int main(int argc, char** argv) {
   tdpipe::apps::set_invocation(argc, argv);
-#ifdef TDPIPE_HAVE_EXEC
-  tdpipe::exec::cpu::keep_freed_memory();  // steady step times from the first steps (run.hpp)
-#endif
   CLI::App app{"tdpipe — plan, simulate, execute and compare pipeline-parallel schedules"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tdpipe 0.1.0");

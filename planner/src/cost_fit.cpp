@@ -21,21 +21,44 @@ using ir::OpKind;
 
 enum Term { kOp, kLayer, kGemm, kAttention, kElementwise, kComm, kEmbedding, kHead, kOptimizer };
 
-// The cost model itself: no fixed costs; each part at the documented efficiency of its
-// kind of kernel (GEMMs — the attention core and LM head included — at gemm_max,
-// streaming kernels at hbm: the large-size limits of chunk_cost's curves); collectives
-// and the optimizer step as chunk_cost prices them.
-double prior(int term) {
+// GEMM calls a layer's op of `kind` makes in the cost model: four with weights (QKV,
+// projection, MLP up, down) per pass, and standard attention's batched score and value
+// products (two forward, four backward); B repeats the forward's under full recompute and
+// the attention products under selective recompute.
+double gemm_calls_per_layer(OpKind kind, const ir::Scenario& sc) {
+  const bool flash = sc.model.attention == "flash";
+  const double f = 4 + (flash ? 0 : 2);
+  double b = 4 + (flash ? 0 : 4);
+  if (sc.parallel.recompute == ir::Recompute::Full) b += f;
+  if (sc.parallel.recompute == ir::Recompute::Selective && !flash) b += 2;
+  switch (kind) {
+    case OpKind::F: return f;
+    case OpKind::B: return b;
+    case OpKind::W: return 4;
+    case OpKind::BW: return b + 4;
+    default: return 0;
+  }
+}
+
+// The cost model itself, at its large-size limits: each part at the documented efficiency
+// of its kind of kernel (GEMMs — the LM head included — at gemm_max, the attention core at
+// gemm_max or, fused, at flash_attention, streaming kernels at hbm; the attention and head
+// terms also carry a few bytes — softmax, final LayerNorm, loss — that chunk_cost streams
+// at hbm), collectives and the optimizer step as priced, and per layer the fixed part of
+// gemm_efficiency's saturation curve: a GEMM of t seconds at peak takes
+// (t + gemm_half_seconds) / gemm_max, so each call adds gemm_half_seconds / gemm_max.
+double prior(int term, const ir::Scenario& sc, OpKind kind) {
   const Efficiencies& e = default_efficiencies();
+  const double slow = 1 / sc.cluster.compute_efficiency;  // a stack profile's scale of every kernel
   switch (term) {
-    case kOp:
-    case kLayer: return 0;
+    case kOp: return 0;
+    case kLayer: return slow * gemm_calls_per_layer(kind, sc) * e.gemm_half_seconds / e.gemm_max;
+    case kAttention: return slow / (sc.model.attention == "flash" ? e.flash_attention : e.gemm_max);
     case kGemm:
-    case kAttention:
-    case kHead: return 1 / e.gemm_max;
+    case kHead: return slow / e.gemm_max;
     case kElementwise:
-    case kEmbedding: return 1 / e.hbm;
-    default: return 1;
+    case kEmbedding: return slow / e.hbm;
+    default: return 1;  // collectives and the optimizer step: chunk_cost's own seconds
   }
 }
 
@@ -58,6 +81,12 @@ int chunk_layers_of(const ir::Plan& plan, int virtual_stage) {
 }
 
 }  // namespace
+
+CostTerms cost_model_coefficients(const ir::Scenario& scenario, OpKind kind) {
+  CostTerms c{};
+  for (int i = 0; i < traces::kCostTermCount; ++i) c[static_cast<std::size_t>(i)] = prior(i, scenario, kind);
+  return c;
+}
 
 CostTerms op_terms(const ir::Plan& plan, int rank, const ir::Op& op) {
   const ir::Scenario& sc = plan.scenario;
@@ -110,9 +139,12 @@ struct Row {
   double y = 0, weight = 0;
 };
 
-// Least change to the cost model (see the banner) for one kind's rows.
-std::vector<double> fit_kind(const std::vector<Row>& rows) {
+// Least change to the cost model (see the banner) for one kind's rows. Rows are weighted
+// by their samples in absolute seconds: an iteration is a sum of op times, so an op's
+// error counts by its length and by how often it runs.
+std::vector<double> fit_kind(const std::vector<Row>& rows, const ir::Scenario& sc, OpKind kind) {
   const int n = traces::kCostTermCount;
+  auto prior = [&sc, kind](int term) { return planner::prior(term, sc, kind); };
   std::vector<double> c(static_cast<std::size_t>(n));
   for (int j = 0; j < n; ++j) c[static_cast<std::size_t>(j)] = prior(j);
   std::vector<int> active;
@@ -145,13 +177,15 @@ std::vector<double> fit_kind(const std::vector<Row>& rows) {
     cod.setThreshold(1e-3);
     cod.compute(a);
     const Eigen::VectorXd z = cod.solve(b);
+    // The most negative coefficient by its weight in the fit (coefficient × column norm:
+    // terms differ in units), pinned first.
     int worst = -1;
+    double worst_weight = 0;
     for (Eigen::Index q = 0; q < k; ++q) {
       const int j = active[static_cast<std::size_t>(q)];
       c[static_cast<std::size_t>(j)] = prior(j) + z(q) / scale(q);
-      if (c[static_cast<std::size_t>(j)] < 0 &&
-          (worst < 0 || c[static_cast<std::size_t>(j)] < c[static_cast<std::size_t>(worst)]))
-        worst = j;
+      const double weight = c[static_cast<std::size_t>(j)] * scale(q);
+      if (weight < worst_weight) worst = j, worst_weight = weight;
     }
     if (worst < 0) break;
     // A negative speed or fixed cost is no physics: pin it at 0 and refit the others.
@@ -168,6 +202,14 @@ CostFit fit_cost_model(const std::vector<MeasuredRun>& runs) {
   CostFit fit;
   for (const MeasuredRun& run : runs) {
     const ir::Plan& plan = *run.plan;
+    // One GPU (preset) for every rank of every probe: its peak rates are the terms' units.
+    for (int r = 0; r < plan.num_ranks(); ++r) {
+      const std::string gpu = gpu_of_rank(plan.scenario, r).name;
+      if (fit.model.gpu.empty()) fit.model.gpu = gpu;
+      if (gpu != fit.model.gpu)
+        throw Error(fmt::format("cost fit: the probes run on GPUs '{}' and '{}': a fitted model describes one "
+                                "machine; calibrate each kind of GPU on its own", fit.model.gpu, gpu));
+    }
     const std::string layout = fmt::format("{} v={} S={}", plan.schedule, plan.chunks, std::max(1, plan.slices));
     for (const traces::ProfileOp& g : run.profile->ops) {
       if (g.samples <= 0 || !(g.seconds > 0)) continue;
@@ -191,8 +233,9 @@ CostFit fit_cost_model(const std::vector<MeasuredRun>& runs) {
       fit.points.push_back(FitPoint{layout, g.kind, g.virtual_stage, std::max(0, g.slice), g.samples, g.seconds, 0});
     }
   }
-  if (rows.empty()) throw Error("cost fit: the runs measured no compute op");
-  for (const auto& [kind, r] : rows) fit.model.coefficients[kind] = fit_kind(r);
+  if (rows.empty())
+    throw Error(fmt::format("cost fit: the runs measured no compute op with samples ({} run(s) given)", runs.size()));
+  for (const auto& [kind, r] : rows) fit.model.coefficients[kind] = fit_kind(r, runs.front().plan->scenario, kind);
   std::map<OpKind, std::size_t> next;
   for (FitPoint& p : fit.points) {
     const Row& r = rows[p.kind][next[p.kind]++];
@@ -249,6 +292,13 @@ traces::ProfileApplied apply_profile(const traces::Profile& profile, ir::Plan& p
   if (profile.model.empty()) return traces::apply_profile(profile, plan, ops_only);
   const traces::FittedCostModel& model = profile.model;
   auto has = [&](OpKind k) { return model.coefficients.count(k) > 0; };
+  // The coefficients are speeds relative to one GPU's peak rates, measured on one machine.
+  for (int r = 0; r < plan.num_ranks() && !model.gpu.empty(); ++r)
+    if (const std::string gpu = gpu_of_rank(plan.scenario, r).name; gpu != model.gpu)
+      throw Error(fmt::format("profile's cost model was fitted on GPU '{}' ({}); scenario '{}' runs rank {} on '{}': "
+                              "a machine's measured speeds do not carry to another GPU — calibrate on it, or give "
+                              "the other cluster's speed with a stack profile (tdpipe calibrate --from-run)",
+                              model.gpu, profile.platform.device, plan.scenario.name, r, gpu));
   traces::ProfileApplied applied;
   for (int r = 0; r < plan.num_ranks(); ++r) {
     for (ir::Op& op : plan.ranks[static_cast<std::size_t>(r)]) {
@@ -259,8 +309,10 @@ traces::ProfileApplied apply_profile(const traces::Profile& profile, ir::Plan& p
         return op_terms(plan, r, as);
       };
       double s = -1;
+      bool fallback = true;
       if (has(op.kind)) {
         s = fitted_seconds(model, op.kind, price(op.kind));
+        fallback = false;
       } else if (op.kind == OpKind::BW && has(OpKind::B) && has(OpKind::W)) {
         s = fitted_seconds(model, OpKind::B, price(OpKind::B)) + fitted_seconds(model, OpKind::W, price(OpKind::W));
       } else if ((op.kind == OpKind::B || op.kind == OpKind::W) && has(OpKind::BW)) {
@@ -269,6 +321,7 @@ traces::ProfileApplied apply_profile(const traces::Profile& profile, ir::Plan& p
       if (s >= 0) {
         op.est_seconds = s;
         ++applied.ops_from_profile;
+        applied.ops_fallback += fallback;
       } else {
         ++applied.ops_kept;
       }

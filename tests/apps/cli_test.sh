@@ -116,10 +116,11 @@ PY
     python3 - "$work/m.json" <<'PY' || fail "model profile"
 import json, sys
 p = json.load(open(sys.argv[1]))
-assert sorted(p["model"]) == ["B", "BW", "F", "OPT", "W"], p["model"].keys()
+assert sorted(p["model"]) == ["B", "BW", "F", "OPT", "W", "gpu"], p["model"].keys()
+assert p["model"]["gpu"] == "cpu", p["model"]["gpu"]
 assert p["ops"] == [] and "stages" not in p, (p["ops"], p.get("stages"))
 assert p["metadata"]["probes"] == "zb-h1,zb-v,tdpipe:4", p["metadata"]["probes"]
-assert all(v >= 0 for k in p["model"].values() for v in k.values())
+assert all(v >= 0 for k in p["model"].values() if isinstance(k, dict) for v in k.values())
 assert p["p2p"]["latency"] > 0
 PY
     # Layouts no probe ran are priced by the model: no op left to the cost model's defaults.
@@ -138,6 +139,23 @@ PY
     "$tdpipe" sim "$work/p.json" --profile "$work/m.json" > /dev/null || fail "a plan file priced by the model"
     out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --probes zb-h1,nope -o "$work/x.json" 2>&1) && fail "--probes nope"
     expect "$out" "--probes: 'nope': expected SCHEDULE or SCHEDULE:SLICES" "bad probe"
+    out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --probes 1f1b,zb-v,1f1b -o "$work/x.json" 2>&1) && fail "--probes twice"
+    expect "$out" "--probes: '1f1b' is given twice" "a probe given twice"
+    out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --shared-capacity fit -o "$work/x.json" 2>&1) \
+      && fail "--shared-capacity fit with probes"
+    expect "$out" "the probes are several runs fitted together" "--shared-capacity fit with probes"
+    # A fitted model holds for the GPU it was measured with; another is refused by name.
+    out=$("$tdpipe" sim scenarios/gpt3-175b-a100-8x8.yaml --profile "$work/m.json" 2>&1) && fail "a CPU model on A100s"
+    expect "$out" "fitted on GPU 'cpu'" "a CPU model on A100s"
+    out=$("$tdpipe" search scenarios/gpt3-175b-a100-8x8.yaml --profile "$work/m.json" 2>&1) && fail "search with a model"
+    expect "$out" "a probe calibration prices a given plan's ops" "search with a model profile"
+    # Only split B and W probed: fused BW is priced from them, and sim says so.
+    "$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --probes zb-h1 --steps 1 --warmup 1 -o "$work/split.json" > /dev/null 2>&1 \
+      || fail "calibrate --probes zb-h1"
+    "$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --profile "$work/split.json" > /dev/null 2> "$work/err" \
+      || fail "sim 1f1b with a split-only model"
+    expect "$(cat "$work/err")" "8 of 18 compute ops are priced from another kind's fit \(the probes ran no fused BW\)" \
+      "fallback note"
     out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --probes tdpipe:0 -o "$work/x.json" 2>&1) && fail "--probes tdpipe:0"
     expect "$out" "'tdpipe:0': expected a slice count" "bad probe slices"
     out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --probes 1f1b --schedule zb-v -o "$work/x.json" 2>&1) \
@@ -781,7 +799,7 @@ PY
 import json, sys
 p = json.load(open(sys.argv[1]))
 assert p["platform"]["backend"] == "cuda", p["platform"]
-assert sorted(p["model"]) == ["B", "BW", "F", "OPT", "W"], p["model"].keys()
+assert sorted(p["model"]) == ["B", "BW", "F", "OPT", "W", "gpu"], p["model"].keys()
 assert p["platform"]["shared_capacity"] == 1, p["platform"]
 PY
     "$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule zb-v --engine analytic --profile "$work/m.json" > /dev/null 2> "$work/err" \

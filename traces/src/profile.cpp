@@ -248,6 +248,7 @@ nlohmann::json to_json(const Profile& p) {
   if (p.stages > 0) j["stages"] = p.stages;  // 0: unknown, left out
   if (!p.model.empty()) {
     json model = json::object();
+    if (!p.model.gpu.empty()) model["gpu"] = p.model.gpu;
     for (const auto& [kind, coef] : p.model.coefficients) {
       json terms = json::object();
       for (int i = 0; i < kCostTermCount; ++i)
@@ -309,16 +310,24 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& source) {
   if (const json* model = top.find("model")) {
     if (!model->is_object() || model->empty())
       top.fail("model", "expected an object of op kinds (F, B, W, BW, OPT), each an object of term coefficients");
+    // A fitted model prices every op itself: a table, a stage count or a stack efficiency
+    // beside it would be ignored or applied twice.
+    for (const char* other : {"ops", "stages", "compute_efficiency"})
+      if (const json* v = top.find(other); v && !(v->is_array() && v->empty()))
+        top.fail(other, "not allowed with \"model\" (a fitted cost model prices every op of any layout)");
     const std::vector<std::string> terms(std::begin(kCostTerms), std::end(kCostTerms));
+    const Fields m = top.sub("model", {"gpu", "F", "B", "W", "BW", "OPT"});
+    m.str("gpu", p.model.gpu);
     for (const auto& [kind, _] : model->items()) {
+      if (kind == "gpu") continue;
       const auto k = ir::op_kind_from_string(kind);
-      if (!k || !ir::is_compute(*k))
-        top.fail("model." + kind, "expected an op kind F, B, W, BW or OPT");
-      const Fields f = top.sub("model", {"F", "B", "W", "BW", "OPT"}).sub(kind.c_str(), terms);
+      if (!k || !ir::is_compute(*k)) top.fail("model." + kind, "expected an op kind F, B, W, BW or OPT");
+      const Fields f = m.sub(kind.c_str(), terms);
       std::vector<double> coef(kCostTermCount, 0.0);
       for (int i = 0; i < kCostTermCount; ++i) f.number(kCostTerms[i], coef[static_cast<std::size_t>(i)], kMaxOpSeconds);
       p.model.coefficients[*k] = std::move(coef);
     }
+    if (p.model.coefficients.empty()) top.fail("model", "expected at least one op kind (F, B, W, BW, OPT)");
   }
   if (top.find("p2p")) p.p2p = read_transport(top.sub("p2p", {"latency", "bandwidth"}));
   if (top.find("collective")) p.collective = read_transport(top.sub("collective", {"latency", "bandwidth"}));

@@ -16,7 +16,8 @@
 // an op of one (kind, virtual stage, slice) of one layout, its mean duration, weighted
 // by its sample count — for the least change to the cost model that explains them: the
 // unknowns are the coefficients' departures from the cost model's (1 / the documented
-// efficiency for a part, 0 for the fixed costs), solved with minimum norm over columns
+// efficiency for a part, gemm_efficiency's fixed cost per GEMM call per layer, 0 per op:
+// cost_model_coefficients), solved with minimum norm over columns
 // scaled to equal weight, so parts the probes cannot tell apart (for one model shape,
 // GEMM FLOPs and element-wise bytes both grow with tokens × layers) share the change, and
 // a part they never exercise (e.g. TP collectives at t = 1) keeps the cost model's
@@ -37,6 +38,12 @@ using CostTerms = std::array<double, traces::kCostTermCount>;
 /// The terms of compute op `op` (F, B, W, BW or OPT) of `rank` in `plan`, which carries
 /// its scenario, stage_layers and slice_tokens.
 CostTerms op_terms(const ir::Plan& plan, int rank, const ir::Op& op);
+
+/// The coefficients of an op of `kind` that are the cost model itself (the fit's starting
+/// point): each part at the documented efficiency of its kind of kernel, collectives and
+/// the optimizer step as priced, and per layer gemm_efficiency's fixed cost per GEMM
+/// call — chunk_cost where GEMMs are large (no HBM roofline); no fixed cost per op.
+CostTerms cost_model_coefficients(const ir::Scenario& scenario, ir::OpKind kind);
 
 /// One measured op group and what the fitted model says of it.
 struct FitPoint {

@@ -67,6 +67,9 @@ inline constexpr int kCostTermCount = 9;
 struct FittedCostModel {
   /// kind → one coefficient per kCostTerms entry; kinds without data are absent.
   std::map<ir::OpKind, std::vector<double>> coefficients;
+  /// The GPU (preset name) whose peak rates the terms were computed with: the model prices
+  /// ops on that GPU only (the machine it was measured on, as the scenario named it).
+  std::string gpu;
   bool empty() const { return coefficients.empty(); }
   friend bool operator==(const FittedCostModel&, const FittedCostModel&) = default;
 };
@@ -102,6 +105,7 @@ std::optional<double> profile_seconds(const Profile& profile, ir::OpKind kind, i
 struct ProfileApplied {
   int ops_from_profile = 0;  ///< compute ops whose est_seconds now come from the profile
   int ops_kept = 0;          ///< compute ops the profile has no entry for (cost model kept)
+  int ops_fallback = 0;      ///< of ops_from_profile, priced from another kind (BW from B + W, B or W at BW's speeds)
   bool links = false;        ///< the scenario's link figures were replaced
 };
 

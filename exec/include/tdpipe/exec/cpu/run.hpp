@@ -146,8 +146,8 @@ void check_injection(const TrainOptions::OverflowInjection& inject, const ir::Pl
 /// block over 128 KiB afresh and unmaps it on free, so every step page-faults its memory
 /// back in, and its adaptive threshold only settles after dozens of steps — the tiny
 /// scenario's 1f1b step took 44 ms for its first 40 steps, 33 ms once tuned
-/// (docs/BENCHMARKS.md). `tdpipe` calls it before any command; a program of its own that
-/// times run_cpu should too. No effect with another allocator.
+/// (docs/BENCHMARKS.md). `tdpipe exec` and `tdpipe calibrate` call it first; a program of
+/// its own that times run_cpu should too. No effect with another allocator.
 void keep_freed_memory();
 
 /// Trains `plan` (lowered) for options.train.steps steps. Throws tdpipe::Error with
