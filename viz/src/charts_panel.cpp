@@ -1,6 +1,7 @@
 // charts_panel.cpp — building the three Qt Charts panels from metrics and pairing.
 #include "tdpipe/viz/charts_panel.hpp"
 
+#include <QSet>
 #include <QVBoxLayout>
 #include <QtCharts/QBarCategoryAxis>
 #include <QtCharts/QBarSeries>
@@ -80,6 +81,22 @@ QAbstractAxis* rank_axis(const QStringList& names, int ranks, int per_rank, cons
   return x;
 }
 
+// A category axis keeps one category of each label (the bars of a second one fall on
+// the first): labels of the traces, one each, made distinct where they are not —
+// "[tag] label", else "[number] label".
+QStringList distinct_labels(QStringList labels, const TraceNames& names) {
+  auto distinct = [](const QStringList& l) { return QSet<QString>(l.begin(), l.end()).size() == l.size(); };
+  if (distinct(labels)) return labels;
+  QStringList tagged;
+  for (int t = 0; t < labels.size(); ++t)
+    tagged << QStringLiteral("[%1] %2").arg(t < names.size() ? QString::fromStdString(names.tag[static_cast<std::size_t>(t)])
+                                                             : QString::number(t + 1),
+                                            labels[t]);
+  if (distinct(tagged)) return tagged;
+  for (int t = 0; t < labels.size(); ++t) labels[t] = QStringLiteral("[%1] %2").arg(t + 1).arg(labels[t]);
+  return labels;
+}
+
 void replace_chart(QChartView* view, QChart* chart) {
   QChart* old = view->chart();
   view->setChart(chart);
@@ -143,17 +160,24 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::vector<traces:
   for (const auto& m : metrics) nranks = std::max(nranks, static_cast<int>(m.ranks.size()));
   QStringList rank_names;
   for (int r = 0; r < nranks; ++r) rank_names << QStringLiteral("r%1").arg(r);
+  // Each trace's tag and lane label, distinct (categories of one label merge).
+  QStringList tags, short_names;
+  for (int t = 0; t < n; ++t) {
+    tags << QString::fromStdString(names.tag[static_cast<std::size_t>(t)]);
+    short_names << QString::fromStdString(names.short_name[static_cast<std::size_t>(t)]);
+  }
+  if (QSet<QString>(tags.begin(), tags.end()).size() != tags.size())
+    for (int t = 0; t < n; ++t) tags[t] = QString::number(t + 1);
+  short_names = distinct_labels(short_names, names);
   // What the bars of one rank are, where more than one: "predicted, measured", or each
   // trace's tag and name ("G gpipe, 1 1f1b, …") where the tags are not self-evident.
   QStringList bar_names;
   for (int t = 0; t < n; ++t)
-    bar_names << (n <= 2 ? name_of(t)
-                         : QStringLiteral("%1 = %2").arg(QString::fromStdString(names.tag[static_cast<std::size_t>(t)]),
-                                                         QString::fromStdString(names.short_name[static_cast<std::size_t>(t)])));
+    bar_names << (n <= 2 ? name_of(t) : QStringLiteral("%1 = %2").arg(tags[t], short_names[t]));
   QString bars = bar_names.join(QStringLiteral(", "));
   // (where the mapping would not fit an axis title, the header lines start with the tags)
   if (n > 2 && bars.size() > 90) bars = QStringLiteral("traces %1–%2 in order, tagged as in the header").arg(
-      QString::fromStdString(names.tag.front()), QString::fromStdString(names.tag.back()));
+      tags.front(), tags.back());
   // A legend entry per trace: above the plot while the names fit a row, else beside it.
   int legend_chars = 0;
   for (int t = 0; t < n; ++t) legend_chars += static_cast<int>(name_of(t).size()) + 5;
@@ -207,7 +231,7 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::vector<traces:
     for (int r = 0; r < nranks; ++r) {
       for (int t = 0; t < n; ++t) {
         const auto& m = metrics[static_cast<std::size_t>(t)];
-        cats << QStringLiteral("r%1 %2").arg(r).arg(QString::fromStdString(names.tag[static_cast<std::size_t>(t)]));
+        cats << QStringLiteral("r%1 %2").arg(r).arg(tags[t]);
         const traces::RankMetrics rm = r < static_cast<int>(m.ranks.size()) ? m.ranks[static_cast<std::size_t>(r)]
                                                                          : traces::RankMetrics{};
         *compute << static_cast<double>(rm.compute_ns) / scale;
@@ -250,7 +274,7 @@ void ChartsPanel::set_data(const TimelineModel& model, const std::vector<traces:
       for (int t = n - 1; t >= 0; --t) {  // the first trace on top, as in the timeline
         const auto& m = metrics[static_cast<std::size_t>(t)];
         const double it = static_cast<double>(m.iteration_ns);
-        cats << QString::fromStdString(names.short_name[static_cast<std::size_t>(t)]);
+        cats << short_names[t];
         *compute << it * (1 - m.bubble_fraction) / scale;
         *bubble << it * m.bubble_fraction / scale;
       }

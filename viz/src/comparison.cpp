@@ -37,6 +37,11 @@ double mean_over_ranks(const traces::Metrics& m, F f) {
 
 }  // namespace
 
+std::optional<double> relative_difference_pct(double first, double second) {
+  if (second == 0) return std::nullopt;
+  return 100.0 * (first - second) / second;
+}
+
 std::vector<ComparisonRow> comparison_rows(const TimelineModel& model,
                                            const std::vector<traces::Metrics>& metrics) {
   std::vector<ComparisonRow> rows;
@@ -54,7 +59,7 @@ std::vector<ComparisonRow> comparison_rows(const TimelineModel& model,
   auto trace_row = [&](std::string name, std::string unit, auto value) {
     ComparisonRow row{std::move(name), std::move(unit), {}, {}, "%"};
     for (const auto& m : metrics) row.values.emplace_back(value(m));
-    if (two && *row.values[1] != 0) row.error = 100.0 * (*row.values[0] - *row.values[1]) / *row.values[1];
+    if (two) row.error = relative_difference_pct(*row.values[0], *row.values[1]);
     return row;
   };
 

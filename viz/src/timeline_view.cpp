@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "tdpipe/ir/op.hpp"
+#include "tdpipe/viz/comparison.hpp"
 #include "tdpipe/viz/lane_item.hpp"
 #include "tdpipe/viz/op_style.hpp"
 
@@ -159,6 +160,9 @@ TimelineView::TimelineView(QWidget* parent) : QGraphicsView(parent) {
 TimelineView::~TimelineView() = default;
 
 void TimelineView::set_model(const TimelineModel* model) {
+  // The selection was an op of the traces before: cleared, and said (the status bar and
+  // the scatter's ring show it until they hear so).
+  const bool had_selection = selected_.has_value();
   selected_.reset();
   selected_twins_.clear();
   scene()->clear();
@@ -184,6 +188,7 @@ void TimelineView::set_model(const TimelineModel* model) {
     }
   }
   fit();
+  if (had_selection) emit op_selected(0, -1);
 }
 
 double TimelineView::scene_x(std::int64_t t) const {
@@ -329,12 +334,16 @@ QString TimelineView::tooltip_at(QPoint pos) const {
                   .arg(name_of(o.trace), format_duration(oe.start_ns), format_duration(oe.dur_ns));
     }
     if (all.size() == 2 && n == 2) {
-      const auto& pe = model_->event(all[0]);
-      const auto& me = model_->event(all[1]);
-      const double rel = pe.dur_ns > 0 ? 100.0 * double(me.dur_ns - pe.dur_ns) / double(pe.dur_ns) : 0.0;
-      html += QStringLiteral("<tr><td>Δ</td><td>%1</td><td>%2 (%3%)</td></tr>")
-                  .arg(format_duration(me.start_ns - pe.start_ns), format_duration(me.dur_ns - pe.dur_ns))
-                  .arg(rel, 0, 'f', 1);
+      // The difference as the table's column has it: first − second, relative to the second.
+      const auto& a = model_->event(all[0]);
+      const auto& b = model_->event(all[1]);
+      const auto rel = relative_difference_pct(double(a.dur_ns), double(b.dur_ns));
+      const QString diff = model_->names().difference.empty() ? QStringLiteral("Δ")
+                                                                : QString::fromStdString(model_->names().difference);
+      html += QStringLiteral("<tr><td>%1</td><td>%2</td><td>%3%4</td></tr>")
+                  .arg(diff.toHtmlEscaped(), format_duration(a.start_ns - b.start_ns),
+                       format_duration(a.dur_ns - b.dur_ns),
+                       rel ? QStringLiteral(" (%1%)").arg(*rel, 0, 'f', 1) : QString());
     }
     html += QStringLiteral("</table>");
   } else if (n == 2) {

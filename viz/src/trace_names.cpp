@@ -3,6 +3,7 @@
 
 #include <QString>
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -22,11 +23,66 @@ bool distinct(const std::vector<std::string>& v) {
   return std::set<std::string>(v.begin(), v.end()).size() == v.size();
 }
 
+bool is_separator(QChar c) {
+  return c.isSpace() || c == QLatin1Char('-') || c == QLatin1Char('_') || c == QLatin1Char('/') ||
+         c == QLatin1Char('.') || c == QLatin1Char('(') || c == QLatin1Char(')') || c == QLatin1Char(',');
+}
+
+// A long name of a group that abbreviate() makes alike ("experiment-long-na…" for
+// "experiment-long-name-A" and "…-B"): its head, "…", and the part where the group's
+// names part (`common`: the length of their common prefix) — "experiment-…name-A" —
+// or, where that part is long itself, a window on it ending in "…" too.
+std::string abbreviate_keeping(const std::string& s, int common) {
+  const QString q = QString::fromStdString(s);
+  const int len = static_cast<int>(q.size());
+  if (len <= kShortNameChars) return s;
+  // The kept part starts at the first difference, or earlier to show a few characters
+  // of its context, at the start of a word where there is one close by.
+  int start = std::min(common, std::max(0, len - 6));
+  for (int k = start; k > 0 && k > start - 5; --k)
+    if (is_separator(q[k - 1])) {
+      start = k;
+      break;
+    }
+  while (start < common && is_separator(q[start])) ++start;
+  constexpr int kKept = 11;  // at most, of the 18: the head keeps the rest
+  QString kept = q.mid(start);
+  if (kept.size() > kKept) kept = q.mid(start, kKept - 1).trimmed() + QStringLiteral("…");
+  const QString head = q.left(kShortNameChars - 1 - static_cast<int>(kept.size())).trimmed();
+  return (head + QStringLiteral("…") + kept).toStdString();
+}
+
+int common_prefix(const QString& a, const QString& b) {
+  int i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  return i;
+}
+
+// Lane labels of `names`: each abbreviated, and all distinct, as the names are — two
+// names abbreviated alike keep what tells them apart; where even that fails, each starts
+// with its trace's number ("3 …").
+std::vector<std::string> short_names_for(const std::vector<std::string>& names) {
+  std::vector<std::string> out;
+  for (const auto& s : names) out.push_back(abbreviate(s));
+  if (distinct(out)) return out;
+  std::map<std::string, std::vector<std::size_t>> groups;
+  for (std::size_t i = 0; i < out.size(); ++i) groups[out[i]].push_back(i);
+  for (const auto& [abbrev, members] : groups) {
+    if (members.size() < 2) continue;
+    int common = std::numeric_limits<int>::max();
+    const QString first = QString::fromStdString(names[members[0]]);
+    for (std::size_t k = 1; k < members.size(); ++k)
+      common = std::min(common, common_prefix(first, QString::fromStdString(names[members[k]])));
+    for (std::size_t i : members) out[i] = abbreviate_keeping(names[i], common);
+  }
+  if (!distinct(out))
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = abbreviate(std::to_string(i + 1) + " " + names[i]);
+  return out;
+}
+
 // "runs/a.json.gz" → "a", a Kineto folder "runs/meas/" → "meas".
-std::string file_stem(std::string path) {
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
-  const auto slash = path.find_last_of('/');
-  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+std::string file_stem(const std::string& path) {
+  std::string name = trace_file_name(path);
   for (const char* ext : {".gz", ".json", ".sqlite", ".trace", ".pt"}) {
     const std::string e = ext;
     if (name.size() > e.size() && name.compare(name.size() - e.size(), e.size(), e) == 0)
@@ -51,6 +107,15 @@ const char* count_word(int n) {
 }
 
 }  // namespace
+
+std::string trace_file_name(const std::string& path) {
+  std::string p = path;
+  // A folder given as "runs/meas/" (or "runs/meas//"): its name, not the empty one after the '/'.
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  if (p == "/") return p;
+  const auto slash = p.find_last_of('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
 
 TraceNames default_trace_names(const std::vector<const traces::Trace*>& traces,
                                const std::vector<std::string>& files) {
@@ -99,7 +164,7 @@ TraceNames default_trace_names(const std::vector<const traces::Trace*>& traces,
   for (const auto* t : traces) schedules.push_back(t->schedule);
   const bool by_schedule =
       distinct(schedules) && std::none_of(schedules.begin(), schedules.end(), [](const std::string& s) { return s.empty(); });
-  for (std::size_t i = 0; i < count; ++i) n.short_name.push_back(abbreviate(by_schedule ? schedules[i] : n.name[i]));
+  n.short_name = short_names_for(by_schedule ? schedules : n.name);
   n.tag = tags_for(n.short_name);
   return n;
 }
@@ -107,7 +172,7 @@ TraceNames default_trace_names(const std::vector<const traces::Trace*>& traces,
 TraceNames user_trace_names(const std::vector<std::string>& labels) {
   TraceNames n;
   n.name = labels;
-  for (const auto& l : labels) n.short_name.push_back(abbreviate(l));
+  n.short_name = short_names_for(labels);
   n.tag = tags_for(n.short_name);
   if (labels.size() == 2) n.difference = "change";
   return n;

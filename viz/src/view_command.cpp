@@ -23,6 +23,23 @@ void quiet_offscreen_messages(QtMsgType type, const QMessageLogContext& ctx, con
   std::fprintf(stderr, "%s\n", qFormatLogMessage(type, ctx, msg).toLocal8Bit().constData());
 }
 
+// Where the value of --labels (or one of its names) is a file or folder that exists
+// ("gpipe.json" in `--labels gpipe.json 1f1b.json`): "'gpipe.json' … is a file"; else empty.
+std::string labels_look_like_files(const QString& value, const QStringList& names) {
+  QStringList candidates{value};
+  for (const QString& n : names)
+    if (n != value) candidates << n;
+  for (const QString& c : candidates) {
+    if (c.isEmpty()) continue;
+    const QFileInfo info(c);
+    if (info.exists())
+      return "the --labels value '" + value.toStdString() + "' looks like a trace " +
+             (info.isDir() ? "folder" : "file") +
+             (c == value ? std::string(" (it exists)") : " ('" + c.toStdString() + "' exists)");
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string view_usage() {
@@ -52,6 +69,7 @@ std::string view_usage() {
 std::variant<ViewArgs, std::string> parse_view_args(const QStringList& args) {
   ViewArgs out;
   QStringList positional;
+  std::optional<QString> labels_value;
   for (int i = 0; i < args.size(); ++i) {
     const QString& a = args[i];
     auto value = [&]() -> std::optional<QString> {
@@ -75,6 +93,7 @@ std::variant<ViewArgs, std::string> parse_view_args(const QStringList& args) {
     } else if (a == "--labels") {
       // Checked against the number of traces once all are known.
       const auto v = value();
+      labels_value = v;
       QStringList names;
       if (v)
         for (const QString& name : v->split(QLatin1Char(','))) names << name.trimmed();
@@ -95,8 +114,14 @@ std::variant<ViewArgs, std::string> parse_view_args(const QStringList& args) {
   if (out.labels && !out.help) {
     std::vector<std::string> names;
     for (const QString& name : *out.labels) names.push_back(name.toStdString());
+    const std::string file = labels_value ? labels_look_like_files(*labels_value, *out.labels) : std::string();
     if (const std::string problem = check_trace_labels(names, static_cast<int>(out.traces.size())); !problem.empty())
-      return problem;
+      return file.empty() ? problem
+                          : problem + "; " + file + ": --labels takes the names, separated by commas, and the "
+                                                    "traces follow them (e.g. --labels A,B a.json b.json)";
+    if (!file.empty())
+      out.warnings.push_back(file + ", yet it was taken as the traces' names (--labels takes the names, separated "
+                                    "by commas, and the traces follow them: --labels A,B a.json b.json)");
   }
   return out;
 }
@@ -158,6 +183,7 @@ int run_view(int argc, char** argv) {
     return 2;
   }
   const auto& args = std::get<ViewArgs>(parsed);
+  for (const std::string& w : args.warnings) std::fprintf(stderr, "tdpipe-view: warning: %s\n", w.c_str());
   if (args.help) {
     std::printf("%s", view_usage().c_str());
     return 0;
@@ -166,9 +192,8 @@ int run_view(int argc, char** argv) {
 
   ViewerWindow window;
   window.set_compute_lanes_only(args.compute_lanes);
-  if (args.labels) window.set_labels(*args.labels);
   window.show();
-  if (!args.traces.isEmpty()) window.open(args.traces);
+  if (!args.traces.isEmpty()) window.open(args.traces, args.labels.value_or(QStringList{}));
   return app.exec();
 }
 

@@ -3,6 +3,7 @@
 
 #include <QAction>
 #include <QApplication>
+#include <QDir>
 #include <QFileDialog>
 #include <QFileInfo>
 #include <QFileSystemWatcher>
@@ -32,6 +33,7 @@
 #include "tdpipe/viz/metrics_table.hpp"
 #include "tdpipe/viz/op_style.hpp"
 #include "tdpipe/viz/timeline_view.hpp"
+#include "tdpipe/viz/trace_names.hpp"
 
 namespace tdpipe::viz {
 namespace {
@@ -186,7 +188,8 @@ void ViewerWindow::load(const QStringList& paths) {
   QStringList files;
   for (const QString& path : paths) {
     traces.push_back(read_named(path));
-    files << QFileInfo(path).fileName();
+    // (not QFileInfo::fileName(): a Kineto folder given as "runs/meas/" would have none)
+    files << QString::fromStdString(trace_file_name(QDir::fromNativeSeparators(path).toStdString()));
   }
   set_traces(std::move(traces), files);
   paths_ = paths;
@@ -264,11 +267,16 @@ void ViewerWindow::refresh() {
   table_->set_rows(comparison_rows(model_, metrics_), model_.names());
 }
 
-bool ViewerWindow::open(const QStringList& paths) {
+bool ViewerWindow::open(const QStringList& paths, const QStringList& labels) {
+  // The names given were for the files open before (or --labels for these, `labels`);
+  // a failed open keeps the view and so its names.
+  const QStringList before = labels_;
+  labels_ = labels;
   try {
     load(paths);
     return true;
   } catch (const std::exception& e) {
+    labels_ = before;
     last_error_ = QString::fromStdString(e.what());
     show_error(QStringLiteral("Cannot open trace"), last_error_);
     return false;
@@ -282,7 +290,7 @@ bool ViewerWindow::add(const QString& path) {
     show_error(QStringLiteral("Cannot add trace"), last_error_);
     return false;
   }
-  return open(paths_ + QStringList{path});
+  return open(paths_ + QStringList{path});  // (the user's names were for the traces without it)
 }
 
 bool ViewerWindow::reload() {

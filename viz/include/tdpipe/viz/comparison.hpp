@@ -22,6 +22,12 @@ struct ComparisonRow {
   std::string error_unit;  ///< "%" (relative) or "pp" (percentage points)
 };
 
+/// The difference of two traces, one definition for the table's difference column and
+/// the tooltips alike (as `tdpipe compare` and the README have it): the first trace's
+/// value against the second's, 100 · (first − second) / second, in percent; nullopt
+/// where the second is 0.
+std::optional<double> relative_difference_pct(double first, double second);
+
 /// Rows for the metrics table; `metrics` holds one entry per trace of the model.
 /// Differences only when the model has exactly two traces.
 std::vector<ComparisonRow> comparison_rows(const TimelineModel& model,

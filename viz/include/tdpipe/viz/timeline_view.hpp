@@ -30,7 +30,8 @@ class TimelineView : public QGraphicsView {
   explicit TimelineView(QWidget* parent = nullptr);
   ~TimelineView() override;
 
-  /// Shows `model` (not owned; must outlive the view or be replaced). Fits the view.
+  /// Shows `model` (not owned; must outlive the view or be replaced). Fits the view and
+  /// clears the selection (emitting op_selected(0, −1) where there was one).
   void set_model(const TimelineModel* model);
   const TimelineModel* model() const { return model_; }
 

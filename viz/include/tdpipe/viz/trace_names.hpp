@@ -19,7 +19,10 @@ inline constexpr int kMaxTraces = 8;
 
 struct TraceNames {
   std::vector<std::string> name;        ///< full: header, chart legends, table columns, tooltips
-  std::vector<std::string> short_name;  ///< lane labels (long names end in "…")
+  /// lane labels and chart categories: distinct, as the names are, at most about 18
+  /// characters (a long name keeps its head and, where two would read alike, the part that
+  /// tells it apart: "experiment-…name-A")
+  std::vector<std::string> short_name;
   std::vector<std::string> tag;         ///< a character or two: per-rank chart categories ("r0 P")
   /// The difference column of exactly two traces: "error" (predicted vs measured) or
   /// "change" (the user's names); empty for any other number of traces.
@@ -31,6 +34,10 @@ struct TraceNames {
 /// read from; its base name tells alike traces apart.
 TraceNames default_trace_names(const std::vector<const traces::Trace*>& traces,
                                const std::vector<std::string>& files = {});
+/// The name of the file or folder a trace was read from, as the header and the default
+/// names show it: "runs/a.json" → "a.json"; a folder of per-rank Kineto files keeps its
+/// name when given with trailing separators ("runs/meas/" → "meas").
+std::string trace_file_name(const std::string& path);
 /// The user's names, one per trace (see check_trace_labels).
 TraceNames user_trace_names(const std::vector<std::string>& labels);
 /// Empty when `labels` are `traces` distinct non-empty names; else what is wrong,

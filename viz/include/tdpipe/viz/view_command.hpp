@@ -9,6 +9,7 @@
 #include <utility>
 #include <string>
 #include <variant>
+#include <vector>
 
 namespace tdpipe::viz {
 
@@ -19,6 +20,9 @@ struct ViewArgs {
   bool help = false;
   std::optional<QStringList> labels;  ///< --labels A,B,…: one distinct name per trace
   bool compute_lanes = false;  ///< --compute-lanes: only compute lanes (many ranks)
+  /// What the command line takes otherwise than it perhaps meant (a --labels value that
+  /// names a file: `--labels a.json b.json`), for stderr; each without "warning: ".
+  std::vector<std::string> warnings;
 };
 
 /// Parses arguments after the program name (Qt's own options already removed).

@@ -45,14 +45,20 @@ class ViewerWindow : public QMainWindow {
   void set_traces(std::vector<traces::Trace> traces, const QStringList& files = {});
   /// The user's names for the traces (`--labels`): used while there are as many traces
   /// as names (and they are distinct and non-empty), else the default names. Empty: defaults.
+  /// Kept by load(), reload() and set_traces(); open() and add() replace them.
   void set_labels(const QStringList& labels);
   const QStringList& labels() const { return labels_; }
 
-  /// load() for the GUI: on failure shows an error dialog (non-modal) and returns false.
-  bool open(const QStringList& paths);
-  /// Opens one more trace beside the open ones (File > Add trace…), up to kMaxTraces.
+  /// load() for the GUI (File > Open traces…): on failure shows an error dialog
+  /// (non-modal) and returns false, keeping the view and its names. The user's names
+  /// of the traces open before are forgotten: these traces get `labels` (see set_labels;
+  /// none: the default names).
+  bool open(const QStringList& paths, const QStringList& labels = {});
+  /// Opens one more trace beside the open ones (File > Add trace…), up to kMaxTraces,
+  /// all under their default names (the user's names were for the traces without it).
   bool add(const QString& path);
-  /// Reads the current files again; on failure keeps the view and reports in the status bar.
+  /// Reads the current files again, keeping the user's names; on failure keeps the view
+  /// and reports in the status bar.
   bool reload();
 
   /// Only each rank's compute lane (View > Compute lanes only): many ranks on one screen.
