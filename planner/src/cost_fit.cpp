@@ -171,8 +171,10 @@ std::vector<double> fit_kind(const std::vector<Row>& rows, const ir::Scenario& s
       scale(q) = a.col(q).norm();
       a.col(q) /= scale(q);
     }
-    // Columns equal to within 0.1 % cannot be told apart by the probes: minimum norm
-    // shares their change instead of opposing them.
+    // Directions the probes barely exercise (pivots under 1e-3 of the largest, columns
+    // scaled to unit norm; e.g. GEMM and element-wise work, both ∝ tokens × layers for one
+    // model shape) are left out of the solution: minimum norm shares their change instead
+    // of opposing them.
     Eigen::CompleteOrthogonalDecomposition<Eigen::MatrixXd> cod;
     cod.setThreshold(1e-3);
     cod.compute(a);
