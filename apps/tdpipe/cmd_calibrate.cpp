@@ -40,6 +40,7 @@ struct CalibrateArgs {
   std::string shared_capacity;  // "", "fit" or a number
   std::int64_t max_ops = 0;
   std::string probes;           // layouts to fit the cost model on (default kDefaultProbes)
+  bool probes_given = false;    // --probes on the command line (an empty list is an error)
   bool show_fit = false;        // print every measured op group beside the fit
   bool from_run = false;        // fit the compute efficiency to an observed run
   double iteration_time = 0, mfu = 0, tokens_per_s = 0;  // the observation (one of them)
@@ -186,7 +187,7 @@ void run_calibrate_probes(const CalibrateArgs& a, const std::function<traces::Pr
                             "measure one schedule with --schedule", a.scenario, sc.name));
   std::vector<ir::Plan> plans;
   std::vector<traces::Profile> measured;
-  const std::vector<Probe> probes = parse_probes(a.probes.empty() ? kDefaultProbes : a.probes);
+  const std::vector<Probe> probes = parse_probes(a.probes_given ? a.probes : kDefaultProbes);
   for (const Probe& probe : probes) {
     const std::string name = probe.slices > 0 ? fmt::format("{} S={}", probe.schedule, probe.slices) : probe.schedule;
     try {
@@ -237,12 +238,12 @@ void run_calibrate(const CalibrateArgs& a) {
   exec::cpu::keep_freed_memory();  // steady step times from the first steps (run.hpp)
   if (a.iteration_time > 0 || a.mfu > 0 || a.tokens_per_s > 0)
     throw Error("--iteration-time, --mfu and --tokens-per-s describe an observed run: give --from-run too");
-  if (!a.probes.empty() && (!a.schedule.empty() || a.slices != 0))
+  if (a.probes_given && (!a.schedule.empty() || a.slices != 0))
     throw Error("--probes fits the cost model on several layouts; --schedule/--slices measure one: give one or the other");
   // Without a layout to measure, the probes fit the cost model (any layout); a plan file
   // or --schedule is measured as it is.
   const bool probing = a.schedule.empty() && a.slices == 0 && !planner::is_plan_file(a.scenario);
-  if (!probing && !a.probes.empty())
+  if (!probing && a.probes_given)
     throw Error(fmt::format("{}: a plan file is measured as it is: --probes needs the scenario file", a.scenario));
   if (!probing && a.show_fit)
     throw Error("--show-fit prints the probes' fit: it goes without --schedule, --slices and plan files");
@@ -339,7 +340,10 @@ void add_calibrate_command(CLI::App& app) {
       ->check(CLI::Range(1e-6, 100.0));
   cmd->add_option("--tokens-per-s", args->tokens_per_s, "--from-run: the observed training tokens per second")
       ->check(CLI::Range(1e-9, 1e15));
-  cmd->callback([args] { run_calibrate(*args); });
+  cmd->callback([args, probes] {
+    args->probes_given = probes->count() > 0;
+    run_calibrate(*args);
+  });
 }
 
 }  // namespace tdpipe::apps

@@ -130,8 +130,10 @@ Slowdown measured_slowdown(const ir::Scenario& sc, const ir::Plan& plan, const t
   if (auto it = trace.metadata.find("stage_layers"); it != trace.metadata.end()) {
     const std::string mine = fmt::format("{}", fmt::join(plan.stage_layers, ","));
     if (!plan.stage_layers.empty() && it->second != mine)
-      throw Error(fmt::format("trace: measured with stage_layers [{}], the plan has [{}]; balance the scenario the "
-                              "trace ran (its -o output, if it was balanced)", it->second, mine));
+      throw Error(fmt::format("trace: measured with stage_layers [{}], the plan has [{}]; balance the scenario and "
+                              "schedule the trace ran (--schedule {}{}; its -o output, if it was balanced)",
+                              it->second, mine, trace.schedule.empty() ? "NAME" : trace.schedule,
+                              plan.schedule == trace.schedule ? "" : fmt::format(", not {}", plan.schedule)));
   }
   const int p = plan.num_ranks(), replicas = std::max(1, plan.data), workers = p * replicas;
   std::vector<double> measured(plan.ranks.size(), 0.0), model(plan.ranks.size(), 0.0);

@@ -294,8 +294,11 @@ traces::ProfileApplied apply_profile(const traces::Profile& profile, ir::Plan& p
   if (profile.model.empty()) return traces::apply_profile(profile, plan, ops_only);
   const traces::FittedCostModel& model = profile.model;
   auto has = [&](OpKind k) { return model.coefficients.count(k) > 0; };
+  if (plan.scenario.synthetic)
+    throw Error(fmt::format("scenario '{}' is synthetic (its op times are given): a fitted cost model prices ops "
+                            "from the model's shapes, which it has none of", plan.scenario.name));
   // The coefficients are speeds relative to one GPU's peak rates, measured on one machine.
-  for (int r = 0; r < plan.num_ranks() && !model.gpu.empty(); ++r)
+  for (int r = 0; r < plan.num_ranks(); ++r)
     if (const std::string gpu = gpu_of_rank(plan.scenario, r).name; gpu != model.gpu)
       throw Error(fmt::format("profile's cost model was fitted on GPU '{}' ({}); scenario '{}' runs rank {} on '{}': "
                               "a machine's measured speeds do not carry to another GPU — calibrate on it, or give "

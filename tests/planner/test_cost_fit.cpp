@@ -208,9 +208,11 @@ TEST_CASE("a speed the data make negative is pinned at zero, the rest refitted",
 }
 
 TEST_CASE("a fitted model's profile: JSON round trip and errors that name the field", "[cost_fit]") {
+  // (A table profile of one layout is refused for another: test_profile.cpp.)
   traces::Profile p;
   p.scenario = "tiny-gpt-cpu";
   p.model = machine();
+  p.model.gpu = "cpu";
   p.p2p.latency_seconds = 35e-6;
   const traces::Profile back = traces::profile_from_json(traces::to_json(p), "p.json");
   CHECK(back == p);
@@ -334,4 +336,7 @@ TEST_CASE("a fitted model's profile refuses what it would ignore", "[cost_fit]")
   nlohmann::json only_gpu = j;
   only_gpu["model"] = {{"gpu", "cpu"}};
   CHECK_THROWS_WITH(traces::profile_from_json(only_gpu, "p.json"), Catch::Contains("expected at least one op kind"));
+  nlohmann::json no_gpu = j;
+  no_gpu["model"].erase("gpu");
+  CHECK_THROWS_WITH(traces::profile_from_json(no_gpu, "p.json"), Catch::Contains("p.json: model.gpu: missing"));
 }

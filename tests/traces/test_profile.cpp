@@ -195,3 +195,33 @@ TEST_CASE("a software stack's profile (calibrate --from-run) round-trips and app
   j["compute_efficiency"] = 500;
   CHECK_THROWS_WITH(profile_from_json(j, "stack.json"), Catch::Contains("compute_efficiency"));
 }
+
+TEST_CASE("a one-layout profile is refused for another layout, kept for another schedule of it", "[traces][profile]") {
+  ir::Plan plan;
+  plan.schedule = "1f1b";
+  plan.stages = 2;
+  plan.microbatches = 1;
+  plan.chunks = 1;
+  plan.stage_of = {{0}, {1}};
+  plan.scenario.name = "tiny-gpt-cpu";
+  plan.scenario.model.layers = 4;
+  ir::Op f;
+  f.kind = ir::OpKind::F;
+  f.mb = 0;
+  plan.ranks = {{f}, {f}};
+  Profile p = sample();
+  p.ops = {{ir::OpKind::F, 0, -1, 0, 1e-3, 10}, {ir::OpKind::F, 1, -1, 0, 2e-3, 10}};
+  p.metadata["schedule"] = "zb-h1";  // the same layout (v = 1, S = 1): B and W serve 1f1b's BW
+  p.metadata["chunks"] = "1";
+  p.metadata["slices"] = "1";
+  ir::Plan same = plan;
+  CHECK(apply_profile(p, same, true).ops_from_profile == 2);
+  p.metadata["schedule"] = "zb-v";  // two chunks per rank: each op held half the layers
+  p.metadata["chunks"] = "2";
+  CHECK_THROWS_WITH(apply_profile(p, plan, true),
+                    Catch::Contains("profile measured one layout (zb-v schedule, 2 chunks); the plan has 1 chunks") &&
+                        Catch::Contains("calibrate without --schedule"));
+  p.metadata["chunks"] = "1";
+  p.metadata["slices"] = "4";
+  CHECK_THROWS_WITH(apply_profile(p, plan, true), Catch::Contains("4 slices); the plan has 1 slices"));
+}

@@ -179,6 +179,17 @@ ProfileApplied apply_profile(const Profile& profile, ir::Plan& plan, bool ops_on
                                 "(parallel.layers_per_stage); calibrate with this partition first",
                                 op.layers, op.virtual_stage, b - a));
     }
+  // A table holds for the layout it measured — its chunks and slices — whatever schedule
+  // runs it (zb-h1's B and W serve 1f1b's); another layout's per-stage times would be
+  // silently wrong (a ZB-V profile priced 1F1B at half its time).
+  for (const auto& [key, mine] : {std::pair<const char*, int>{"chunks", plan.chunks},
+                                  std::pair<const char*, int>{"slices", std::max(1, plan.slices)}})
+    if (auto it = profile.metadata.find(key); it != profile.metadata.end() && it->second != std::to_string(mine))
+      throw Error(fmt::format("profile measured one layout ({} schedule, {} {}); the plan has {} {}: its op times do "
+                              "not carry to another layout — calibrate without --schedule (probe layouts, a fitted "
+                              "cost model for any layout), or with --schedule {}", 
+                              profile.metadata.count("schedule") ? profile.metadata.at("schedule") : "its",
+                              it->second, key, mine, key, plan.schedule));
   // Slice times hold for the slices' lengths: a profile of S slices cut otherwise (equal
   // cost vs slices auto) is refused for a plan with the same S.
   if (auto it = profile.metadata.find("slice_tokens"); it != profile.metadata.end() && plan.slices > 1) {
@@ -318,6 +329,8 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& source) {
     const std::vector<std::string> terms(std::begin(kCostTerms), std::end(kCostTerms));
     const Fields m = top.sub("model", {"gpu", "F", "B", "W", "BW", "OPT"});
     m.str("gpu", p.model.gpu);
+    if (p.model.gpu.empty())
+      m.fail("gpu", "missing: the GPU (preset name) whose peak rates the model's terms were computed with");
     for (const auto& [kind, _] : model->items()) {
       if (kind == "gpu") continue;
       const auto k = ir::op_kind_from_string(kind);

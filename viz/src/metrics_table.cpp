@@ -40,12 +40,21 @@ void MetricsTable::set_rows(const std::vector<ComparisonRow>& rows, const TraceN
   const int n = names.size();
   const bool difference = n == 2 && !names.difference.empty();
   const int columns = 1 + n + (difference ? 1 : 0);
+  // Past two traces the columns carry the short names (the full ones in their tooltips),
+  // so that eight of them leave the metric names room to be read.
   QStringList headers{QStringLiteral("metric")};
-  for (const auto& name : names.name) headers << QString::fromStdString(name);
+  for (int t = 0; t < n; ++t)
+    headers << QString::fromStdString(n > 2 && t < static_cast<int>(names.short_name.size())
+                                          ? names.short_name[static_cast<std::size_t>(t)]
+                                          : names.name[static_cast<std::size_t>(t)]);
   if (difference) headers << QString::fromStdString(names.difference);
   setColumnCount(static_cast<int>(headers.size()));
   setHorizontalHeaderLabels(headers);
+  for (int t = 0; t < n; ++t)
+    if (QTableWidgetItem* h = horizontalHeaderItem(1 + t))
+      h->setToolTip(QString::fromStdString(names.name[static_cast<std::size_t>(t)]));
   horizontalHeader()->setSectionResizeMode(0, QHeaderView::Stretch);
+  horizontalHeader()->setMinimumSectionSize(40);
   for (int c = 1; c < columnCount(); ++c) horizontalHeader()->setSectionResizeMode(c, QHeaderView::ResizeToContents);
   setRowCount(static_cast<int>(rows.size()));
   for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
