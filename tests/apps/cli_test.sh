@@ -156,6 +156,13 @@ PY
       || fail "sim 1f1b with a split-only model"
     expect "$(cat "$work/err")" "8 of 18 compute ops are priced from another kind's fit \(the probes ran no fused BW\)" \
       "fallback note"
+    out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --probes "" -o "$work/x.json" 2>&1) && fail "--probes ''"
+    expect "$out" "--probes: '': expected SCHEDULE" "an empty --probes"
+    # A one-layout table is refused for another layout, with the way out.
+    "$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --schedule zb-v --steps 1 --warmup 0 -o "$work/zbv.json" > /dev/null \
+      || fail "calibrate --schedule zb-v"
+    out=$("$tdpipe" sim scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --profile "$work/zbv.json" 2>&1) && fail "a zb-v table on 1f1b"
+    expect "$out" "profile measured one layout \(zb-v schedule, 2 chunks\); the plan has 1 chunks" "a table on another layout"
     out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --probes tdpipe:0 -o "$work/x.json" 2>&1) && fail "--probes tdpipe:0"
     expect "$out" "'tdpipe:0': expected a slice count" "bad probe slices"
     out=$("$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --probes 1f1b --schedule zb-v -o "$work/x.json" 2>&1) \

@@ -231,12 +231,15 @@ TEST_CASE("window with three traces: header, a table column and a bar set per tr
   for (const char* s : {"gpipe (simgrid)", "gpipe.json", "1f1b (simgrid)", "1f1b.json", "zb-v (simgrid)", "zbv.json"})
     CHECK(header.contains(s));
 
-  // Table: metric + a column per trace, headed by its name, no difference column.
+  // Table: metric + a column per trace, headed by its short name (past two traces; the
+  // full name in the tooltip), no difference column.
   const MetricsTable& t = *w.table();
   REQUIRE(t.columnCount() == 4);
-  CHECK(t.horizontalHeaderItem(1)->text() == "gpipe (simgrid)");
-  CHECK(t.horizontalHeaderItem(2)->text() == "1f1b (simgrid)");
-  CHECK(t.horizontalHeaderItem(3)->text() == "zb-v (simgrid)");
+  CHECK(t.horizontalHeaderItem(1)->text() == "gpipe");
+  CHECK(t.horizontalHeaderItem(2)->text() == "1f1b");
+  CHECK(t.horizontalHeaderItem(3)->text() == "zb-v");
+  CHECK(t.horizontalHeaderItem(1)->toolTip() == "gpipe (simgrid)");
+  CHECK(t.horizontalHeaderItem(3)->toolTip() == "zb-v (simgrid)");
   for (int i = 0; i < 3; ++i) {
     const traces::Metrics& m = *w.metrics(i);
     CHECK(m.iteration_ns == traces::compute_metrics(traces[static_cast<std::size_t>(i)]).iteration_ns);
@@ -255,7 +258,7 @@ TEST_CASE("window with three traces: header, a table column and a bar set per tr
   REQUIRE(bars);
   REQUIRE(bars->count() == 3);
   for (int i = 0; i < 3; ++i) {
-    CHECK(bars->barSets()[i]->label() == t.horizontalHeaderItem(i + 1)->text());
+    CHECK(bars->barSets()[i]->label() == t.horizontalHeaderItem(i + 1)->toolTip());
     CHECK(bars->barSets()[i]->color() == trace_color(i, 3));
     CHECK(bars->barSets()[i]->count() == 4);  // a bar per rank
   }
@@ -427,8 +430,11 @@ TEST_CASE("four schedules predicted by tdpipe sim, side by side", "[gui][headles
   // Default names: the schedule and the origin, the schedule alone in lane labels.
   CHECK(w.model().names().name[0] == "gpipe (simgrid)");
   CHECK(w.model().names().short_name[2] == "zb-v");
-  for (int i = 0; i < 4; ++i)
-    CHECK(w.table()->horizontalHeaderItem(i + 1)->text() == QString::fromStdString(w.model().name(i)));
+  for (int i = 0; i < 4; ++i) {
+    CHECK(w.table()->horizontalHeaderItem(i + 1)->toolTip() == QString::fromStdString(w.model().name(i)));
+    CHECK(w.table()->horizontalHeaderItem(i + 1)->text() ==
+          QString::fromStdString(w.model().names().short_name[static_cast<std::size_t>(i)]));
+  }
   auto* bars = qobject_cast<QBarSeries*>(w.charts()->bubble_view()->chart()->series()[0]);
   REQUIRE(bars);
   CHECK(bars->count() == 4);
