@@ -430,6 +430,8 @@ TEST_CASE("four schedules predicted by tdpipe sim, side by side", "[gui][headles
   // Default names: the schedule and the origin, the schedule alone in lane labels.
   CHECK(w.model().names().name[0] == "gpipe (simgrid)");
   CHECK(w.model().names().short_name[2] == "zb-v");
+  CHECK(w.model().names().name[3] == "tdpipe S=2 (simgrid)");  // the slice count, read from the ops
+  CHECK(w.model().names().short_name[3] == "tdpipe S=2");
   for (int i = 0; i < 4; ++i) {
     CHECK(w.table()->horizontalHeaderItem(i + 1)->toolTip() == QString::fromStdString(w.model().name(i)));
     CHECK(w.table()->horizontalHeaderItem(i + 1)->text() ==

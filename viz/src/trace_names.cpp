@@ -134,12 +134,21 @@ TraceNames default_trace_names(const std::vector<const traces::Trace*>& traces,
     if (count == 2) n.difference = "error";
     return n;
   }
-  // More: schedule and origin, then the file's base name where two are alike, then the
-  // trace's number where they still are.
+  // More: schedule (with its slice count, read from the ops: "tdpipe S=2") and origin,
+  // then the file's base name where two are alike, then the trace's number where they
+  // still are.
+  std::vector<std::string> schedules;
+  for (const auto* t : traces) {
+    int slices = 0;
+    for (const auto& e : t->events)
+      if (e.kind) slices = std::max(slices, e.slice + 1);
+    schedules.push_back(t->schedule.empty() || slices <= 1 ? t->schedule
+                                                            : t->schedule + " S=" + std::to_string(slices));
+  }
   for (std::size_t i = 0; i < count; ++i) {
     const traces::Trace& t = *traces[i];
     std::string s;
-    if (!t.schedule.empty()) s = t.schedule + (t.origin.empty() ? "" : " (" + t.origin + ")");
+    if (!t.schedule.empty()) s = schedules[i] + (t.origin.empty() ? "" : " (" + t.origin + ")");
     else if (!t.origin.empty()) s = t.origin;
     else s = "trace " + std::to_string(i + 1);
     n.name.push_back(s);
@@ -160,8 +169,6 @@ TraceNames default_trace_names(const std::vector<const traces::Trace*>& traces,
       if (ambiguous[i]) n.name[i] += " #" + std::to_string(i + 1);
   }
   // Lane labels: the schedule alone where every trace has a schedule of its own.
-  std::vector<std::string> schedules;
-  for (const auto* t : traces) schedules.push_back(t->schedule);
   const bool by_schedule =
       distinct(schedules) && std::none_of(schedules.begin(), schedules.end(), [](const std::string& s) { return s.empty(); });
   n.short_name = short_names_for(by_schedule ? schedules : n.name);
