@@ -187,7 +187,7 @@ ProfileApplied apply_profile(const Profile& profile, ir::Plan& plan, bool ops_on
     if (auto it = profile.metadata.find(key); it != profile.metadata.end() && it->second != std::to_string(mine))
       throw Error(fmt::format("profile measured one layout ({} schedule, {} {}); the plan has {} {}: its op times do "
                               "not carry to another layout — calibrate without --schedule (probe layouts, a fitted "
-                              "cost model for any layout), or with --schedule {}", 
+                              "cost model for any layout), or with --schedule {}",
                               profile.metadata.count("schedule") ? profile.metadata.at("schedule") : "its",
                               it->second, key, mine, key, plan.schedule));
   // Slice times hold for the slices' lengths: a profile of S slices cut otherwise (equal
