@@ -173,6 +173,22 @@ s["cluster"]["gpus_per_node"] = 4
 json.dump(s, open(sys.argv[2], "w"), indent=2)
 PY
 : > "$out/compare.tsv"; rm -f "$out/compare-fit.tsv" "$out/compare-model.tsv"
+# A schedule predicted a second way: one line under its row, its error in TSV as TAG.
+# second_prediction COMPARE.json TSV TAG LABEL
+second_prediction() {
+  python3 - "$@" <<'PY' | tee -a "$out/summary.txt"
+import json, sys
+path, tsv, tag, label = sys.argv[1:5]
+try:
+    c = json.load(open(path))
+    err = c["iteration_error"] * 100
+    print(f"  {'':14s} {label}: predicted {c['predicted_iteration_time']*1e3:8.3f} ms, error {err:+6.2f} %, "
+          f"bubble error {c['bubble_error_pp']:+5.2f} pp")
+    open(tsv, "a").write(f"{tag}\t{err}\n")
+except Exception as ex:
+    print(f"  {'':14s} {label}: no comparison ({ex})")
+PY
+}
 # One calibration for every schedule (issue 16 §2): the cost model's parameters fitted on
 # the probe layouts, then each schedule below predicted with it beside its own profile.
 "$tdp" calibrate "$scen" --backend "$run_backend" --probes zb-h1,zb-v,1f1b,interleaved,tdpipe:4 --steps 4 --warmup 3 \
@@ -214,17 +230,7 @@ PY
         --trace-out "$out/traces/$name.predicted-model.json" > "$out/predict-model-$name.log" 2>&1 \
       && "$tdp" compare "$out/traces/$name.predicted-model.json" "$out/traces/$name.$backend.json" --json \
         > "$out/compare-model-$name.json" 2>&1
-    python3 - "$out/compare-model-$name.json" "$out/compare-model.tsv" <<'PY' | tee -a "$out/summary.txt"
-import json, sys
-try:
-    c = json.load(open(sys.argv[1]))
-    err = c["iteration_error"] * 100
-    print(f"  {'':14s} one profile (probes): predicted {c['predicted_iteration_time']*1e3:8.3f} ms, error {err:+6.2f} %, "
-          f"bubble error {c['bubble_error_pp']:+5.2f} pp")
-    open(sys.argv[2], "a").write(f"model\t{err}\n")
-except Exception as ex:
-    print(f"  {'':14s} one profile: no comparison ({ex})")
-PY
+    second_prediction "$out/compare-model-$name.json" "$out/compare-model.tsv" model "one profile (probes)"
   fi
   # The same with the device's sharing capacity fitted from the run instead of 1 (the
   # evidence for or against the default): calibrate again, predict, compare.
@@ -236,17 +242,9 @@ PY
       > "$out/predict-fit-$name.log" 2>&1 \
     && "$tdp" compare "$out/traces/$name.predicted-fit.json" "$out/traces/$name.$backend.json" --json \
       > "$out/compare-fit-$name.json" 2>&1
-  python3 - "$out/compare-fit-$name.json" "$out/profiles/$name.fit.profile.json" "$out/compare-fit.tsv" <<'PY' | tee -a "$out/summary.txt"
-import json, sys
-try:
-    c = json.load(open(sys.argv[1])); p = json.load(open(sys.argv[2]))
-    err = c["iteration_error"] * 100
-    print(f"  {'':14s} fitted capacity {p['metadata']['shared_capacity']}: predicted "
-          f"{c['predicted_iteration_time']*1e3:8.3f} ms, error {err:+6.2f} %, bubble error {c['bubble_error_pp']:+5.2f} pp")
-    open(sys.argv[3], "a").write(f"fit\t{err}\n")
-except Exception as ex:
-    print(f"  {'':14s} fitted capacity: no comparison ({ex})")
-PY
+  capacity=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["metadata"]["shared_capacity"])' \
+      "$out/profiles/$name.fit.profile.json" 2>/dev/null || true)
+  second_prediction "$out/compare-fit-$name.json" "$out/compare-fit.tsv" fit "fitted capacity${capacity:+ $capacity}"
 done
 for f in compare compare-model compare-fit; do
   [ -f "$out/$f.tsv" ] || continue

@@ -19,6 +19,7 @@
 #include "tdpipe/exec/cpu/calibrate.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
+#include "tdpipe/ir/text.hpp"
 #include "tdpipe/planner/build_plan.hpp"
 #include "tdpipe/planner/cost_fit.hpp"
 #include "tdpipe/planner/generators.hpp"
@@ -141,19 +142,9 @@ struct Probe {
   int slices = 0;
 };
 
-std::vector<std::string> split_commas(const std::string& text) {
-  std::vector<std::string> out;
-  for (std::size_t at = 0; at <= text.size();) {
-    const std::size_t end = std::min(text.find(',', at), text.size());
-    out.push_back(text.substr(at, end - at));
-    at = end + 1;
-  }
-  return out;
-}
-
 std::vector<Probe> parse_probes(const std::string& text) {
   std::vector<Probe> out;
-  for (const std::string& item : split_commas(text)) {
+  for (const std::string& item : ir::split_commas(text)) {
     const std::size_t colon = item.find(':');
     Probe p{item.substr(0, colon), 0};
     const auto& names = planner::schedule_names();
@@ -207,7 +198,7 @@ void run_calibrate_probes(const CalibrateArgs& a, const std::function<traces::Pr
   const auto& m = prof.metadata;
   fmt::print("{}: cost model fitted to {} op groups of {} probe layouts ({}); |error| per group median {:.1f} %, "
              "max {:.1f} %; p2p hand-off {:.1f} us; shared capacity {}\n",
-             a.output, fit.points.size(), plans.size(), fmt::join(split_commas(m.at("probes")), ", "),
+             a.output, fit.points.size(), plans.size(), fmt::join(ir::split_commas(m.at("probes")), ", "),
              100 * std::stod(m.at("fit_median_abs_error")), 100 * std::stod(m.at("fit_max_abs_error")),
              prof.p2p.latency_seconds * 1e6, m.count("shared_capacity") ? m.at("shared_capacity") : "-");
   // The coefficients: "op" and "layer" in µs, the parts as multiples of their time at peak.

@@ -23,6 +23,7 @@
 
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
+#include "tdpipe/ir/text.hpp"
 #include "tdpipe/traces/metrics.hpp"
 
 namespace tdpipe::apps {
@@ -266,10 +267,7 @@ std::vector<double> parse_rank_speed(const std::string& text, int ranks) {
   std::vector<double> out(static_cast<std::size_t>(ranks), 1.0);
   if (text.empty()) return out;
   std::set<int> seen;
-  std::size_t at = 0;
-  while (at <= text.size()) {
-    const std::size_t comma = std::min(text.find(',', at), text.size());
-    const std::string item = text.substr(at, comma - at);
+  for (const std::string& item : ir::split_commas(text)) {
     const std::size_t colon = item.find(':');
     int rank = -1;
     double speed = 0;
@@ -290,7 +288,6 @@ std::vector<double> parse_rank_speed(const std::string& text, int ranks) {
     if (seen.count(rank)) throw Error(fmt::format("--rank-speed {}: rank {} is given twice", text, rank));
     seen.insert(rank);
     out[static_cast<std::size_t>(rank)] = speed;
-    at = comma + 1;
   }
   return out;
 }

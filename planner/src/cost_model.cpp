@@ -325,12 +325,12 @@ LayerCostD ends_cost(const ir::Scenario& sc, const ir::GpuSpec& gpu, int vs, int
   } else if (t > 1 && !s.sp) {
     // Megatron's scatter/gather of pipeline tensors: each TP rank received 1/t, the full
     // activation is rebuilt with an NVLink all-gather.
-    c.f.seconds += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
-    c.pf.comm += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
+    const double ag = tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
+    c.f.seconds += ag, c.pf.comm += ag;
   }
   if (!last && t > 1 && !s.sp) {
-    c.b.seconds += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
-    c.pb.comm += tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
+    const double ag = tp_collective_seconds(sc, gpu, OpKind::ALL_GATHER, bytes, t);
+    c.b.seconds += ag, c.pb.comm += ag;
   }
   if (last) {
     const double V = sc.model.vocab;

@@ -31,6 +31,23 @@ Profile sample() {
   return p;
 }
 
+// 1F1B of the tiny scenario's shape on 2 stages (one chunk each), one F per rank.
+ir::Plan two_stage_plan() {
+  ir::Plan plan;
+  plan.schedule = "1f1b";
+  plan.stages = 2;
+  plan.microbatches = 1;
+  plan.chunks = 1;
+  plan.stage_of = {{0}, {1}};
+  plan.scenario.name = "tiny-gpt-cpu";
+  plan.scenario.model.layers = 4;
+  ir::Op f;
+  f.kind = ir::OpKind::F;
+  f.mb = 0;
+  plan.ranks = {{f}, {f}};
+  return plan;
+}
+
 }  // namespace
 
 TEST_CASE("Profile lookup takes the most specific entry", "[traces][profile]") {
@@ -116,17 +133,7 @@ TEST_CASE("profile fields outside what a measurement can be are rejected", "[tra
 
 TEST_CASE("a profile of another stage partition is refused - the same one applies", "[traces][profile]") {
   // 4 layers on 2 stages: the profile measured 2 + 2; a plan of 1 + 3 must not take it.
-  ir::Plan plan;
-  plan.schedule = "1f1b";
-  plan.stages = 2;
-  plan.microbatches = 1;
-  plan.stage_of = {{0}, {1}};
-  plan.scenario.name = "tiny-gpt-cpu";
-  plan.scenario.model.layers = 4;
-  ir::Op f;
-  f.kind = ir::OpKind::F;
-  f.mb = 0;
-  plan.ranks = {{f}, {f}};
+  ir::Plan plan = two_stage_plan();
   Profile p = sample();
   p.ops = {{ir::OpKind::F, 0, -1, 2, 1e-3, 10}, {ir::OpKind::F, 1, -1, 2, 2e-3, 10}};
   ir::Plan even = plan;
@@ -197,18 +204,7 @@ TEST_CASE("a software stack's profile (calibrate --from-run) round-trips and app
 }
 
 TEST_CASE("a one-layout profile is refused for another layout, kept for another schedule of it", "[traces][profile]") {
-  ir::Plan plan;
-  plan.schedule = "1f1b";
-  plan.stages = 2;
-  plan.microbatches = 1;
-  plan.chunks = 1;
-  plan.stage_of = {{0}, {1}};
-  plan.scenario.name = "tiny-gpt-cpu";
-  plan.scenario.model.layers = 4;
-  ir::Op f;
-  f.kind = ir::OpKind::F;
-  f.mb = 0;
-  plan.ranks = {{f}, {f}};
+  ir::Plan plan = two_stage_plan();
   Profile p = sample();
   p.ops = {{ir::OpKind::F, 0, -1, 0, 1e-3, 10}, {ir::OpKind::F, 1, -1, 0, 2e-3, 10}};
   p.metadata["schedule"] = "zb-h1";  // the same layout (v = 1, S = 1): B and W serve 1f1b's BW

@@ -63,6 +63,16 @@ QString cell_of(const MetricsTable& t, const QString& metric, int column) {
   return {};
 }
 
+// Writes `traces` as PREFIX0.json, PREFIX1.json, … in `dir`; their paths in order.
+QStringList write_traces(const QTemporaryDir& dir, const char* prefix, const std::vector<traces::Trace>& traces) {
+  QStringList paths;
+  for (std::size_t i = 0; i < traces.size(); ++i) {
+    paths << dir.filePath(QStringLiteral("%1%2.json").arg(QLatin1String(prefix)).arg(i));
+    traces::write_trace(traces[i], paths.back().toStdString());
+  }
+  return paths;
+}
+
 }  // namespace
 
 TEST_CASE("three traces: under each rank and stream a lane per trace, in trace order, labelled", "[model][multi]") {
@@ -299,12 +309,7 @@ TEST_CASE("window with three traces: header, a table column and a bar set per tr
 TEST_CASE("open several trace files: all watched, reloaded, one more added", "[gui][window][multi]") {
   QTemporaryDir dir;
   REQUIRE(dir.isValid());
-  QStringList paths;
-  const auto traces = three_schedules();
-  for (int i = 0; i < 3; ++i) {
-    paths << dir.filePath(QStringLiteral("s%1.json").arg(i));
-    traces::write_trace(traces[static_cast<std::size_t>(i)], paths.back().toStdString());
-  }
+  const QStringList paths = write_traces(dir, "s", three_schedules());
   ViewerWindow w;
   REQUIRE(w.open(paths));
   CHECK(w.model().count() == 3);
@@ -350,11 +355,7 @@ TEST_CASE("headless render of three traces writes a PNG of the size asked", "[gu
   QTemporaryDir dir;
   REQUIRE(dir.isValid());
   ViewArgs args;
-  const auto traces = three_schedules();
-  for (int i = 0; i < 3; ++i) {
-    args.traces << dir.filePath(QStringLiteral("t%1.json").arg(i));
-    traces::write_trace(traces[static_cast<std::size_t>(i)], args.traces.back().toStdString());
-  }
+  args.traces = write_traces(dir, "t", three_schedules());
   args.render_to = dir.filePath("three.png");
   args.width = 1300;
   args.height = 760;
@@ -373,12 +374,7 @@ TEST_CASE("headless render of three traces writes a PNG of the size asked", "[gu
 TEST_CASE("tdpipe-view --render with three traces and their labels, nine are refused", "[gui][headless][cli][multi]") {
   QTemporaryDir dir;
   REQUIRE(dir.isValid());
-  QStringList files;
-  const auto traces = three_schedules();
-  for (int i = 0; i < 3; ++i) {
-    files << dir.filePath(QStringLiteral("t%1.json").arg(i));
-    traces::write_trace(traces[static_cast<std::size_t>(i)], files.back().toStdString());
-  }
+  QStringList files = write_traces(dir, "t", three_schedules());
   QProcess proc;
   const QString out = dir.filePath("cli3.png");
   proc.start(QStringLiteral(TDPIPE_VIEW_EXE),

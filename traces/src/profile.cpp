@@ -12,6 +12,7 @@
 #include "tdpipe/ir/atomic_file.hpp"
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/json_read.hpp"
+#include "tdpipe/ir/text.hpp"
 
 namespace tdpipe::traces {
 namespace {
@@ -120,13 +121,9 @@ void apply_profile_to_scenario(const Profile& profile, ir::Scenario& scenario) {
     throw Error(fmt::format("a compute-efficiency profile prices the cost model's kernels; scenario '{}' is synthetic "
                             "(its op times are given): there is nothing to apply it to", scenario.name));
   const std::string& fitted = profile.platform.device;
+  const std::vector<std::string> fitted_gpus = ir::split_commas(fitted);
   auto fitted_on = [&](const std::string& gpu) {
-    for (std::size_t at = 0; at <= fitted.size();) {
-      const std::size_t end = std::min(fitted.find(',', at), fitted.size());
-      if (fitted.substr(at, end - at) == gpu) return true;
-      at = end + 1;
-    }
-    return false;
+    return std::find(fitted_gpus.begin(), fitted_gpus.end(), gpu) != fitted_gpus.end();
   };
   bool some = false;
   for (const auto& g : scenario.cluster.groups) some = some || fitted_on(g.gpu.name);
