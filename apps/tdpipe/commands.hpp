@@ -53,6 +53,7 @@ inline void add_slices_option(CLI::App* cmd, int& slices) {
 
 void add_plan_command(CLI::App& app);     // cmd_plan.cpp
 void add_sim_command(CLI::App& app);      // cmd_sim.cpp
+void add_serve_command(CLI::App& app);    // cmd_serve.cpp
 void add_compare_command(CLI::App& app);  // cmd_compare.cpp
 void add_balance_command(CLI::App& app);  // cmd_balance.cpp
 void add_search_command(CLI::App& app);   // cmd_search.cpp

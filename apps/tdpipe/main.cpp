@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "tdpipe 0.1.0");
   tdpipe::apps::add_plan_command(app);
   tdpipe::apps::add_sim_command(app);
+  tdpipe::apps::add_serve_command(app);
   tdpipe::apps::add_compare_command(app);
   tdpipe::apps::add_balance_command(app);
   tdpipe::apps::add_search_command(app);

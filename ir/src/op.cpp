@@ -7,13 +7,13 @@
 
 namespace tdpipe::ir {
 namespace {
-constexpr std::array<std::string_view, 14> kKindNames = {
+constexpr std::array<std::string_view, 16> kKindNames = {
     "F", "B", "W", "BW", "OPT", "SEND", "RECV", "ALLREDUCE", "REDUCE_SCATTER",
-    "ALL_GATHER", "LOAD", "OFFLOAD", "CKPT", "COMPRESSED_ALLREDUCE"};
+    "ALL_GATHER", "LOAD", "OFFLOAD", "CKPT", "COMPRESSED_ALLREDUCE", "PREFILL", "DECODE"};
 constexpr std::array<std::string_view, kStreamCount> kStreamNames = {"compute", "p2p", "dp", "copy"};
 }  // namespace
 
-bool is_compute(OpKind kind) { return kind <= OpKind::OPT; }
+bool is_compute(OpKind kind) { return kind <= OpKind::OPT || is_serving(kind); }
 bool is_chunk_work(OpKind kind) {
   return kind == OpKind::F || kind == OpKind::B || kind == OpKind::W || kind == OpKind::BW;
 }

@@ -80,7 +80,7 @@ struct PlanIndex {
 /// ir::is_p2p / is_compute / is_collective inlined for the per-op loops over
 /// millions of ops (those are out of line in op.cpp, a call each).
 inline bool p2p_kind(OpKind kind) { return kind == OpKind::SEND || kind == OpKind::RECV; }
-inline bool compute_kind(OpKind kind) { return kind <= OpKind::OPT; }
+inline bool compute_kind(OpKind kind) { return kind <= OpKind::OPT || is_serving(kind); }
 inline bool collective_kind(OpKind kind) {
   return kind == OpKind::ALLREDUCE || kind == OpKind::REDUCE_SCATTER || kind == OpKind::ALL_GATHER ||
          kind == OpKind::COMPRESSED_ALLREDUCE;

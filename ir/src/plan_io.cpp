@@ -655,13 +655,14 @@ nlohmann::json to_json(const Plan& plan) {
           {"stage_layers", plan.stage_layers},
           {"memory_budget_bytes", plan.memory_budget_bytes},
           {"ranks", std::move(ranks)},
-          {"scenario", to_json(plan.scenario)}};
+          {"scenario", to_json(plan.scenario)},
+          {"serve", plan.serve ? to_json(*plan.serve) : json(nullptr)}};
 }
 
 Plan plan_from_json(const nlohmann::json& j) {
   const JsonObject o(j, "plan",
                      {"schedule", "stages", "microbatches", "chunks", "slices", "data", "lowered",
-                      "stage_of", "slice_tokens", "stage_layers", "memory_budget_bytes", "ranks", "scenario"});
+                      "stage_of", "slice_tokens", "stage_layers", "memory_budget_bytes", "ranks", "scenario", "serve"});
   Plan plan;
   if (!o.has("ranks")) throw Error("plan.ranks: missing; expected a list of op lists, one per rank");
   const JsonField ranks = o["ranks"];
@@ -724,6 +725,7 @@ Plan plan_from_json(const nlohmann::json& j) {
       plan.memory_budget_bytes.push_back(b);
     }
   }
+  if (o.has("serve") && !j.at("serve").is_null()) plan.serve = serve_from_json(j.at("serve"), "plan.serve");
   if (o.has("scenario")) {
     try {
       plan.scenario = scenario_from_json(j.at("scenario"));

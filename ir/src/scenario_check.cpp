@@ -295,6 +295,33 @@ const std::vector<std::string>& scenario_topologies() {
   return names;
 }
 
+void check_lengths(Rules& r, const std::string& at, const LengthDistribution& d) {
+  r.member(at + ".distribution", d.kind, {"lognormal", "uniform", "fixed"});
+  r.count(at + ".min", d.min, "fewest tokens");
+  r.count(at + ".max", d.max, "most tokens");
+  if (r.ok() && d.max < d.min) r.fail(at + ".max", fmt::format("expected ≥ min ({}), got {}", d.min, d.max));
+  if (d.kind != "uniform") r.positive(at + ".mean", d.mean, "mean tokens");
+  if (d.kind == "lognormal") r.positive(at + ".sigma", d.sigma, "σ of the lognormal's log");
+  if (r.ok() && d.kind == "fixed" && (d.mean < d.min || d.mean > d.max || d.mean != std::floor(d.mean)))
+    r.fail(at + ".mean", fmt::format("a fixed length must be a whole number from min to max ({} … {}), got {}", d.min,
+                                     d.max, d.mean));
+}
+
+void check_serving(Rules& r, const ServingConfig& v) {
+  r.count("serving.requests", v.requests, "requests to serve");
+  if (r.ok() && v.requests > 10'000'000) r.fail("serving.requests", fmt::format("at most 10000000, got {}", v.requests));
+  check_lengths(r, "serving.prompt", v.prompt);
+  check_lengths(r, "serving.output", v.output);
+  r.positive("serving.memory_fraction", v.memory_fraction, "share of GPU memory");
+  if (r.ok() && v.memory_fraction > 1) r.fail("serving.memory_fraction", fmt::format("expected at most 1, got {}", v.memory_fraction));
+  r.positive("serving.kv_fraction", v.kv_fraction, "share of KV blocks");
+  if (r.ok() && v.kv_fraction > 1) r.fail("serving.kv_fraction", fmt::format("expected at most 1, got {}", v.kv_fraction));
+  r.count("serving.block_tokens", v.block_tokens, "tokens per KV block");
+  r.count("serving.max_batch_tokens", v.max_batch_tokens, "tokens per batch");
+  r.count("serving.max_batch_requests", v.max_batch_requests, "requests per batch");
+  r.member("serving.planner", v.planner, serving_planner_names());
+}
+
 std::optional<ScenarioProblem> find_problem(const Scenario& s) {
   Rules r;
   r.member("schedule", s.schedule, scenario_schedule_names());
@@ -305,6 +332,7 @@ std::optional<ScenarioProblem> find_problem(const Scenario& s) {
   check_model(r, s.model);
   check_cluster(r, s.cluster);
   check_parallel(r, s);
+  if (s.serving) check_serving(r, *s.serving);
   return r.take();
 }
 

@@ -368,7 +368,8 @@ ClusterConfig read_cluster(const Reporter& rep, const YAML::Node& node, YAML::Ma
 #endif  // TDPIPE_HAVE_YAML
 
 #if TDPIPE_HAVE_YAML
-ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::Mark where) {
+ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::Mark where,
+                             std::optional<int> default_global_batch) {
   MapReader r(rep, node, "parallel", where,
               {"tensor", "pipeline", "data", "chunks", "micro_batch", "global_batch", "recompute",
                "sequence_parallel", "slices", "memory_budget", "layers_per_stage", "overlap_grad_reduce", "tp_comm_overlap",
@@ -380,7 +381,7 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
   p.data = r.get_int("data", 1, 1, "data-parallel replicas");
   p.chunks = r.get_int("chunks", 1, 1, "model chunks per pipeline rank");
   p.micro_batch = r.get_int("micro_batch", 1, 1, "sequences per micro-batch");
-  p.global_batch = r.get_int("global_batch", std::nullopt, 1, "sequences per iteration");
+  p.global_batch = r.get_int("global_batch", default_global_batch, 1, "sequences per iteration");
   p.recompute = recompute_from(r.get_choice("recompute", "none", "recompute", kRecomputeNames));
   p.sequence_parallel = r.get_bool("sequence_parallel", false);
   if (r.has("slices") && is_plain_scalar(r.node("slices")) && r.node("slices").Scalar() == "auto")
@@ -434,6 +435,38 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
   return p;
 }
 
+LengthDistribution read_lengths(const MapReader& parent, const std::string& key, LengthDistribution d) {
+  if (!parent.has(key)) return d;
+  MapReader r(parent.reporter(), parent.node(key), parent.field(key), parent.mark(key),
+              {"distribution", "mean", "sigma", "min", "max"});
+  d.kind = r.get_choice("distribution", d.kind, "length distribution", {"lognormal", "uniform", "fixed"});
+  d.mean = r.get_number("mean", d.mean, true, "mean tokens (fixed: the length)");
+  d.sigma = r.get_number("sigma", d.sigma, true, "σ of the lognormal's log");
+  d.min = r.get_int("min", d.min, 1, "fewest tokens");
+  d.max = r.get_int("max", d.max, 1, "most tokens");
+  return d;
+}
+
+ServingConfig read_serving(const Reporter& rep, const YAML::Node& node, YAML::Mark where) {
+  MapReader r(rep, node, "serving", where,
+              {"requests", "seed", "prompt", "output", "requests_file", "memory_fraction", "kv_fraction",
+               "block_tokens", "max_batch_tokens", "max_batch_requests", "planner"});
+  ServingConfig s;
+  s.requests = r.get_int("requests", s.requests, 1, "requests to serve");
+  s.seed = static_cast<std::uint64_t>(r.get_int("seed", 1, 0, "seed of the generated lengths"));
+  s.prompt = read_lengths(r, "prompt", s.prompt);
+  s.output = read_lengths(r, "output", s.output);
+  s.requests_file = r.get_string("requests_file", "", "a JSON file of requests");
+  s.memory_fraction = r.get_number("memory_fraction", s.memory_fraction, true,
+                                   "share of GPU memory for weights and KV cache");
+  s.kv_fraction = r.get_number("kv_fraction", s.kv_fraction, true, "share of KV blocks tdpipe's projected peak may use");
+  s.block_tokens = r.get_int("block_tokens", s.block_tokens, 1, "tokens per KV block");
+  s.max_batch_tokens = r.get_int("max_batch_tokens", s.max_batch_tokens, 1, "tokens one batch may process");
+  s.max_batch_requests = r.get_int("max_batch_requests", s.max_batch_requests, 1, "requests one batch may hold");
+  s.planner = r.get_choice("planner", s.planner, "serving planner", serving_planner_names());
+  return s;
+}
+
 Synthetic read_synthetic(const Reporter& rep, const YAML::Node& node, YAML::Mark where,
                          ParallelConfig& parallel) {
   MapReader r(rep, node, "synthetic", where,
@@ -467,7 +500,7 @@ void check_rules(const Reporter& rep, const Scenario& sc) {
 
 Scenario parse_root(const YAML::Node& root, const std::string& source_name) {
   Reporter rep(source_name);
-  MapReader top(rep, root, "", YAML::Mark(), {"name", "model", "cluster", "parallel", "schedule", "synthetic"});
+  MapReader top(rep, root, "", YAML::Mark(), {"name", "model", "cluster", "parallel", "schedule", "synthetic", "serving"});
   Scenario sc;
   sc.source_file = source_name;
   sc.name = top.get_string("name", std::filesystem::path(source_name).stem().string(), "the scenario's name");
@@ -489,7 +522,13 @@ Scenario parse_root(const YAML::Node& root, const std::string& source_name) {
   const MapReader model_keys(rep, top.node("model"), "model", top.mark("model"), kModelKeys);
   sc.model = read_model(model_keys);
   sc.cluster = read_cluster(rep, top.node("cluster"), top.mark("cluster"));
-  sc.parallel = read_parallel(rep, top.node("parallel"), top.mark("parallel"));
+  if (top.has("serving")) {
+    sc.serving = read_serving(rep, top.node("serving"), top.mark("serving"));
+    // A serving scenario has no training batch: global_batch may be left out.
+    sc.parallel = read_parallel(rep, top.node("parallel"), top.mark("parallel"), 1);
+  } else {
+    sc.parallel = read_parallel(rep, top.node("parallel"), top.mark("parallel"), std::nullopt);
+  }
   check_rules(rep, sc);
   return sc;
 }
@@ -646,6 +685,23 @@ json to_json(const Scenario& s) {
         {"min_loss_scale", s.parallel.min_loss_scale}}},
       {"synthetic", nullptr},
   };
+  if (s.serving) {
+    const ServingConfig& v = *s.serving;
+    auto lengths = [](const LengthDistribution& d) {
+      return json{{"distribution", d.kind}, {"mean", d.mean}, {"sigma", d.sigma}, {"min", d.min}, {"max", d.max}};
+    };
+    j["serving"] = {{"requests", v.requests},
+                    {"seed", v.seed},
+                    {"prompt", lengths(v.prompt)},
+                    {"output", lengths(v.output)},
+                    {"requests_file", v.requests_file},
+                    {"memory_fraction", v.memory_fraction},
+                    {"kv_fraction", v.kv_fraction},
+                    {"block_tokens", v.block_tokens},
+                    {"max_batch_tokens", v.max_batch_tokens},
+                    {"max_batch_requests", v.max_batch_requests},
+                    {"planner", v.planner}};
+  }
   if (s.synthetic) {
     const Synthetic& y = *s.synthetic;
     j["synthetic"] = {{"stages", y.stages},       {"microbatches", y.microbatches},
@@ -659,7 +715,7 @@ json to_json(const Scenario& s) {
 
 Scenario scenario_from_json(const json& j) {
   const std::string root = "scenario";
-  JsonReader r(j, root, {"name", "source_file", "schedule", "model", "cluster", "parallel", "synthetic"});
+  JsonReader r(j, root, {"name", "source_file", "schedule", "model", "cluster", "parallel", "synthetic", "serving"});
   Scenario s;
   s.name = r.get_string("name");
   s.source_file = r.get_string("source_file");
@@ -762,6 +818,31 @@ Scenario scenario_from_json(const json& j) {
     syn.p2p_latency_seconds = y.get_double("p2p_latency_seconds");
     syn.activation_bytes = y.get_double("activation_bytes");
     s.synthetic = syn;
+  }
+  if (r.has("serving") && !r.at("serving").is_null()) {
+    JsonReader v(r.at("serving"), r.path("serving"),
+                 {"requests", "seed", "prompt", "output", "requests_file", "memory_fraction", "kv_fraction",
+                  "block_tokens", "max_batch_tokens", "max_batch_requests", "planner"});
+    auto lengths = [&](const std::string& key) {
+      JsonReader d(v.at(key), v.path(key), {"distribution", "mean", "sigma", "min", "max"});
+      return LengthDistribution{d.get_string("distribution"), d.get_double("mean"), d.get_double("sigma"),
+                                d.get_int("min"), d.get_int("max")};
+    };
+    ServingConfig c;
+    c.requests = v.get_int("requests");
+    const json& seed = v.at("seed");
+    if (!seed.is_number_unsigned()) throw Error(fmt::format("{}: expected an integer ≥ 0, got {}", v.path("seed"), quote_json(seed)));
+    c.seed = seed.get<std::uint64_t>();
+    c.prompt = lengths("prompt");
+    c.output = lengths("output");
+    c.requests_file = v.get_string("requests_file");
+    c.memory_fraction = v.get_double("memory_fraction");
+    c.kv_fraction = v.get_double("kv_fraction");
+    c.block_tokens = v.get_int("block_tokens");
+    c.max_batch_tokens = v.get_int("max_batch_tokens");
+    c.max_batch_requests = v.get_int("max_batch_requests");
+    c.planner = v.get_string("planner");
+    s.serving = c;
   }
   if (auto problem = find_problem(s)) throw Error(fmt::format("{}.{}: {}", root, problem->field, problem->what));
   return s;

@@ -39,6 +39,13 @@ class Checker {
     if (!have_index_) ix_ = detail::build_index(plan_);
     check_fields();
     flush("op fields");
+    if (plan_.serve) {
+      check_serving();
+      flush("serving ops");
+      if (options_.check_deadlock)
+        detail::replay_indexed(plan_, ix_, [](const Op&, int) -> std::int64_t { return 1; }, false);
+      return memory();
+    }
     check_coverage();
     flush("compute ops");
     check_order();
@@ -313,6 +320,80 @@ class Checker {
             need_before(b, ix_.find(detail::kSlotBwd, mb, vs, s - 1), "backward runs slices in reverse order");
           }
         }
+  }
+
+  /// A serving plan: every rank runs every batch of the table once, as PREFILL when the
+  /// batch has a prompt and DECODE otherwise, in the table's order; its KV bytes stay
+  /// within the rank's capacity; the k-th SEND from a to b and the k-th RECV on b from a
+  /// carry the same batch, payload and bytes (the engines pair them so).
+  void check_serving() {
+    const ServePlan& sv = *plan_.serve;
+    const int p = plan_.num_ranks();
+    const int batches = static_cast<int>(sv.batches.size());
+    if (plan_.microbatches != batches)
+      problem(fmt::format("plan.microbatches is {}; a serving plan's is its batch count, {}", plan_.microbatches,
+                          batches));
+    if (plan_.chunks != 1 || plan_.slices != 1)
+      problem(fmt::format("a serving plan has one chunk and one slice per rank (got v = {}, S = {})", plan_.chunks,
+                          plan_.slices));
+    for (const char* what : {"kv_bytes_per_token", "kv_capacity_bytes"}) {
+      const auto& v = std::string(what) == "kv_bytes_per_token" ? sv.kv_bytes_per_token : sv.kv_capacity_bytes;
+      if (static_cast<int>(v.size()) != p)
+        problem(fmt::format("plan.serve.{} has {} entries for {} ranks; expected one per rank", what, v.size(), p));
+    }
+    std::map<std::pair<int, int>, std::vector<int>> sends, recvs;  // (from, to) → global indices in order
+    for (int r = 0; r < p; ++r) {
+      const auto& ops = plan_.ranks[static_cast<std::size_t>(r)];
+      const int base = ix_.offset[static_cast<std::size_t>(r)];
+      int next = 0;
+      for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+        const Op& o = ops[static_cast<std::size_t>(i)];
+        const int g = base + i;
+        if (is_p2p(o.kind)) {
+          (o.kind == OpKind::SEND ? sends[{r, o.peer}] : recvs[{o.peer, r}]).push_back(g);
+          continue;
+        }
+        if (!is_serving(o.kind)) {
+          problem(fmt::format("{}: a serving plan runs PREFILL, DECODE, SEND and RECV only", where(g)));
+          continue;
+        }
+        if (o.mb != next) {
+          problem(fmt::format("{}: batch {} where batch {} comes next; every rank runs the table's batches once, "
+                              "in order", where(g), o.mb, next));
+          next = o.mb;
+        }
+        ++next;
+        if (o.mb < 0 || o.mb >= batches) continue;
+        const bool prefill = sv.batches[static_cast<std::size_t>(o.mb)].has_prefill();
+        if ((o.kind == OpKind::PREFILL) != prefill)
+          problem(fmt::format("{}: batch {} {} a prompt; expected {}", where(g), o.mb,
+                              prefill ? "holds" : "holds no", prefill ? "PREFILL" : "DECODE"));
+        if (r < static_cast<int>(sv.kv_capacity_bytes.size()) &&
+            static_cast<double>(o.bytes) > sv.kv_capacity_bytes[static_cast<std::size_t>(r)] * (1 + 1e-9) + 1)
+          problem(fmt::format("{}: the KV cache holds {} bytes after it, over the rank's capacity of {:.0f} bytes",
+                              where(g), o.bytes, sv.kv_capacity_bytes[static_cast<std::size_t>(r)]));
+      }
+      if (next != batches)
+        problem(fmt::format("rank {}: runs batches 0..{} of {}; every rank runs every batch", r, next - 1, batches));
+    }
+    for (const auto& [pair, list] : sends) {
+      const auto it = recvs.find(pair);
+      const std::size_t matched = it == recvs.end() ? 0 : it->second.size();
+      if (matched != list.size())
+        problem(fmt::format("{} SEND(s) from rank {} to rank {} but {} RECV(s); each SEND needs its RECV",
+                            list.size(), pair.first, pair.second, matched));
+      for (std::size_t k = 0; k < std::min(matched, list.size()); ++k) {
+        const Op& a = op(list[k]);
+        const Op& b = op(it->second[k]);
+        if (a.mb != b.mb || a.payload != b.payload || a.bytes != b.bytes)
+          problem(fmt::format("{} is paired with {} (the {}th transfer from rank {} to rank {}); they differ in "
+                              "batch, payload or bytes", where(list[k]), where(it->second[k]), k, pair.first,
+                              pair.second));
+      }
+    }
+    for (const auto& [pair, list] : recvs)
+      if (!sends.count(pair))
+        problem(fmt::format("{}: no SEND from rank {} to rank {}", where(list.front()), pair.first, pair.second));
   }
 
   bool has_p2p() const {

@@ -32,6 +32,9 @@ QColor kind_color(ir::OpKind k) {
     case ir::OpKind::OFFLOAD: return {0x79, 0x55, 0x48};
     case ir::OpKind::CKPT: return {0x9e, 0x9e, 0x9e};
     case ir::OpKind::COMPRESSED_ALLREDUCE: return {0xe5, 0x73, 0x73};
+    // Serving: prefill indigo, decode teal — apart from each other and from training's kinds.
+    case ir::OpKind::PREFILL: return {0x3f, 0x51, 0xb5};
+    case ir::OpKind::DECODE: return {0x00, 0x96, 0x88};
   }
   return Qt::gray;
 }

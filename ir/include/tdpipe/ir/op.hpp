@@ -35,6 +35,13 @@ enum class OpKind : std::uint8_t {
   /// reducing (server) side; `bytes` is the packed message (compressed_bucket_bytes).
   /// During warm-up the executor runs it as a plain ALLREDUCE of the gradients.
   COMPRESSED_ALLREDUCE,
+  /// Serving (ir/serving.hpp): batch `mb` of the plan's serving table on this stage, a
+  /// batch with at least one prompt (prefill, possibly with decode tokens beside it:
+  /// continuous batching). `bytes`: the rank's KV-cache bytes once the op is done.
+  PREFILL,
+  /// Serving: batch `mb` of decode tokens only (one token of each request). `bytes` as
+  /// for PREFILL.
+  DECODE,
 };
 
 /// The stream an op is issued on. Ops of one rank and one stream run in plan
@@ -82,8 +89,10 @@ struct Op {
   friend bool operator==(const Op&, const Op&) = default;
 };
 
-/// True for F, B, W, BW and OPT.
+/// True for F, B, W, BW, OPT, PREFILL and DECODE.
 bool is_compute(OpKind kind);
+/// True for PREFILL and DECODE (a serving plan's compute ops).
+inline bool is_serving(OpKind kind) { return kind == OpKind::PREFILL || kind == OpKind::DECODE; }
 /// True for F, B, W and BW: a micro-batch's (slice's) work on a model chunk — the
 /// compute ops but the optimizer step.
 bool is_chunk_work(OpKind kind);

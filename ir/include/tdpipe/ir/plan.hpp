@@ -1,6 +1,7 @@
 // plan.hpp — the schedule IR: per rank, an ordered list of ops.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +37,10 @@ struct Plan {
   std::vector<double> memory_budget_bytes;
 
   std::vector<std::vector<Op>> ranks;  ///< ops per rank, in issue order
+
+  /// Set: a serving plan. Its compute ops are PREFILL/DECODE of batches of this table
+  /// (Op::mb = batch), one stage per rank; `microbatches` is the batch count.
+  std::optional<ServePlan> serve;
 
   Scenario scenario;  ///< what the plan was made for
 

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "tdpipe/ir/serving.hpp"
+
 namespace tdpipe::ir {
 
 /// A GPU model. Presets: a100-80g, a100-40g, h100-80g, h200 (gpu_preset()).
@@ -177,6 +179,9 @@ struct Scenario {
   ClusterConfig cluster;
   ParallelConfig parallel;
   std::string schedule = "1f1b";  ///< default schedule
+  /// Set: an LLM serving scenario (`serving:`); `tdpipe serve` plans its requests with
+  /// parallel.pipeline × parallel.tensor GPUs (ir/serving.hpp).
+  std::optional<ServingConfig> serving;
   friend bool operator==(const Scenario&, const Scenario&) = default;
 
   /// Pipeline stages p (synthetic.stages or parallel.pipeline).
