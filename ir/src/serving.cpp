@@ -113,7 +113,9 @@ nlohmann::json to_json(const ServePlan& serve) {
     std::vector<int> flat;
     flat.reserve(b.items.size() * 3);
     for (const ServeItem& i : b.items) flat.insert(flat.end(), {i.request, i.position, i.tokens});
-    batches.push_back({{"phase", b.phase}, {"items", std::move(flat)}});
+    nlohmann::json batch = {{"phase", b.phase}, {"items", std::move(flat)}};
+    if (!b.preempted.empty()) batch["preempted"] = b.preempted;
+    batches.push_back(std::move(batch));
   }
   return {{"planner", serve.planner},
           {"block_tokens", serve.block_tokens},
@@ -172,8 +174,11 @@ ServePlan serve_from_json(const nlohmann::json& j, const std::string& path) {
   for (std::size_t b = 0; b < batches.size(); ++b) {
     const std::string at = fmt::format("{}.batches[{}]", path, b);
     const json& batch = batches[b];
-    if (!batch.is_object() || !batch.contains("items") || !batch.contains("phase") || batch.size() != 2)
-      throw Error(fmt::format("{}: expected {{\"phase\": k, \"items\": [request, position, tokens, …]}}", at));
+    if (!batch.is_object() || !batch.contains("items") || !batch.contains("phase") ||
+        batch.size() != 2u + (batch.contains("preempted") ? 1u : 0u))
+      throw Error(fmt::format("{}: expected {{\"phase\": k, \"items\": [request, position, tokens, …]}} and "
+                              "optionally \"preempted\": [request, …]",
+                              at));
     ServeBatch out;
     out.phase = static_cast<int>(integer(batch.at("phase"), at + ".phase", 0, std::numeric_limits<int>::max()));
     const json& items = batch.at("items");
@@ -188,6 +193,13 @@ ServePlan serve_from_json(const nlohmann::json& j, const std::string& path) {
       item.position = static_cast<int>(integer(items[k + 1], it + ".position", 0, total - 1));
       item.tokens = static_cast<int>(integer(items[k + 2], it + ".tokens", 1, total - item.position));
       out.items.push_back(item);
+    }
+    if (batch.contains("preempted")) {
+      const json& list = batch.at("preempted");
+      if (!list.is_array()) throw Error(fmt::format("{}.preempted: expected a list of requests", at));
+      for (std::size_t k = 0; k < list.size(); ++k)
+        out.preempted.push_back(static_cast<int>(integer(list[k], fmt::format("{}.preempted[{}]", at, k), 0,
+                                                         static_cast<long long>(s.requests.size()) - 1)));
     }
     s.batches.push_back(std::move(out));
   }

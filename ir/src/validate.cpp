@@ -366,8 +366,8 @@ class Checker {
         if (o.mb < 0 || o.mb >= batches) continue;
         const bool prefill = sv.batches[static_cast<std::size_t>(o.mb)].has_prefill();
         if ((o.kind == OpKind::PREFILL) != prefill)
-          problem(fmt::format("{}: batch {} {} a prompt; expected {}", where(g), o.mb,
-                              prefill ? "holds" : "holds no", prefill ? "PREFILL" : "DECODE"));
+          problem(fmt::format("{}: batch {} holds {}; expected {}", where(g), o.mb,
+                              prefill ? "a prompt" : "no prompt", prefill ? "PREFILL" : "DECODE"));
         if (r < static_cast<int>(sv.kv_capacity_bytes.size()) &&
             static_cast<double>(o.bytes) > sv.kv_capacity_bytes[static_cast<std::size_t>(r)] * (1 + 1e-9) + 1)
           problem(fmt::format("{}: the KV cache holds {} bytes after it, over the rank's capacity of {:.0f} bytes",

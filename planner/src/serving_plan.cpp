@@ -66,6 +66,7 @@ class Scheduler {
     blocks_ -= ir::kv_blocks(held(r), block_tokens());
     held_[static_cast<std::size_t>(r)] = 0;
     waiting_.push_front(r);
+    preempted_.push_back(r);
   }
 
   /// Appends a batch: caches its tokens, records its KV, retires finished requests and
@@ -89,7 +90,8 @@ class Scheduler {
       }
     }
     blocks_after_.push_back(peak_after_batch(items));
-    batches_.push_back({std::move(items), phase});
+    batches_.push_back({std::move(items), phase, std::move(preempted_)});
+    preempted_.clear();
   }
 
   /// Takes up to `n` requests from the front of the running queue for batch `j`: those
@@ -130,6 +132,7 @@ class Scheduler {
   std::vector<int> held_;  ///< tokens in the KV cache
   std::vector<int> last_;  ///< last batch the request was in
   std::deque<int> waiting_, running_;
+  std::vector<int> preempted_;  ///< since the last batch
   long long blocks_ = 0, peak_ = 0;
   std::vector<ServeBatch> batches_;
   std::vector<long long> blocks_after_;
@@ -289,14 +292,20 @@ void schedule_tdpipe(Scheduler& s, const ir::ServingConfig& cfg, const ServingCo
       for (auto& b : batches) s.add(std::move(b), phase);
       if (!batches.empty()) ++phase;
     }
-    // Decode window: rounds of P batches from one pool until the controller switches.
-    int in_window = 0;
+    // Decode window: rounds of P batches from one pool until the controller switches. A
+    // round serves every running request once: each batch takes ⌈left / slots left⌉ of
+    // the requests the round has not served (⌊N/P⌋, +1 for the first N mod P batches),
+    // from the front of the pool, so the batches stay within one of each other.
+    int in_window = 0, round_left = 0;
     while (!s.running().empty()) {
       const int j = s.next_batch();
-      const int N = s.running_count();
       const int slot = in_window % P;
-      const int target = std::min(cfg.max_batch_requests, N / P + (slot < N % P ? 1 : 0));
-      std::vector<int> take = s.take_ready(j, std::max(1, target), true);
+      if (slot == 0) round_left = s.running_count();
+      const int slots_left = P - slot;
+      const int target =
+          std::min(cfg.max_batch_requests, std::max(1, (round_left + slots_left - 1) / slots_left));
+      std::vector<int> take = s.take_ready(j, target, true);
+      round_left = std::max(0, round_left - static_cast<int>(take.size()));
       std::vector<ServeItem> items;
       for (int r : take) items.push_back(s.item_for(r));
       s.add(std::move(items), phase);

@@ -92,6 +92,10 @@ struct ServeBatch {
   /// and decode windows alternate; pp and tp: 0). A stage's idle time before a batch of
   /// another phase than its previous one is a phase-switch bubble.
   int phase = 0;
+  /// Requests whose KV cache is dropped before this batch runs: vLLM's recompute
+  /// preemption (pp, tp); such a request comes back later as a prefill of its prompt and
+  /// the tokens it generated.
+  std::vector<int> preempted;
   friend bool operator==(const ServeBatch&, const ServeBatch&) = default;
   bool has_prefill() const;
 };
