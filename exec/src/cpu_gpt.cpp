@@ -387,6 +387,56 @@ struct GptStage::Impl {
     return x2 + Mat((st.g * P(bname(l, "w2"))).rowwise() + Pv(bname(l, "b2")));
   }
 
+  // Serving: block l over the stacked rows of `items` (item i's from first_row[i]); the
+  // same arithmetic as block_forward, each item attending to its cache plus its own rows.
+  Mat block_infer(int l, const std::vector<InferItem>& items, const std::vector<Eigen::Index>& first_row,
+                  const Mat& x) {
+    const int H = cfg.hidden, nh = cfg.heads, dh = H / nh;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+    const auto local = static_cast<std::size_t>(l - first_block);
+    Mat xhat, h;
+    Eigen::VectorXd rstd;
+    ln_forward(x, Pv(bname(l, "ln1.g")), Pv(bname(l, "ln1.b")), cfg.ln_eps, xhat, rstd, h);
+    const Mat q = h * P(bname(l, "wq"));
+    const Mat k = h * P(bname(l, "wk"));
+    const Mat v = h * P(bname(l, "wv"));
+    Mat a(x.rows(), H);
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const InferItem& item = items[i];
+      const Eigen::Index r0 = first_row[i];
+      const int T = item.tokens, n = item.position + T;
+      Mat& ck = item.cache->k[local];
+      Mat& cv = item.cache->v[local];
+      ck.conservativeResize(n, H);
+      cv.conservativeResize(n, H);
+      ck.bottomRows(T) = k.middleRows(r0, T);
+      cv.bottomRows(T) = v.middleRows(r0, T);
+      for (int hd = 0; hd < nh; ++hd) {
+        const Mat qh = q.block(r0, hd * dh, T, dh);
+        Mat s = (qh * ck.block(0, hd * dh, n, dh).transpose()) * scale;
+        for (int r = 0; r < T; ++r) {
+          const int pos = item.position + r;  // keys after the query's position are masked
+          const double mx = s.row(r).head(pos + 1).maxCoeff();
+          double sum = 0;
+          for (int c = 0; c < n; ++c) {
+            const double e = c <= pos ? std::exp(s(r, c) - mx) : 0.0;
+            s(r, c) = e;
+            sum += e;
+          }
+          s.row(r) /= sum;
+        }
+        a.block(r0, hd * dh, T, dh) = s * cv.block(0, hd * dh, n, dh);
+      }
+    }
+    Mat x2 = x + Mat((a * P(bname(l, "wo"))).rowwise() + Pv(bname(l, "bo")));
+    Mat xhat2, h2;
+    Eigen::VectorXd rstd2;
+    ln_forward(x2, Pv(bname(l, "ln2.g")), Pv(bname(l, "ln2.b")), cfg.ln_eps, xhat2, rstd2, h2);
+    const Mat u = (h2 * P(bname(l, "w1"))).rowwise() + Pv(bname(l, "b1"));
+    const Mat g = u.unaryExpr([](double z) { return gelu(z); });
+    return x2 + Mat((g * P(bname(l, "w2"))).rowwise() + Pv(bname(l, "b2")));
+  }
+
   Mat block_backward(int mb, int l, int slice, int t0, int t1, const Mat& dout, BlockState& st) {
     const int b = cfg.micro_batch, T = t1 - t0, H = cfg.hidden;
     const int nh = cfg.heads, dh = H / nh;
@@ -630,6 +680,93 @@ Mat GptStage::forward(int mb, int slice, int t0, int t1, const Mat& x,
   st.tainted = I.tainted;
   if (loss) *loss += loss_scale * sum_ce;
   return Mat();
+}
+
+void KvCache::truncate(int keep) {
+  keep = std::max(keep, 0);
+  if (keep >= tokens) return;
+  for (auto* blocks : {&k, &v})
+    for (Mat& m : *blocks) m.conservativeResize(keep, m.cols());
+  tokens = keep;
+}
+
+std::vector<int> greedy_tokens(const Mat& logits) {
+  std::vector<int> out;
+  for (Eigen::Index r = 0; r < logits.rows(); ++r) {
+    Eigen::Index best = 0;
+    for (Eigen::Index c = 1; c < logits.cols(); ++c)
+      if (logits(r, c) > logits(r, best)) best = c;
+    out.push_back(static_cast<int>(best));
+  }
+  return out;
+}
+
+Mat GptStage::infer(const std::vector<InferItem>& items, const Mat& x) {
+  Impl& I = *impl_;
+  const int H = I.cfg.hidden;
+  std::vector<Eigen::Index> first_row;
+  Eigen::Index rows = 0;
+  for (const InferItem& item : items) {
+    if (item.tokens < 1 || item.position < 0)
+      throw Error(fmt::format("stage {}: request {}: an item of {} tokens at position {}", I.stage, item.request,
+                              item.tokens, item.position));
+    if (item.position + item.tokens > I.cfg.seq)
+      throw Error(fmt::format("stage {}: request {}: tokens [{}, {}) reach past the model's {} positions (model.seq)",
+                              I.stage, item.request, item.position, item.position + item.tokens, I.cfg.seq));
+    if (!item.cache || item.cache->tokens != item.position)
+      throw Error(fmt::format("stage {}: request {}: an item at position {} needs the request's KV cache of {} tokens, "
+                              "got {}", I.stage, item.request, item.position, item.position,
+                              item.cache ? fmt::format("{} tokens", item.cache->tokens) : std::string("none")));
+    if (I.first() && static_cast<int>(item.ids.size()) != item.tokens)
+      throw Error(fmt::format("stage 0: request {}: an item of {} tokens with {} token ids", item.request, item.tokens,
+                              item.ids.size()));
+    for (std::size_t j = 0; j < first_row.size(); ++j)
+      if (items[j].cache == item.cache)
+        throw Error(fmt::format("stage {}: requests {} and {} share a KV cache in one batch", I.stage,
+                                items[j].request, item.request));
+    first_row.push_back(rows);
+    rows += item.tokens;
+  }
+  Mat act;
+  if (I.first()) {
+    act.resize(rows, H);
+    MapMat tok = I.P("embed.tok");
+    MapMat pos = I.P("embed.pos");
+    for (std::size_t i = 0; i < items.size(); ++i)
+      for (int r = 0; r < items[i].tokens; ++r) {
+        const int id = items[i].ids[static_cast<std::size_t>(r)];
+        if (id < 0 || id >= I.cfg.vocab)
+          throw Error(fmt::format("request {}: token id {} outside the vocabulary of {}", items[i].request, id,
+                                  I.cfg.vocab));
+        act.row(first_row[i] + r) = tok.row(id) + pos.row(items[i].position + r);
+      }
+  } else {
+    if (x.rows() != rows || x.cols() != H)
+      throw Error(fmt::format("stage {}: the batch's input is {}×{}, expected {}×{} (its items' tokens × hidden)",
+                              I.stage, x.rows(), x.cols(), rows, H));
+    act = x;
+  }
+  for (const InferItem& item : items)
+    if (item.cache->tokens == 0) {
+      item.cache->k.assign(static_cast<std::size_t>(I.nblocks()), Mat(0, H));
+      item.cache->v.assign(static_cast<std::size_t>(I.nblocks()), Mat(0, H));
+    }
+  I.timed_blocks([&] {
+    for (int l = I.first_block; l < I.last_block; ++l) {
+      if (I.block_begin) I.block_begin(l - I.first_block);
+      act = I.block_infer(l, items, first_row, act);
+      if (I.block_end) I.block_end(l - I.first_block);
+    }
+  });
+  for (const InferItem& item : items) item.cache->tokens += item.tokens;
+  if (!I.last()) return act;
+  Mat last(static_cast<Eigen::Index>(items.size()), H);
+  for (std::size_t i = 0; i < items.size(); ++i)
+    last.row(static_cast<Eigen::Index>(i)) = act.row(first_row[i] + items[i].tokens - 1);
+  Mat xhat, hf;
+  Eigen::VectorXd rstd;
+  ln_forward(last, I.Pv("head.ln.g"), I.Pv("head.ln.b"), I.cfg.ln_eps, xhat, rstd, hf);
+  return (hf * I.P("head.out")).rowwise() + I.Pv("head.bias");
 }
 
 Mat GptStage::backward_input(int mb, int slice, const Mat& dy) { return run_backward(mb, slice, dy, true, false, {}); }

@@ -53,7 +53,8 @@ double cpu_memory_bytes(const GptConfig& c, const ir::Plan& plan) {
   return total * std::max(1, plan.data);
 }
 
-/// Memory this process may still take: MemAvailable, else the physical memory.
+}  // namespace
+
 double available_memory_bytes() {
   if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
     char line[256];
@@ -65,6 +66,8 @@ double available_memory_bytes() {
   }
   return double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));
 }
+
+namespace {
 
 /// Refuses, before allocating, a model the machine cannot hold (instead of bad_alloc).
 void check_cpu_memory(const GptConfig& config, const ir::Plan& plan) {

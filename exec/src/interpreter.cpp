@@ -13,6 +13,7 @@
 #include <optional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -102,6 +103,7 @@ class RankRun {
         }
     }
     segments_.assign(ops_.size(), 0);
+    if (std::any_of(ops_.begin(), ops_.end(), [](const Op& op) { return ir::is_serving(op.kind); })) find_token_inputs();
     if ((all_reduces > 0) + (scatters > 0) + (compressed > 0) > 1)
       throw Error(fmt::format("rank {}: the plan mixes ALLREDUCE, REDUCE_SCATTER and COMPRESSED_ALLREDUCE "
                               "buckets; a rank's optimizer is one of Adam (ALLREDUCE), sharded Adam "
@@ -271,7 +273,7 @@ class RankRun {
   // What a compute op consumes from another virtual stage, if anything.
   std::optional<TensorKey> input_key(const Op& op) const {
     const int s = stage(rank_, op.chunk);
-    if (op.kind == OpKind::F && s > 0) return TensorKey{OpKind::F, s - 1, op.mb, op.slice};
+    if ((op.kind == OpKind::F || ir::is_serving(op.kind)) && s > 0) return TensorKey{OpKind::F, s - 1, op.mb, op.slice};
     if ((op.kind == OpKind::B || op.kind == OpKind::BW) && s < plan_.virtual_stages() - 1)
       return TensorKey{OpKind::B, s + 1, op.mb, op.slice};
     return std::nullopt;
@@ -279,6 +281,8 @@ class RankRun {
   std::optional<TensorKey> output_key(const Op& op) const {
     const int s = stage(rank_, op.chunk);
     if (op.kind == OpKind::F && s < plan_.virtual_stages() - 1) return TensorKey{OpKind::F, s, op.mb, op.slice};
+    // Serving: every stage's output goes on, the last stage's (its sampled tokens) to stage 0.
+    if (ir::is_serving(op.kind) && plan_.virtual_stages() > 1) return TensorKey{OpKind::F, s, op.mb, op.slice};
     if ((op.kind == OpKind::B || op.kind == OpKind::BW) && s > 0) return TensorKey{OpKind::B, s, op.mb, op.slice};
     return std::nullopt;
   }
@@ -290,6 +294,33 @@ class RankRun {
     if (producer < 0 || producer >= plan_.num_ranks())
       throw Error(fmt::format("rank {}: {}: peer {} is not a rank of the plan", rank_, op_label(op), op.peer));
     return TensorKey{op.payload, stage(producer, op.chunk), op.mb, op.slice};
+  }
+
+  // Serving: a PREFILL/DECODE's deps on RECVs of this rank other than its input's are the
+  // token buffers it reads (ComputeOp::token_inputs), kept until their last reader ran; a
+  // RECV that no op reads (the tokens of the last batches, which no batch follows) is
+  // dropped as it arrives.
+  void find_token_inputs() {
+    std::set<TensorKey> read;
+    for (int i = 0; i < static_cast<int>(ops_.size()); ++i) {
+      const Op& op = ops_[static_cast<std::size_t>(i)];
+      if (!ir::is_compute(op.kind) || op.kind == OpKind::OPT) continue;
+      const auto in_key = input_key(op);
+      if (in_key) read.insert(*in_key);
+      if (!ir::is_serving(op.kind)) continue;
+      for (const ir::OpRef& d : op.deps) {
+        if (d.rank != rank_ || d.index < 0 || d.index >= static_cast<int>(ops_.size())) continue;
+        const Op& dep = ops_[static_cast<std::size_t>(d.index)];
+        if (dep.kind != OpKind::RECV || comm_key(dep) == in_key) continue;
+        token_inputs_[i].push_back(d.index);
+        token_last_reader_[d.index] = std::max(token_last_reader_[d.index], i);
+        read.insert(comm_key(dep));
+      }
+    }
+    for (int i = 0; i < static_cast<int>(ops_.size()); ++i) {
+      const Op& op = ops_[static_cast<std::size_t>(i)];
+      if (op.kind == OpKind::RECV && !read.count(comm_key(op))) unread_.insert(i);
+    }
   }
 
   /// Have op's explicit deps (from the `from`-th on) ended? A compute op's LOADs are
@@ -695,6 +726,18 @@ class RankRun {
       input = std::move(it->second);
       tensors_.erase(it);
     }
+    if (const auto tokens = token_inputs_.find(i); tokens != token_inputs_.end()) {
+      std::lock_guard lock(control_.mutex());
+      for (int d : tokens->second) {
+        const Op& recv = ops_[static_cast<std::size_t>(d)];
+        auto it = tensors_.find(comm_key(recv));
+        if (it == tensors_.end())
+          throw Error(fmt::format("rank {}: {} reads the tokens of {}, which its last reader took already", rank_,
+                                  op_label(op), op_label(recv)));
+        cop.token_inputs.emplace_back(recv.mb, it->second);
+        if (token_last_reader_.at(d) == i) tensors_.erase(it);
+      }
+    }
     // fp16 training: OPT steps only if no rank's stores overflowed in any slice. The
     // agreement waits for every rank to reach its OPT: a wait, before OPT's interval.
     std::vector<std::uint8_t> overflow;
@@ -792,7 +835,7 @@ class RankRun {
     if (!fresh.empty()) {
       std::lock_guard lock(control_.mutex());
       for (std::size_t k : fresh) {
-        hand_over(f.batch[k]);
+        hand_over(f.item.first + static_cast<int>(k), f.batch[k]);
         done_[static_cast<std::size_t>(f.item.first) + k] = 1;
       }
       control_.progress();
@@ -801,10 +844,13 @@ class RankRun {
     return all && f.ended == f.batch.size();
   }
 
-  // Under control_.mutex(), a transfer that ended: a SEND's tensor goes, a RECV's arrives.
-  void hand_over(P2POp& p) {
+  // Under control_.mutex(), transfer `i` that ended: a SEND's tensor goes, a RECV's
+  // arrives (or, read by no op, is dropped).
+  void hand_over(int i, P2POp& p) {
     if (p.kind == OpKind::SEND)
       tensors_.erase(p.key);
+    else if (unread_.count(i))
+      p.buffer = Buffer{};
     else
       tensors_[p.key] = std::move(p.buffer);
   }
@@ -813,7 +859,7 @@ class RankRun {
   void end_batch(Flight& f, std::int64_t end) {
     {
       std::lock_guard lock(control_.mutex());
-      for (auto& p : f.batch) hand_over(p);
+      for (std::size_t k = 0; k < f.batch.size(); ++k) hand_over(f.item.first + static_cast<int>(k), f.batch[k]);
     }
     finish(f.item, f.start, std::max(end, f.start));
   }
@@ -955,6 +1001,9 @@ class RankRun {
   std::vector<std::int64_t> tail_done_;         // per chunk: GradProgress of that op (−1: none yet)
   std::vector<std::int64_t> tail_total_;        // guarded by control_.mutex()
   std::vector<traces::TraceEvent> events_;
+  std::map<int, std::vector<int>> token_inputs_;  // serving op → the RECVs of the token buffers it reads
+  std::map<int, int> token_last_reader_;          // such a RECV → its last reader
+  std::set<int> unread_;                          // RECVs whose tensor no op reads
   std::map<int, std::vector<int>> gates_;  // compute op → its LOADs, in use order
   std::map<int, int> consumer_;            // LOAD → the op it gates
   std::vector<int> segments_;              // per op: blocks released so far (guarded)

@@ -68,6 +68,9 @@ std::optional<PlanInput> load_plan_file(const std::string& path, const std::stri
   } catch (const Error& e) {
     throw Error(fmt::format("{}: {}", path, e.what()));
   }
+  if (plan.serve)
+    throw Error(fmt::format("{}: a serving plan ({} planner); run it with `tdpipe serve {}`", path, plan.serve->planner,
+                            path));
   if (!schedule.empty() && schedule != plan.schedule)
     throw Error(fmt::format("{}: a plan of schedule {}; --schedule {} asks for another (a plan file is run as it "
                             "is: plan the scenario again for another schedule)",

@@ -200,18 +200,23 @@ void schedule_continuous(Scheduler& s, const ir::ServingConfig& cfg) {
 class KvProjection {
  public:
   explicit KvProjection(int block_tokens) : B_(block_tokens) {}
-  void add(long long cached, long long steps) { items_.push_back({steps, cached}); }
-  void pop() { items_.pop_back(); }
+  /// Adds a request; kept sorted by steps left, longest first, so peak() is one pass.
+  void add(long long cached, long long steps) {
+    const auto at = std::upper_bound(items_.begin(), items_.end(), steps,
+                                     [](long long s, const std::pair<long long, long long>& i) { return s > i.first; });
+    last_ = static_cast<std::size_t>(at - items_.begin());
+    items_.insert(at, {steps, cached});
+  }
+  /// Removes the request add() added last.
+  void pop() { items_.erase(items_.begin() + static_cast<std::ptrdiff_t>(last_)); }
   long long peak() const {
-    auto sorted = items_;
-    std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     double best = 0, sum_c = 0;
-    for (std::size_t k = 0; k < sorted.size(); ++k) {
-      sum_c += static_cast<double>(sorted[k].second);
-      const double n = static_cast<double>(k + 1);
-      const double u = static_cast<double>(sorted[k].first);
+    for (std::size_t k = 0; k < items_.size(); ++k) {
+      sum_c += static_cast<double>(items_[k].second);
       // The alive set at step u is every request with at least u steps left.
-      if (k + 1 < sorted.size() && sorted[k + 1].first == sorted[k].first) continue;
+      if (k + 1 < items_.size() && items_[k + 1].first == items_[k].first) continue;
+      const double n = static_cast<double>(k + 1);
+      const double u = static_cast<double>(items_[k].first);
       best = std::max(best, (sum_c + n * u + n * (B_ - 1)) / B_);
     }
     return static_cast<long long>(std::floor(best));
@@ -220,7 +225,8 @@ class KvProjection {
 
  private:
   int B_;
-  std::vector<std::pair<long long, long long>> items_;  ///< (steps left, tokens cached)
+  std::vector<std::pair<long long, long long>> items_;  ///< (steps left, tokens cached), steps descending
+  std::size_t last_ = 0;
 };
 
 /// Seconds of one stage (the slowest) for a batch of `n` decode tokens at context `ctx`.

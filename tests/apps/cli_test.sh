@@ -940,6 +940,58 @@ PY
     expect "$out" 'on 2 processes' "the table says it was split"
     [ "$(grep -c '^search ' <<<"$out")" = 1 ] || fail "only rank 0 prints: $out"
     ;;
+  serve)
+    # The three serving planners side by side on the tiny scenario, as a table and as JSON;
+    # a plan file runs as it is and gives the same figures; wrong inputs get named errors.
+    sc=scenarios/serve-tiny-cpu.yaml
+    out=$("$tdpipe" serve $sc --planner all --engine analytic) || fail "serve exited $?"
+    for p in pp tp tdpipe; do expect "$out" "^$p +p[12]t[12] +analytic " "a row for $p"; done
+    expect "$out" '^tdpipe / pp: [0-9.]+× the output throughput' "tdpipe vs pp"
+    expect "$out" '^tdpipe / tp: [0-9.]+× the output throughput' "tdpipe vs tp"
+    "$tdpipe" serve $sc --planner all --engine analytic --json --plan-out "$work/p.json" --trace-out "$work/t.json" \
+        > "$work/all.json" || fail "serve --json exited $?"
+    for p in pp tp tdpipe; do [ -s "$work/p-$p.json" ] && [ -s "$work/t-$p.json" ] || fail "no plan/trace for $p"; done
+    "$tdpipe" serve "$work/p-tdpipe.json" --engine analytic --json > "$work/again.json" || fail "serve PLAN.json exited $?"
+    python3 - "$work/all.json" "$work/again.json" <<'PY' || fail "serve JSON"
+import json, sys
+a = {r["planner"]: r for r in json.load(open(sys.argv[1]))["runs"]}
+b = json.load(open(sys.argv[2]))["runs"]
+assert set(a) == {"pp", "tp", "tdpipe"}, a.keys()
+for r in a.values():
+    assert r["requests"] == 24 and r["output_tokens"] > 0 and r["makespan_seconds"] > 0
+    assert abs(r["output_tokens_per_second"] * r["makespan_seconds"] - r["output_tokens"]) < 1e-6 * r["output_tokens"]
+    assert r["ttft_seconds"]["p50"] <= r["ttft_seconds"]["p99"] <= r["makespan_seconds"]
+    for s in r["stage"]:
+        assert s["peak_kv_bytes"] <= s["kv_capacity_bytes"]
+assert a["pp"]["recomputed_prefills"] > 0 and a["tdpipe"]["phases"] > 2 and a["tp"]["stages"] == 1
+assert len(b) == 1 and b[0] == a["tdpipe"], (b, a["tdpipe"])
+PY
+    out=$("$tdpipe" serve $sc --planner pp --engine simgrid --count 5) || fail "serve simgrid exited $?"
+    expect "$out" '5 requests' "--count"
+    expect "$out" '^pp +p2t1 +simgrid ' "the simgrid row"
+    err=$("$tdpipe" sim "$work/p-pp.json" 2>&1) && fail "sim took a serving plan"
+    expect "$err" 'a serving plan \(pp planner\); run it with `tdpipe serve' "sim refuses a serving plan"
+    err=$("$tdpipe" serve scenarios/tiny-gpt-cpu.yaml 2>&1) && fail "serve took a training scenario"
+    expect "$err" 'no serving: section' "a training scenario"
+    echo '[{"prompt": 3}]' > "$work/r.json"
+    err=$("$tdpipe" serve $sc --requests "$work/r.json" 2>&1) && fail "serve took a bad requests file"
+    expect "$err" 'r.json: requests\[0\].output: missing' "a bad requests file"
+    echo '[{"prompt": 60, "output": 10}]' > "$work/long.json"
+    err=$("$tdpipe" serve $sc --requests "$work/long.json" 2>&1) && fail "serve took a request past the context"
+    expect "$err" 'exceed the model.s context of model.seq = 64' "a request past the context"
+    err=$("$tdpipe" serve "$work/p-pp.json" --planner tdpipe 2>&1) && fail "a plan file re-planned"
+    expect "$err" 'a plan of the pp planner; --planner tdpipe asks for another' "a plan file runs as it is"
+    ;;
+  serve-cpu)
+    # The tiny GPT generates every token on CPU threads for each planner; the measured trace
+    # pairs op for op with the prediction, and its report has the same batches.
+    sc=scenarios/serve-tiny-cpu.yaml
+    out=$("$tdpipe" serve $sc --planner all --backend cpu --trace-out "$work/meas.json") || fail "serve --backend cpu exited $?"
+    for p in pp tp tdpipe; do expect "$out" "^$p +p[12]t[12] +cpu " "a measured row for $p"; done
+    "$tdpipe" serve $sc --planner tdpipe --engine analytic --trace-out "$work/pred.json" >/dev/null || fail "serve exited $?"
+    out=$("$tdpipe" compare "$work/pred.json" "$work/meas-tdpipe.json") || fail "compare exited $?"
+    expect "$out" 'ops matched [0-9]+, only predicted 0, only measured 0' "every op pairs up"
+    ;;
   *) fail "unknown case $case_name" ;;
 esac
 echo "ok: $case_name"

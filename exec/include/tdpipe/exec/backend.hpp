@@ -93,7 +93,8 @@ struct CopyOp {
 };
 
 /// A compute op as the backend sees it: kind F, B, W, BW or OPT of
-/// (mb, chunk, slice) of this rank's model chunk `chunk` = virtual stage `stage`.
+/// (mb, chunk, slice) of this rank's model chunk `chunk` = virtual stage `stage`; or, in a
+/// serving plan, PREFILL/DECODE of batch `mb` of the plan's serving table (ir/serving.hpp).
 struct ComputeOp {
   ir::OpKind kind = ir::OpKind::F;
   int mb = -1;
@@ -124,6 +125,12 @@ struct ComputeOp {
   /// thread: run_rank_steps) post and complete their transfers while a long op runs; its
   /// time is the runtime's, not the op's work. Null: nothing to call.
   const std::function<void()>* poll = nullptr;
+  /// Serving, stage 0 of a pipeline: the tokens the last stage sampled for the earlier
+  /// batches this op's requests were last in (the RECVs its `deps` name), as {batch, its
+  /// buffer: one 4-byte token id per item of that batch, in the table's order}. A buffer
+  /// may be handed to several ops (a batch's requests go on in different batches); empty
+  /// otherwise.
+  std::vector<std::pair<int, Buffer>> token_inputs = {};
 };
 
 /// The buffers of one bucket's 1-bit all-reduce, each in the backend's memory and
@@ -164,6 +171,9 @@ class Compute {
   /// input {B, stage, mb, slice}; otherwise an empty Buffer. W and OPT take and give
   /// nothing. TD-Pipe: F of slice j reads the KV cache of slices < j of (mb, chunk);
   /// B of slice j adds key/value gradients for them (B runs slices in reverse order).
+  /// Serving: PREFILL/DECODE of batch mb takes {F, stage−1, mb, 0} at stage > 0 and, in a
+  /// plan of several stages, gives {F, stage, mb, 0}: hidden states below the last stage,
+  /// the batch's sampled tokens (ComputeOp::token_inputs' format) on it.
   virtual Buffer run(const ComputeOp& op, Buffer input) = 0;
 
   /// Of the last run()'s time, the nanoseconds spent in the model's decoder layers (the

@@ -9,7 +9,10 @@
 // through Transport::post (CUDA: one NCCL group) ends as a whole. An op starts once the
 // previous op of its stream (batch) ended and
 //  - its explicit `deps` ended;
-//  - compute: its input tensor is present (produced locally or received);
+//  - compute: its input tensor is present (produced locally or received); a serving
+//    PREFILL/DECODE gets the token buffers of the RECVs among its deps besides its input
+//    (ComputeOp::token_inputs), and a RECV no op reads (a serving plan's last tokens) is
+//    dropped as it arrives;
 //  - SEND: the tensor it sends was produced; consecutive comm ops with one `batch`
 //    id are posted together (Transport::start, or post);
 //  - ALLREDUCE (or REDUCE_SCATTER) of chunk c: every W/BW of chunk c on this rank

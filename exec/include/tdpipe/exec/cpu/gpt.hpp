@@ -9,6 +9,8 @@
 // of its sequence, kept in a per-(micro-batch, block) KV cache; its input-gradient
 // backward adds key/value gradients for the earlier slices to an accumulator they
 // read when their own backward runs (slices go backward in reverse order).
+// Serving (infer): items of several requests, each a run of its tokens at known
+// positions, go through the blocks together, each attending to its request's KvCache.
 #pragma once
 
 #include <atomic>
@@ -63,6 +65,27 @@ std::pair<int, int> stage_layers(const GptConfig& config, int stage, int stages)
 /// backends' memory checks size a model with it before allocating).
 std::int64_t stage_parameter_count(const GptConfig& config, int stage, int stages);
 
+/// Serving: the keys and values one request's tokens left in a stage's decoder blocks.
+struct KvCache {
+  std::vector<Mat> k, v;  ///< per local block: one row per cached token (position order)
+  int tokens = 0;         ///< positions [0, tokens) are cached
+  /// Keeps positions [0, keep) only (a later item recomputes the rest, or nothing reads it).
+  void truncate(int keep);
+};
+
+/// Serving: one item of GptStage::infer's batch — tokens [position, position + tokens)
+/// of request `request`, whose `cache` holds positions [0, position) and takes the new ones.
+struct InferItem {
+  int request = 0;  ///< names the request in errors
+  int position = 0;
+  int tokens = 0;
+  KvCache* cache = nullptr;
+  std::vector<int> ids;  ///< stage 0: the item's token ids (`tokens` of them)
+};
+
+/// Greedy sampling: each row's argmax (the lowest index among equal maxima).
+std::vector<int> greedy_tokens(const Mat& logits);
+
 /// Parameters by name ("embed.tok", "block3.wq", "head.out", …), flattened row-major.
 using ParamMap = std::map<std::string, std::vector<double>>;
 
@@ -106,6 +129,13 @@ class GptStage {
   Mat forward(int mb, int slice, int t0, int t1, const Mat& x,
               const std::vector<std::vector<int>>* tokens,
               const std::vector<std::vector<int>>* targets, double loss_scale, double* loss);
+  /// Serving forward of `items`: their rows stacked (item after item) go through each
+  /// block together, each item attending causally to its cache and its own rows, no state
+  /// kept for a backward. `x`: the input rows (stage > 0); stage 0 embeds items' ids at
+  /// their positions. Returns the output rows, or on the last stage one row of logits per
+  /// item (of its last token). Throws tdpipe::Error naming the request when an item reaches
+  /// past model.seq or its cache does not hold exactly its position's tokens.
+  Mat infer(const std::vector<InferItem>& items, const Mat& x);
   /// Input-gradient backward (B): from dL/d(output) (ignored on the last stage) to
   /// dL/d(input) (empty on stage 0); stashes what W needs.
   Mat backward_input(int mb, int slice, const Mat& dy);

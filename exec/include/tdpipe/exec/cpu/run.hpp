@@ -119,6 +119,9 @@ struct RunResult {
   TrainState state;  ///< replica 0 after the last step, to continue from
 };
 
+/// Memory this process may still take: MemAvailable, else the physical memory.
+double available_memory_bytes();
+
 /// The cores this process may run on (its affinity mask: taskset, a cgroup's cpuset).
 std::vector<int> allowed_cores();
 

@@ -1,11 +1,13 @@
 // serve.hpp — serving plans on the CPU backend: the tiny GPT generates every token.
 //
 // Each pipeline rank is a thread running the plan's ops through the interpreter
-// (interpreter.hpp), as training plans do; its Compute holds the rank's decoder layers
-// and a KV cache per request. PREFILL/DECODE of batch k runs the batch's items
-// (ir::ServeItem) through the layers, appending their keys and values to each request's
-// cache; the last stage samples greedily (argmax) and sends the tokens back to rank 0,
-// which feeds each request's next token to its next batch.
+// (interpreter.hpp) over the training runs' fabric, clock and watchdog; its Compute
+// (ServeCompute, serve_compute.hpp) holds the rank's decoder layers and a KV cache per
+// request. PREFILL/DECODE of batch k runs the batch's items (ir::ServeItem) through the
+// layers, appending their keys and values to each request's cache; the last stage samples
+// greedily (argmax) and sends the tokens back to rank 0, which feeds each request's next
+// token to its next batch. The weights are the training runs' initial ones
+// (TrainOptions::init_seed), so greedy_reference builds the same model.
 #pragma once
 
 #include <cstdint>
@@ -18,13 +20,16 @@ namespace tdpipe::exec::cpu {
 
 struct ServeRun {
   traces::Trace trace;                     ///< measured (origin "cpu"), one event per op
-  std::vector<std::vector<int>> tokens;    ///< per request, its output tokens in order
-  std::vector<std::int64_t> peak_kv_tokens;  ///< per rank, most tokens its KV caches held at once
+  std::vector<std::vector<int>> tokens;    ///< per request, its output tokens in order (the last stage's)
+  /// per rank, most tokens its KV caches held at once (after a batch was cached, before
+  /// finished requests let theirs go; a preempted request's as soon as its recompute is next)
+  std::vector<std::int64_t> peak_kv_tokens;
 };
 
-/// Runs serving plan `plan` (plan.serve set, lowered) on CPU threads. Throws
-/// tdpipe::Error for a plan without a serving table, a model too large for the CPU
-/// backend, or a request longer than the model's positions (model.seq).
+/// Runs serving plan `plan` (plan.serve set, lowered) on CPU threads, once. Throws
+/// tdpipe::Error for a plan without a serving table (a training plan), a model too large
+/// for the CPU backend, a request longer than the model's positions (model.seq, naming
+/// it), or a rank's failure (the watchdog's report of blocked ranks included).
 ServeRun run_serving(const ir::Plan& plan);
 
 /// The prompt of request `request`: `prompt` token ids in [0, vocab), drawn from `seed`
