@@ -14,7 +14,7 @@ seconds=${1:-60}
 shift || true
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(fuzz_scenario_yaml fuzz_scenario_json fuzz_plan_json fuzz_plan_text
-                                     fuzz_trace_json fuzz_profile fuzz_megatron_args)
+                                     fuzz_trace_json fuzz_profile fuzz_megatron_args fuzz_requests_json)
 command -v clang++-16 > /dev/null || { echo "fuzz.sh: clang++-16 not found (scripts/install-deps.sh --fuzz)" >&2; exit 1; }
 [ -f build/fuzz/build.ninja ] || cmake --preset fuzz > /dev/null
 cmake --build build/fuzz --target "${targets[@]}" > /dev/null
@@ -23,7 +23,7 @@ tdpipe=build/default/apps/tdpipe
 
 seeds=build/fuzz/seeds
 rm -rf "$seeds"
-mkdir -p "$seeds"/{fuzz_scenario_yaml,fuzz_scenario_json,fuzz_plan_json,fuzz_plan_text,fuzz_trace_json,fuzz_profile,fuzz_megatron_args}
+mkdir -p "$seeds"/{fuzz_scenario_yaml,fuzz_scenario_json,fuzz_plan_json,fuzz_plan_text,fuzz_trace_json,fuzz_profile,fuzz_megatron_args,fuzz_requests_json}
 cp scenarios/*.yaml "$seeds/fuzz_scenario_yaml/"
 cp tests/exec_cuda/data/*.json "$seeds/fuzz_scenario_json/"
 for sc in scenarios/tiny-gpt-cpu.yaml scenarios/synthetic-zb-p8-m24.yaml; do
@@ -36,6 +36,10 @@ for sc in scenarios/tiny-gpt-cpu.yaml scenarios/synthetic-zb-p8-m24.yaml; do
   done
 done
 "$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --steps 2 --trace-out "$seeds/fuzz_trace_json/measured.json" > /dev/null
+# Serving: plans of the three planners (with a serving table), their traces, a requests file.
+"$tdpipe" serve scenarios/serve-tiny-cpu.yaml --planner all --engine analytic \
+    --plan-out "$seeds/fuzz_plan_json/serve.json" --trace-out "$seeds/fuzz_trace_json/serve.json" > /dev/null
+printf '[{"prompt": 12, "output": 30}, {"prompt": 1024, "output": 1}]\n' > "$seeds/fuzz_requests_json/two.json"
 "$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml -o "$seeds/fuzz_profile/tiny.json" > /dev/null 2>&1
 "$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --steps 1 -o "$seeds/fuzz_profile/tiny-table.json" > /dev/null 2>&1
 printf '%s\n' "--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 --vocab-size 50000 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --bf16 --num-layers-per-virtual-pipeline-stage 1" \
