@@ -25,6 +25,13 @@ void LegendBar::set_entries(std::vector<LegendEntry> entries, std::vector<Legend
   update();
 }
 
+void LegendBar::set_end_label(const QString& label) {
+  if (label == end_label_) return;
+  end_label_ = label;
+  updateGeometry();
+  update();
+}
+
 // The strip's pieces in order: op-kind swatches, the iteration-end marker, and how the
 // traces' lanes are told apart. A piece starting a group moves to a new row with its
 // group where the group does not fit the rest of the row.
@@ -40,7 +47,7 @@ struct LegendBar::Piece {
 std::vector<LegendBar::Piece> LegendBar::pieces() const {
   std::vector<Piece> out;
   for (const auto& e : entries_) out.push_back({Piece::Swatch, e.text, e.color});
-  if (!entries_.empty()) out.push_back({Piece::Marker, QStringLiteral("iteration end"), QColor(0x20, 0x20, 0x20)});
+  if (!entries_.empty()) out.push_back({Piece::Marker, end_label_, QColor(0x20, 0x20, 0x20)});
   if (traces_.size() == 2) {
     // The lane labels carry the trace; say so once, in the labels' own colours.
     out.push_back({Piece::Text, QStringLiteral("%1 lanes (blue labels)").arg(traces_[0].text), traces_[0].color,

@@ -56,6 +56,8 @@ std::string view_usage() {
          "per-rank files (PyTorch profiler), Nsight Systems SQLite exports.\n"
          "Bubble: the time a rank's compute stream does not run (exposed communication included),\n"
          "over the iteration; later chunks of a rank are drawn in lighter shades.\n"
+         "Serving traces (tdpipe serve --trace-out): PREFILL and DECODE ops, and a KV-cache chart —\n"
+         "each rank's KV bytes held over time, a line per trace and rank.\n"
          "  --render OUT.png  draw the window offscreen into OUT.png and exit\n"
          "  --width W         image width in pixels (default 1600)\n"
          "  --height H        image height in pixels (default 900)\n"

@@ -17,6 +17,7 @@
 #include <QTimer>
 #include <QToolBar>
 #include <QVBoxLayout>
+#include <algorithm>
 #include <exception>
 #include <functional>
 
@@ -29,6 +30,7 @@
 #include "tdpipe/traces/trace_io.hpp"
 #include "tdpipe/viz/charts_panel.hpp"
 #include "tdpipe/viz/comparison.hpp"
+#include "tdpipe/viz/kv_cache_series.hpp"
 #include "tdpipe/viz/legend_bar.hpp"
 #include "tdpipe/viz/metrics_table.hpp"
 #include "tdpipe/viz/op_style.hpp"
@@ -261,6 +263,10 @@ void ViewerWindow::refresh() {
     lanes.push_back({QString::fromStdString(model_.names().short_name[static_cast<std::size_t>(t)]),
                      trace_text_color(t, n)});
   }
+  const bool all_serving = n > 0 && std::all_of(open.begin(), open.end(), [](const traces::Trace* t) {
+    return has_serving_ops(*t);
+  });
+  legend_->set_end_label(all_serving ? QStringLiteral("end of run") : QStringLiteral("iteration end"));
   legend_->set_entries(legend_entries(open), n >= 2 ? lanes : std::vector<LegendEntry>{});
   timeline_->set_model(&model_);
   charts_->set_data(model_, metrics_);

@@ -20,6 +20,10 @@ class LegendBar : public QWidget {
   /// nothing to tell apart).
   void set_entries(std::vector<LegendEntry> entries, std::vector<LegendEntry> traces = {});
   const std::vector<LegendEntry>& entries() const { return entries_; }
+  /// What the ruler's end markers are called: "iteration end" (training), or for serving
+  /// traces, which run once through their requests, "end of run".
+  void set_end_label(const QString& label);
+  const QString& end_label() const { return end_label_; }
   QSize sizeHint() const override;
   bool hasHeightForWidth() const override { return true; }
   /// One 22-pixel row, or more where the entries do not fit the width.
@@ -38,6 +42,7 @@ class LegendBar : public QWidget {
 
   std::vector<LegendEntry> entries_;
   std::vector<LegendEntry> traces_;
+  QString end_label_ = QStringLiteral("iteration end");
 };
 
 }  // namespace tdpipe::viz
