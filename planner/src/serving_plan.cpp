@@ -7,6 +7,7 @@
 #include <deque>
 #include <limits>
 #include <numeric>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -110,6 +111,33 @@ class Scheduler {
       out.push_back(running_.front());
       running_.pop_front();
     }
+    return out;
+  }
+
+  /// take_ready for a decode round: when more requests are back than `n`, the n whose
+  /// cached tokens sum closest to `goal_tokens` (one at a time, the one nearest the
+  /// remaining average), so batches equal in count read about as much KV too; the others
+  /// stay at the front of the pool, in their order, for the next batch.
+  std::vector<int> take_balanced(int j, int n, double goal_tokens) {
+    std::size_t back = 0;
+    while (back < running_.size() && ready(running_[back], j)) ++back;
+    if (back <= static_cast<std::size_t>(n)) return take_ready(j, n, true);
+    std::multiset<std::pair<int, std::size_t>> pool;  // (tokens cached, place in the queue)
+    for (std::size_t k = 0; k < back; ++k) pool.insert({held(running_[k]), k});
+    std::vector<char> chosen(back, 0);
+    double left = goal_tokens;
+    for (int c = n; c > 0; --c) {
+      const double want = left / c;
+      auto it = pool.lower_bound({static_cast<int>(std::min(want, 1e9)), 0});
+      if (it == pool.end() || (it != pool.begin() && want - std::prev(it)->first < it->first - want)) --it;
+      chosen[it->second] = 1;
+      left -= it->first;
+      pool.erase(it);
+    }
+    std::vector<int> out, rest;
+    for (std::size_t k = 0; k < back; ++k) (chosen[k] ? out : rest).push_back(running_[k]);
+    running_.erase(running_.begin(), running_.begin() + static_cast<std::ptrdiff_t>(back));
+    running_.insert(running_.begin(), rest.begin(), rest.end());
     return out;
   }
 
@@ -300,18 +328,26 @@ void schedule_tdpipe(Scheduler& s, const ir::ServingConfig& cfg, const ServingCo
     }
     // Decode window: rounds of P batches from one pool until the controller switches. A
     // round serves every running request once: each batch takes ⌈left / slots left⌉ of
-    // the requests the round has not served (⌊N/P⌋, +1 for the first N mod P batches),
-    // from the front of the pool, so the batches stay within one of each other.
+    // the requests the round has not served (⌊N/P⌋, +1 for the first N mod P batches), so
+    // the batches stay within one of each other; among the requests whose token is back
+    // it picks those that give it its share of the round's cached tokens, since a decode
+    // step's time follows the KV it reads as much as its request count.
     int in_window = 0, round_left = 0;
+    double round_tokens = 0;
     while (!s.running().empty()) {
       const int j = s.next_batch();
       const int slot = in_window % P;
-      if (slot == 0) round_left = s.running_count();
+      if (slot == 0) {
+        round_left = s.running_count();
+        round_tokens = 0;
+        for (int r : s.running()) round_tokens += s.held(r);
+      }
       const int slots_left = P - slot;
       const int target =
           std::min(cfg.max_batch_requests, std::max(1, (round_left + slots_left - 1) / slots_left));
-      std::vector<int> take = s.take_ready(j, target, true);
+      std::vector<int> take = s.take_balanced(j, target, round_tokens * target / std::max(1, round_left));
       round_left = std::max(0, round_left - static_cast<int>(take.size()));
+      for (int r : take) round_tokens -= s.held(r);
       std::vector<ServeItem> items;
       for (int r : take) items.push_back(s.item_for(r));
       s.add(std::move(items), phase);

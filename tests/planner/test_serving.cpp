@@ -188,6 +188,28 @@ TEST_CASE("tdpipe planner: work stealing keeps decode batches within one of each
   }
   CHECK(decode == 2 * 8);  // 8 decode steps per request, 2 batches per step
 
+  // Prompts of two lengths, long ones first: count-balanced batches taken in queue order
+  // would put all six long requests in the first decode batch (240 cached tokens against
+  // 24). Only the first prefill batch's eight requests (six long, two short) are back for
+  // it, so the best it can do is take both short ones: 4·40 + 2·4 against 2·40 + 4·4.
+  std::vector<ir::Request> two;
+  for (int r = 0; r < 12; ++r) two.push_back({r < 6 ? 40 : 4, 6});
+  ir::Scenario roomy = sc;
+  roomy.serving->max_batch_tokens = 512;
+  const ir::Plan p3 = planner::plan_serving(roomy, "tdpipe", two);
+  REQUIRE_NOTHROW(ir::validate(p3));
+  std::vector<double> round_tokens;
+  for (const auto& b : p3.serve->batches) {
+    if (b.has_prefill()) continue;
+    double cached = 0;
+    for (const auto& i : b.items) cached += i.position;
+    round_tokens.push_back(cached);
+    if (round_tokens.size() == 2) break;
+  }
+  REQUIRE(round_tokens.size() == 2);
+  CHECK(round_tokens[0] == 4 * 40 + 2 * 4);
+  CHECK(round_tokens[1] == 2 * 40 + 4 * 4);
+
   // Mixed lengths: sizes in a round differ by at most one plus the requests that
   // finished in the round before (their batch comes back short until stolen from).
   ir::Scenario big = sc;
