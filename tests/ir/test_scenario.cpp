@@ -235,7 +235,7 @@ TEST_CASE("synthetic scenarios: microseconds become seconds, shape mirrored", "[
 }
 
 TEST_CASE("GPU presets and their names", "[scenario]") {
-  CHECK(gpu_preset_names() == std::vector<std::string>{"a100-80g", "a100-40g", "h100-80g", "h200", "cpu"});
+  CHECK(gpu_preset_names() == std::vector<std::string>{"a100-80g", "a100-40g", "h100-80g", "h200", "l20", "cpu"});
   const GpuSpec a = gpu_preset("a100-80g");
   CHECK(a.peak_flops == 312e12);
   CHECK(a.hbm_bytes == 80.0 * (1 << 30));
@@ -246,8 +246,12 @@ TEST_CASE("GPU presets and their names", "[scenario]") {
   CHECK(gpu_preset("h100-80g").nvlink_bytes_per_second == 450e9);
   CHECK(gpu_preset("h200").hbm_bytes_per_second == 4800e9);
   CHECK(gpu_preset("h200").hbm_bytes > 140e9);
+  // L20: PCIe only, its GPU-to-GPU link PCIe Gen4 x16 as achieved.
+  CHECK(gpu_preset("l20").peak_flops == 119.5e12);
+  CHECK(gpu_preset("l20").hbm_bytes_per_second == 864e9);
+  CHECK(gpu_preset("l20").nvlink_bytes_per_second == 25e9);
   REQUIRE_THROWS_WITH(gpu_preset("v100"),
-                      "unknown GPU 'v100'; expected one of: a100-80g, a100-40g, h100-80g, h200, cpu");
+                      "unknown GPU 'v100'; expected one of: a100-80g, a100-40g, h100-80g, h200, l20, cpu");
 }
 
 TEST_CASE("explicit keys override presets", "[scenario]") {
@@ -423,13 +427,13 @@ TEST_CASE("bad scenarios are rejected with file:line: field: what was expected",
   SECTION("unknown names list the known ones") {
     REQUIRE_THROWS_WITH(parse(base_with({{11, "  gpu: a100"}})),
                         "bad.yaml:11: cluster.gpu: unknown GPU 'a100'; did you mean 'a100-80g'? expected one of: a100-80g, a100-40g, "
-                        "h100-80g, h200, cpu");
+                        "h100-80g, h200, l20, cpu");
     REQUIRE_THROWS_WITH(parse(base_with({{11, "  gpu: b200"}})),
                         "bad.yaml:11: cluster.gpu: unknown GPU 'b200'; did you mean 'h200'? expected one of: a100-80g, "
-                        "a100-40g, h100-80g, h200, cpu");
+                        "a100-40g, h100-80g, h200, l20, cpu");
     REQUIRE_THROWS_WITH(parse(base_with({{11, "  gpu: gtx-1080"}})),
                         "bad.yaml:11: cluster.gpu: unknown GPU 'gtx-1080'; expected one of: a100-80g, "
-                        "a100-40g, h100-80g, h200, cpu");
+                        "a100-40g, h100-80g, h200, l20, cpu");
     REQUIRE_THROWS_WITH(parse(base_with({{11, "  gpu: h100-80"}})),
                         StartsWith("bad.yaml:11: cluster.gpu: unknown GPU 'h100-80'; did you mean 'h100-80g'?"));
     REQUIRE_THROWS_WITH(parse(base_with({{21, "  recompute: partial"}})),
