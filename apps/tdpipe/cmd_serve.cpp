@@ -16,9 +16,12 @@
 #include "tdpipe/ir/plan_io.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/ir/validate.hpp"
+#include "tdpipe/planner/cost_fit.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/plan_input.hpp"
 #include "tdpipe/planner/serving.hpp"
+#include "tdpipe/report/shared_device.hpp"
+#include "tdpipe/traces/profile.hpp"
 #include "tdpipe/traces/serving_report.hpp"
 #include "tdpipe/traces/trace_io.hpp"
 #include "tdpipe/exec/cpu/serve.hpp"
@@ -41,6 +44,7 @@ struct ServeArgs {
   std::string engine = kDefaultEngine;
   std::string backend;  ///< "": predict only; "cpu": execute on the CPU backend
   std::string requests_file;
+  std::string profile;  ///< a calibration profile (tdpipe calibrate) pricing the ops
   int count = 0;  ///< > 0: the first `count` requests only
   bool json = false;
   std::string trace_out, plan_out;
@@ -98,10 +102,12 @@ void print_table(const ir::Scenario& sc, const std::vector<traces::ServingReport
              "op, switch = before a batch of another phase window, imbal = every other wait\n");
 }
 
+/// The engine's prediction; stages sharing one device (a CPU calibration profile) share
+/// it by processor sharing (report::predict_shared), as `tdpipe sim` predicts them.
 traces::Trace predict(const ir::Plan& plan, const std::string& engine) {
-  if (engine == "analytic") return planner::evaluate(plan);
+  if (engine == "analytic") return report::predict_shared(plan, [](const ir::Plan& p) { return planner::evaluate(p); });
 #ifdef TDPIPE_HAVE_SIMGRID
-  return sim::simulate(plan).trace;
+  return report::predict_shared(plan, [](const ir::Plan& p) { return sim::simulate(p).trace; });
 #else
   throw Error("this build has no SimGrid: use --engine analytic");
 #endif
@@ -141,6 +147,21 @@ void run_serve(const ServeArgs& a) {
     const std::vector<std::string> names =
         which == "all" ? ir::serving_planner_names() : std::vector<std::string>{which};
     for (const auto& name : names) plans.push_back(planner::plan_serving(scenario, name, requests));
+  }
+  if (!a.profile.empty()) {
+    const traces::Profile profile = traces::read_profile(a.profile);
+    if (profile.model.empty())
+      throw Error(fmt::format("{}: not a fitted cost model; serving ops are priced from a probe calibration "
+                              "(tdpipe calibrate SCENARIO -o PROFILE, without --schedule or --from-run)",
+                              a.profile));
+    if (a.backend == "cpu")
+      throw Error(fmt::format("{}: --profile prices a prediction; --backend cpu measures (drop one)", a.profile));
+    for (ir::Plan& plan : plans) {
+      const traces::ProfileApplied applied = planner::apply_profile(profile, plan);
+      if (applied.ops_kept > 0)
+        throw Error(fmt::format("{}: the profile's model has no forward (F) speeds to price {} serving ops with",
+                                a.profile, applied.ops_kept));
+    }
   }
   const bool many = plans.size() > 1;
   std::vector<traces::ServingReport> rows;
@@ -187,7 +208,18 @@ void add_serve_command(CLI::App& app) {
                   "Execute the plan instead of predicting it: cpu (the tiny GPT generates every token)")
       ->check(CLI::IsMember({"cpu"}));
   cmd->add_option("--requests", args->requests_file, "JSON file of requests [{\"prompt\": P, \"output\": O}, …]");
-  cmd->add_option("--count", args->count, "Serve only the first N requests")->check(CLI::PositiveNumber);
+  cmd->add_option("--count", args->count, "Serve only the first N requests")
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            return text.find_first_not_of("0123456789") == std::string::npos && !text.empty() &&
+                           text.size() < 10 && std::stol(text) >= 1
+                       ? std::string()
+                       : "expected a positive number of requests, got " + text;
+          },
+          "N"));
+  cmd->add_option("--profile", args->profile,
+                  "A probe calibration (tdpipe calibrate) of the machine: prices every PREFILL/DECODE with its "
+                  "fitted forward speeds, and takes its links and shared device");
   cmd->add_flag("--json", args->json, "Print the reports as JSON");
   cmd->add_option("--trace-out", args->trace_out, "Write each run's trace (Chrome JSON; -PLANNER added for several)");
   cmd->add_option("--plan-out", args->plan_out, "Write each serving plan as JSON (-PLANNER added for several)");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <random>
 #include <thread>
@@ -21,13 +22,17 @@ namespace tdpipe::exec::cpu {
 namespace {
 
 /// Throws tdpipe::Error unless `plan` is a lowered serving plan of one chunk per rank
-/// whose compute ops are all PREFILL/DECODE.
+/// whose compute ops are all PREFILL/DECODE, with KV bytes per token for each rank.
 void check_serving_plan(const ir::Plan& plan) {
   if (!plan.serve)
     throw Error(fmt::format("plan '{}' has no serving table (plan.serve): run_serving runs serving plans (tdpipe "
                             "serve); train a training plan with tdpipe exec",
                             plan.schedule));
   check_runnable(plan);
+  if (plan.serve->kv_bytes_per_token.size() != static_cast<std::size_t>(plan.num_ranks()))
+    throw Error(fmt::format("serving plan '{}': plan.serve.kv_bytes_per_token has {} entries for {} ranks; the "
+                            "measured trace prices each rank's KV tokens with its own (re-plan it with tdpipe serve)",
+                            plan.schedule, plan.serve->kv_bytes_per_token.size(), plan.num_ranks()));
   for (int r = 0; r < plan.num_ranks(); ++r) {
     if (plan.stage_of[static_cast<std::size_t>(r)].size() != 1)
       throw Error(fmt::format("serving plan '{}': rank {} has {} model chunks; serving runs one per rank",
@@ -86,6 +91,28 @@ void check_serve_memory(const GptConfig& c, const ir::Plan& plan) {
                           "{:.2f} GiB available: serve a smaller model on the CPU (e.g. scenarios/serve-tiny-cpu.yaml) "
                           "and predict this one (tdpipe serve --engine)",
                           plan.scenario.name, need / kGiB, c.layers, c.hidden, p, have / kGiB));
+}
+
+/// Rewrites each PREFILL/DECODE event's bytes (the interpreter copies the op's planned
+/// ones) to the KV its rank held after the op: the tokens its ServeCompute recorded as the
+/// op ended, at the plan's bytes per token. Call after the rank threads are joined.
+void measured_kv_bytes(const ir::Plan& plan, const std::vector<std::unique_ptr<ServeCompute>>& computes,
+                       std::vector<traces::TraceEvent>& events) {
+  const std::vector<double>& per_token = plan.serve->kv_bytes_per_token;
+  for (traces::TraceEvent& e : events) {
+    if (!e.kind || !ir::is_serving(*e.kind)) continue;
+    const auto r = static_cast<std::size_t>(e.rank);
+    if (e.rank < 0 || r >= computes.size() || r >= per_token.size())
+      throw Error(fmt::format("serving plan '{}': event {} names rank {}; the plan has {}", plan.schedule, e.name,
+                              e.rank, computes.size()));
+    const std::vector<std::int64_t>& after = computes[r]->kv_tokens_after();
+    const std::int64_t tokens =
+        e.mb >= 0 && static_cast<std::size_t>(e.mb) < after.size() ? after[static_cast<std::size_t>(e.mb)] : -1;
+    if (tokens < 0)
+      throw Error(fmt::format("serving plan '{}': rank {} traced {} but did not run batch {}", plan.schedule, e.rank,
+                              e.name, e.mb));
+    e.bytes = static_cast<std::int64_t>(std::llround(static_cast<double>(tokens) * per_token[r]));
+  }
 }
 
 }  // namespace
@@ -175,6 +202,7 @@ ServeRun run_serving(const ir::Plan& plan) {
   for (const auto& c : computes) run.peak_kv_tokens.push_back(c->peak_kv_tokens());
   run.trace = run_trace_header("cpu", plan, p);
   run.trace.events = step_events(outs);
+  measured_kv_bytes(plan, computes, run.trace.events);
   auto& md = run.trace.metadata;
   md["backend"] = "cpu";
   md["planner"] = plan.serve->planner;

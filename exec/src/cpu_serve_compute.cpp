@@ -78,6 +78,7 @@ ServeCompute::ServeCompute(const GptConfig& config, const ir::Plan& plan, int ra
 void ServeCompute::begin_step(int) {
   caches_.clear();
   kv_tokens_ = peak_kv_tokens_ = 0;
+  kv_tokens_after_.assign(serve_->batches.size(), -1);
   produced_.assign(serve_->requests.size(), {});
   sequences_.clear();
   if (!stage_.is_first()) return;
@@ -175,6 +176,7 @@ Buffer ServeCompute::run(const ComputeOp& op, Buffer input) {
     cache.truncate(keep);
     if (cache.tokens == 0) caches_.erase(r);
   }
+  kv_tokens_after_[static_cast<std::size_t>(op.mb)] = kv_tokens_;
   if (!stage_.is_last()) {
     Buffer out = host_buffer(y.size());
     std::copy(y.data(), y.data() + y.size(), out.as<double>());

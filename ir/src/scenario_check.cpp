@@ -299,9 +299,12 @@ void check_lengths(Rules& r, const std::string& at, const LengthDistribution& d)
   r.member(at + ".distribution", d.kind, {"lognormal", "uniform", "fixed"});
   r.count(at + ".min", d.min, "fewest tokens");
   r.count(at + ".max", d.max, "most tokens");
+  if (r.ok() && d.max > kMaxRequestTokens) r.fail(at + ".max", fmt::format("expected at most {}, got {}", kMaxRequestTokens, d.max));
   if (r.ok() && d.max < d.min) r.fail(at + ".max", fmt::format("expected ≥ min ({}), got {}", d.min, d.max));
   if (d.kind != "uniform") r.positive(at + ".mean", d.mean, "mean tokens");
   if (d.kind == "lognormal") r.positive(at + ".sigma", d.sigma, "σ of the lognormal's log");
+  if (r.ok() && d.kind == "lognormal" && d.sigma > 10)
+    r.fail(at + ".sigma", fmt::format("expected at most 10 (e^10 is 22,000 times the median), got {}", d.sigma));
   if (r.ok() && d.kind == "fixed" && (d.mean < d.min || d.mean > d.max || d.mean != std::floor(d.mean)))
     r.fail(at + ".mean", fmt::format("a fixed length must be a whole number from min to max ({} … {}), got {}", d.min,
                                      d.max, d.mean));
@@ -309,7 +312,8 @@ void check_lengths(Rules& r, const std::string& at, const LengthDistribution& d)
 
 void check_serving(Rules& r, const ServingConfig& v) {
   r.count("serving.requests", v.requests, "requests to serve");
-  if (r.ok() && v.requests > 10'000'000) r.fail("serving.requests", fmt::format("at most 10000000, got {}", v.requests));
+  if (r.ok() && v.requests > kMaxServingRequests)
+    r.fail("serving.requests", fmt::format("expected at most {}, got {}", kMaxServingRequests, v.requests));
   check_lengths(r, "serving.prompt", v.prompt);
   check_lengths(r, "serving.output", v.output);
   r.positive("serving.memory_fraction", v.memory_fraction, "share of GPU memory");

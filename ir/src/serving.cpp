@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <filesystem>
 #include <limits>
 #include <random>
@@ -15,9 +16,6 @@
 namespace tdpipe::ir {
 namespace {
 
-// Requests beyond this are refused: 10 million requests already plan for minutes.
-constexpr long long kMaxRequests = 10'000'000;
-
 /// A uniform double in (0, 1) from the generator's raw bits (std::uniform_real_distribution
 /// is implementation-defined; this is not).
 double unit(std::mt19937_64& rng) { return (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53; }
@@ -25,7 +23,7 @@ double unit(std::mt19937_64& rng) { return (static_cast<double>(rng() >> 11) + 0
 /// One standard normal draw by Box–Muller (two uniforms per draw; no cached second value).
 double normal(std::mt19937_64& rng) {
   const double u1 = unit(rng), u2 = unit(rng);
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
 int draw(const LengthDistribution& d, std::mt19937_64& rng) {
@@ -62,8 +60,8 @@ std::vector<Request> parse_requests(const std::string& text, const std::string& 
   }
   if (!list->is_array()) throw Error(fmt::format("{}: expected a list of requests, got {}", source, list->type_name()));
   if (list->empty()) throw Error(fmt::format("{}: no requests; expected at least one", source));
-  if (static_cast<long long>(list->size()) > kMaxRequests)
-    throw Error(fmt::format("{}: {} requests; at most {} are planned", source, list->size(), kMaxRequests));
+  if (static_cast<long long>(list->size()) > kMaxServingRequests)
+    throw Error(fmt::format("{}: {} requests; at most {} are planned", source, list->size(), kMaxServingRequests));
   std::vector<Request> out;
   out.reserve(list->size());
   for (std::size_t i = 0; i < list->size(); ++i) {
@@ -76,9 +74,9 @@ std::vector<Request> parse_requests(const std::string& text, const std::string& 
       int* field = key == "prompt" ? &q.prompt : key == "output" ? &q.output : nullptr;
       if (!field)
         throw Error(fmt::format("{}: requests[{}].{}: unknown key; expected prompt and output", source, i, key));
-      if (!value.is_number_integer() || value.get<long long>() < 1 || value.get<long long>() > (1 << 24))
+      if (!value.is_number_integer() || value.get<long long>() < 1 || value.get<long long>() > kMaxRequestTokens)
         throw Error(fmt::format("{}: requests[{}].{}: expected a token count from 1 to {}, got {}", source, i, key,
-                                1 << 24, quote_json(value)));
+                                kMaxRequestTokens, quote_json(value)));
       *field = value.get<int>();
     }
     for (const char* key : {"prompt", "output"})
@@ -94,8 +92,8 @@ std::vector<Request> serving_requests(const ServingConfig& config, const std::st
     if (path.is_relative() && !base_dir.empty()) path = std::filesystem::path(base_dir) / path;
     return parse_requests(read_file(path.string(), "requests file"), path.string());
   }
-  if (config.requests < 1 || config.requests > kMaxRequests)
-    throw Error(fmt::format("serving.requests: {}; expected 1 to {}", config.requests, kMaxRequests));
+  if (config.requests < 1 || config.requests > kMaxServingRequests)
+    throw Error(fmt::format("serving.requests: {}; expected 1 to {}", config.requests, kMaxServingRequests));
   std::mt19937_64 rng(config.seed);
   std::vector<Request> out(static_cast<std::size_t>(config.requests));
   for (Request& r : out) {
@@ -165,8 +163,8 @@ ServePlan serve_from_json(const nlohmann::json& j, const std::string& path) {
     const std::string at = fmt::format("{}.requests[{}]", path, i);
     if (!requests[i].is_array() || requests[i].size() != 2)
       throw Error(fmt::format("{}: expected [prompt, output], got {}", at, quote_json(requests[i])));
-    s.requests.push_back({static_cast<int>(integer(requests[i][0], at + "[0]", 1, 1 << 24)),
-                          static_cast<int>(integer(requests[i][1], at + "[1]", 1, 1 << 24))});
+    s.requests.push_back({static_cast<int>(integer(requests[i][0], at + "[0]", 1, kMaxRequestTokens)),
+                          static_cast<int>(integer(requests[i][1], at + "[1]", 1, kMaxRequestTokens))});
   }
   const json& batches = j.at("batches");
   if (!batches.is_array()) throw Error(fmt::format("{}.batches: expected a list", path));

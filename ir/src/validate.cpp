@@ -394,6 +394,106 @@ class Checker {
     for (const auto& [pair, list] : recvs)
       if (!sends.count(pair))
         problem(fmt::format("{}: no SEND from rank {} to rank {}", where(list.front()), pair.first, pair.second));
+    if (problems_.empty()) check_serving_table();
+  }
+
+  /// The serving table against itself and the ops: each request's items continue its
+  /// cache (or restart it from position 0 once dropped), produce its output tokens once
+  /// each in order and all of them; a preempted request held a cache; every
+  /// PREFILL/DECODE's bytes are the KV the table implies (blocks after the batch, before
+  /// its finished requests are freed); on rank 0 of a pipeline each batch waits for the
+  /// tokens of its requests' previous batch (a RECV from the last rank).
+  void check_serving_table() {
+    const ServePlan& sv = *plan_.serve;
+    const int p = plan_.num_ranks();
+    const std::size_t n = sv.requests.size();
+    std::vector<long long> held(n, 0);
+    std::vector<int> done(n, 0), prev(n, -1);
+    std::vector<int> seen_in(n, -1);
+    std::vector<long long> blocks_after;
+    std::vector<std::vector<int>> needs(sv.batches.size());  // batch → previous batches of its requests
+    long long blocks = 0;
+    auto fail = [&](int j, const std::string& what) {
+      problem(fmt::format("plan.serve.batches[{}]: {}", j, what));
+    };
+    for (int j = 0; j < static_cast<int>(sv.batches.size()); ++j) {
+      const ServeBatch& b = sv.batches[static_cast<std::size_t>(j)];
+      for (int r : b.preempted) {
+        if (r < 0 || static_cast<std::size_t>(r) >= n || held[static_cast<std::size_t>(r)] == 0) {
+          fail(j, fmt::format("request {} is preempted but holds no KV cache", r));
+          continue;
+        }
+        blocks -= kv_blocks(held[static_cast<std::size_t>(r)], sv.block_tokens);
+        held[static_cast<std::size_t>(r)] = 0;
+      }
+      for (const ServeItem& i : b.items) {
+        const std::size_t r = static_cast<std::size_t>(i.request);
+        if (i.request < 0 || r >= n) {
+          fail(j, fmt::format("request {} outside 0..{}", i.request, n - 1));
+          continue;
+        }
+        const Request& q = sv.requests[r];
+        if (seen_in[r] == j) fail(j, fmt::format("request {} twice in one batch", i.request));
+        seen_in[r] = j;
+        if (done[r] >= q.output) fail(j, fmt::format("request {} after its last output token", i.request));
+        if (i.position != held[r] && !(i.position == 0 && held[r] == 0))
+          fail(j, fmt::format("request {} at position {}, but its cache holds {} tokens", i.request, i.position,
+                              held[r]));
+        if (i.position + i.tokens - q.prompt != done[r])
+          fail(j, fmt::format("request {}'s item produces output token {}; token {} comes next", i.request,
+                              i.position + i.tokens - q.prompt, done[r]));
+        blocks += kv_blocks(i.position + i.tokens, sv.block_tokens) - kv_blocks(held[r], sv.block_tokens);
+        held[r] = i.position + i.tokens;
+        ++done[r];
+        if (prev[r] >= 0) needs[static_cast<std::size_t>(j)].push_back(prev[r]);
+        prev[r] = j;
+      }
+      blocks_after.push_back(blocks);
+      for (const ServeItem& i : b.items) {
+        const std::size_t r = static_cast<std::size_t>(i.request);
+        if (r < n && done[r] == sv.requests[r].output) {
+          blocks -= kv_blocks(held[r], sv.block_tokens);
+          held[r] = 0;
+        }
+      }
+    }
+    for (std::size_t r = 0; r < n; ++r)
+      if (done[r] != sv.requests[r].output)
+        problem(fmt::format("plan.serve: request {} produces {} of its {} output tokens", r, done[r],
+                            sv.requests[r].output));
+    if (!problems_.empty()) return;
+    for (int r = 0; r < p; ++r) {
+      const auto& ops = plan_.ranks[static_cast<std::size_t>(r)];
+      std::vector<int> token_recv(sv.batches.size(), -1);  // rank 0: batch → its token RECV
+      for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+        const Op& o = ops[static_cast<std::size_t>(i)];
+        if (r == 0 && o.kind == OpKind::RECV && o.peer == p - 1 && o.mb >= 0 &&
+            o.mb < static_cast<int>(sv.batches.size()))
+          token_recv[static_cast<std::size_t>(o.mb)] = i;
+      }
+      const double per_block = sv.kv_bytes_per_token[static_cast<std::size_t>(r)] * sv.block_tokens;
+      for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+        const Op& o = ops[static_cast<std::size_t>(i)];
+        if (!is_serving(o.kind)) continue;
+        const std::size_t j = static_cast<std::size_t>(o.mb);
+        const auto expected = static_cast<std::int64_t>(std::llround(static_cast<double>(blocks_after[j]) * per_block));
+        if (o.bytes != expected)
+          problem(fmt::format("{}: KV bytes {}; the serving table implies {} ({} blocks of {} tokens)",
+                              where(ix_.offset[static_cast<std::size_t>(r)] + i), o.bytes, expected, blocks_after[j],
+                              sv.block_tokens));
+        if (r != 0 || p == 1) continue;
+        for (int b : needs[j]) {
+          const int recv = token_recv[static_cast<std::size_t>(b)];
+          const bool waits = recv >= 0 && std::any_of(o.deps.begin(), o.deps.end(), [&](const OpRef& d) {
+            return d.rank == 0 && d.index == recv;
+          });
+          if (!waits)
+            problem(fmt::format("{}: does not wait for the tokens of batch {} (a RECV from rank {} among its deps), "
+                                "which its requests need",
+                                where(ix_.offset[0] + i), b, p - 1));
+        }
+      }
+    }
   }
 
   bool has_p2p() const {

@@ -1,6 +1,7 @@
 // cost_fit.cpp — terms of an op, the least-change fit of their coefficients, and
 // pricing a plan with a fitted model (see cost_fit.hpp).
 #include "tdpipe/planner/cost_fit.hpp"
+#include "tdpipe/planner/serving_cost.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -108,6 +109,21 @@ CostTerms op_terms(const ir::Plan& plan, int rank, const ir::Op& op) {
   }
   if (!ir::is_compute(op.kind))
     throw Error(fmt::format("cost terms: {} is not a compute op", ir::to_string(op.kind)));
+  if (ir::is_serving(op.kind)) {
+    if (!plan.serve || op.mb < 0 || op.mb >= static_cast<int>(plan.serve->batches.size()))
+      throw Error(fmt::format("cost terms: {} names batch {}, which the plan's serving table does not have",
+                              ir::to_string(op.kind), op.mb));
+    const ServingCost cost(sc, plan.num_ranks());
+    const CostParts p = cost.batch_parts(rank, plan.serve->batches[static_cast<std::size_t>(op.mb)].items);
+    t[kLayer] = cost.layers(rank);
+    t[kGemm] = p.gemm;
+    t[kAttention] = p.attention;
+    t[kElementwise] = p.elementwise;
+    t[kComm] = p.comm;
+    t[kEmbedding] = p.embedding;
+    t[kHead] = p.head;
+    return t;
+  }
   if (op.chunk < 0 || op.chunk >= static_cast<int>(chunks.size()))
     throw Error(fmt::format("cost terms: rank {} has no chunk {}", rank, op.chunk));
   const int vs = chunks[static_cast<std::size_t>(op.chunk)];
@@ -315,7 +331,11 @@ traces::ProfileApplied apply_profile(const traces::Profile& profile, ir::Plan& p
       };
       double s = -1;
       bool fallback = true;
-      if (has(op.kind)) {
+      if (ir::is_serving(op.kind)) {
+        // A prefill or decode step is a forward pass: the forward's speeds, part by part.
+        if (has(OpKind::F)) s = fitted_seconds(model, OpKind::F, op_terms(plan, r, op));
+        fallback = false;
+      } else if (has(op.kind)) {
         s = fitted_seconds(model, op.kind, price(op.kind));
         fallback = false;
       } else if (op.kind == OpKind::BW && has(OpKind::B) && has(OpKind::W)) {

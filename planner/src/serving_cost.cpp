@@ -114,10 +114,14 @@ double ServingCost::batch_seconds(int rank, const std::vector<ir::ServeItem>& it
       decode_kv_tokens += i.position + 1;
     }
   }
+  // A weight GEMM at its roofline: the slower of its FLOPs at gemm_max of peak and its
+  // bytes (weights, input and output once) at hbm's share of HBM bandwidth; its fixed
+  // cost is in kLayerLaunchSeconds. Not the training curve (gemm_efficiency), whose
+  // saturation in size stands for the wave quantisation of large training GEMMs and
+  // would charge a decode GEMM of a few hundred rows 2–5× its roofline.
   auto gemm = [&](double rows, double n, double k) {
     if (rows <= 0) return 0.0;
-    const double flops = 2 * rows * n * k;
-    return flops / (peak * gemm_efficiency(rows, n, k, gpu_, 1, e));
+    return std::max(2 * rows * n * k / (peak * eff.gemm_max), e * (rows * k + k * n + rows * n) / (hbm * eff.hbm));
   };
   // One layer on one tensor rank.
   double layer = gemm(T, (h + 2 * kvw) / t, h) + gemm(T, h, h / t) + gemm(T, (mats - 1) * ffn / t, h) +
@@ -140,6 +144,40 @@ double ServingCost::batch_seconds(int rank, const std::vector<ir::ServeItem>& it
       seconds += tp_collective_seconds(sc_, gpu_, ir::OpKind::ALL_GATHER, n * m.vocab * 4.0, static_cast<int>(t));
   }
   return seconds;
+}
+
+CostParts ServingCost::batch_parts(int rank, const std::vector<ir::ServeItem>& items) const {
+  const auto& m = sc_.model;
+  const double e = elem_bytes(sc_);
+  const double h = m.hidden, t = sc_.parallel.tensor, ffn = m.ffn;
+  const double kvw = h * m.kv_heads_or_heads() / m.heads;
+  const double mats = m.mlp == "swiglu" ? 3 : 2;
+  const double peak = gpu_.peak_flops, hbm = gpu_.hbm_bytes_per_second;
+  double T = 0, pairs = 0, decode_kv_tokens = 0;
+  for (const auto& i : items) {
+    T += i.tokens;
+    pairs += static_cast<double>(i.tokens) * (i.position + (i.tokens + 1) / 2.0);
+    if (i.tokens == 1) decode_kv_tokens += i.position + 1;
+  }
+  auto gemm = [&](double rows, double n, double k) {
+    if (rows <= 0) return 0.0;
+    return std::max(2 * rows * n * k / peak, e * (rows * k + k * n + rows * n) / hbm);
+  };
+  const double layers = layers_[static_cast<std::size_t>(rank)];
+  CostParts p;
+  p.gemm = layers * (gemm(T, (h + 2 * kvw) / t, h) + gemm(T, h, h / t) + gemm(T, (mats - 1) * ffn / t, h) +
+                     gemm(T, h, ffn / t));
+  p.attention = layers * (4 * pairs * (h / m.heads) * (m.heads / t) / peak + decode_kv_tokens * 2 * kvw / t * e / hbm);
+  p.elementwise = layers * T * (10 * h + 3 * ffn / t) * e / hbm;
+  if (t > 1)
+    p.comm = layers * 2 * tp_collective_seconds(sc_, gpu_, ir::OpKind::ALLREDUCE, T * h * e, static_cast<int>(t));
+  if (rank == 0) p.embedding = 2 * T * h * e / hbm;
+  if (rank == stages_ - 1) {
+    const double n = static_cast<double>(items.size());
+    p.head = gemm(n, m.vocab / t, h) + n * h * e / hbm;
+    if (t > 1) p.comm += tp_collective_seconds(sc_, gpu_, ir::OpKind::ALL_GATHER, n * m.vocab * 4.0, static_cast<int>(t));
+  }
+  return p;
 }
 
 double ServingCost::hidden_bytes(int tokens) const { return static_cast<double>(tokens) * sc_.model.hidden * elem_bytes(sc_); }

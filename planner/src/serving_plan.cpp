@@ -282,30 +282,39 @@ void schedule_tdpipe(Scheduler& s, const ir::ServingConfig& cfg, const ServingCo
   };
   // Prefill batches the projection admits from the front of the queue (without taking
   // them when `commit` is false: the switch rule's candidates).
+  // At most P · max_batch_requests run at once: every decode round then serves each
+  // running request once (P batches of at most max_batch_requests), so requests do
+  // decode in lockstep, as the KV projection assumes.
+  const int max_running = P * cfg.max_batch_requests;
   auto prefill_batches = [&](bool commit) {
     std::vector<std::vector<ServeItem>> out;
     KvProjection proj = projection_of_running();
     auto& waiting = s.waiting();
     std::size_t at = 0;
-    while (at < waiting.size()) {
+    bool full = false;  // the KV projection or the running cap stopped admission
+    while (at < waiting.size() && !full) {
       std::vector<ServeItem> batch;
       int tokens = 0;
       while (at < waiting.size() && static_cast<int>(batch.size()) < cfg.max_batch_requests) {
+        if (static_cast<int>(proj.size()) >= max_running) {
+          full = true;
+          break;
+        }
         const int r = waiting[at];
         const ServeItem item = s.item_for(r);
         if (tokens + item.tokens > cfg.max_batch_tokens && !batch.empty()) break;
         proj.add(item.tokens, s.request(r).output - s.done(r) - 1);
         if (static_cast<double>(proj.peak()) > limit) {
           proj.pop();
+          full = true;
           break;
         }
         batch.push_back(item);
         tokens += item.tokens;
         ++at;
       }
-      if (batch.empty()) break;
-      out.push_back(std::move(batch));
-      if (at < waiting.size() && proj.size() > 0 && static_cast<double>(proj.peak()) > limit) break;
+      if (!batch.empty()) out.push_back(std::move(batch));
+      else break;
     }
     if (commit) waiting.erase(waiting.begin(), waiting.begin() + static_cast<std::ptrdiff_t>(at));
     return out;
@@ -420,6 +429,15 @@ ir::Plan plan_serving(const ir::Scenario& scenario, const std::string& planner,
                               q.prompt + q.output, ir::kv_blocks(q.prompt + q.output, cfg.block_tokens), capacity));
   }
 
+  // The plan holds an item per output token (12 bytes) and 3·P ops per batch: bound it
+  // before building it.
+  long long outputs = 0;
+  for (const Request& q : requests) outputs += q.output;
+  constexpr long long kMaxOutputTokens = 200'000'000;
+  if (outputs > kMaxOutputTokens)
+    throw Error(fmt::format("serving: {} requests generate {} output tokens; a plan holds at most {} (one item each, "
+                            "{:.1f} GiB of plan already): serve fewer requests (--count) or shorter outputs",
+                            requests.size(), outputs, kMaxOutputTokens, 12.0 * kMaxOutputTokens / (1 << 30)));
   Scheduler s(cfg, requests, P, capacity);
   if (planner == "tdpipe") schedule_tdpipe(s, cfg, cost, P);
   else schedule_continuous(s, cfg);

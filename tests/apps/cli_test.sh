@@ -991,6 +991,23 @@ PY
     "$tdpipe" serve $sc --planner tdpipe --engine analytic --trace-out "$work/pred.json" >/dev/null || fail "serve exited $?"
     out=$("$tdpipe" compare "$work/pred.json" "$work/meas-tdpipe.json") || fail "compare exited $?"
     expect "$out" 'ops matched [0-9]+, only predicted 0, only measured 0' "every op pairs up"
+    # A probe calibration of the same model shape prices the serving ops (forward speeds).
+    "$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --probes zb-v,1f1b --steps 2 --warmup 1 -o "$work/prof.json" \
+        > /dev/null 2>&1 || fail "calibrate exited $?"
+    "$tdpipe" serve $sc --planner tdpipe --engine analytic --profile "$work/prof.json" --json > "$work/cal.json" \
+        || fail "serve --profile exited $?"
+    "$tdpipe" serve $sc --planner tdpipe --engine analytic --json > "$work/uncal.json" || fail "serve exited $?"
+    python3 - "$work/cal.json" "$work/uncal.json" <<'PY' || fail "the profile priced the ops"
+import json, sys
+a, b = (json.load(open(f))["runs"][0] for f in sys.argv[1:])
+assert a["batches"] == b["batches"] and a["makespan_seconds"] != b["makespan_seconds"], (a, b)
+PY
+    err=$("$tdpipe" serve $sc --backend cpu --profile "$work/prof.json" 2>&1) && fail "--profile with --backend cpu"
+    expect "$err" 'prices a prediction; --backend cpu measures' "--profile with --backend cpu"
+    "$tdpipe" calibrate scenarios/tiny-gpt-cpu.yaml --schedule 1f1b --steps 1 -o "$work/table.json" > /dev/null 2>&1 \
+        || fail "calibrate --schedule exited $?"
+    err=$("$tdpipe" serve $sc --profile "$work/table.json" 2>&1) && fail "a table profile priced serving ops"
+    expect "$err" 'not a fitted cost model' "a one-layout table profile"
     ;;
   *) fail "unknown case $case_name" ;;
 esac

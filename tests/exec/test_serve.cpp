@@ -1,6 +1,7 @@
 // test_serve.cpp — serving plans on the CPU backend: every planner's tokens equal
-// single-device greedy decoding, KV use stays within the plan's capacity, the cached
-// inference path equals recomputation, and bad plans are refused by name.
+// single-device greedy decoding, KV use stays within the plan's capacity and the trace
+// carries the KV the executor measured, the cached inference path equals recomputation
+// and the training forward's loss, and bad plans are refused by name.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -42,6 +43,42 @@ int recomputed_items(const ir::ServePlan& serve) {
   return n;
 }
 
+// Per batch, the KV tokens a rank holds once the batch ran, from the serving table alone:
+// every request the batch left alive keeps its tokens (position + tokens of its latest
+// item); a request is gone once its item produced its last output token, and one whose
+// next item recomputes it (position 0: it is preempted, listed in a later batch's
+// `preempted`) is gone from its latest item on, as the executor frees it.
+std::vector<std::int64_t> expected_kv_tokens_after(const ir::ServePlan& serve) {
+  const auto& batches = serve.batches;
+  std::map<int, std::vector<std::pair<std::size_t, const ir::ServeItem*>>> items_of;  // request → (batch, item)
+  for (std::size_t b = 0; b < batches.size(); ++b)
+    for (const ir::ServeItem& i : batches[b].items) items_of[i.request].push_back({b, &i});
+  std::vector<std::int64_t> out(batches.size(), 0);
+  for (const auto& [r, items] : items_of) {
+    const int prompt = serve.requests[static_cast<std::size_t>(r)].prompt;
+    const int output = serve.requests[static_cast<std::size_t>(r)].output;
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      const ir::ServeItem& item = *items[k].second;
+      const bool last_token = item.position + item.tokens - prompt + 1 >= output;
+      const bool recomputed_next = k + 1 < items.size() && items[k + 1].second->position == 0;
+      if (recomputed_next) {  // the table lists the preemption between the two items
+        bool listed = false;
+        for (std::size_t b = items[k].first + 1; b <= items[k + 1].first; ++b) {
+          const auto& p = batches[b].preempted;
+          listed = listed || std::find(p.begin(), p.end(), r) != p.end();
+        }
+        INFO("request " << r << " recomputed in batch " << items[k + 1].first);
+        CHECK(listed);
+      }
+      if (last_token || recomputed_next) continue;
+      // Alive, holding position + tokens, from this item's batch until its next item's.
+      const std::size_t until = k + 1 < items.size() ? items[k + 1].first : batches.size();
+      for (std::size_t b = items[k].first; b < until; ++b) out[b] += item.position + item.tokens;
+    }
+  }
+  return out;
+}
+
 // A small model of two stages for the inference unit tests.
 GptConfig small_config() {
   GptConfig c;
@@ -66,51 +103,81 @@ double max_abs_diff(const Mat& a, const Mat& b) {
   return (a - b).cwiseAbs().maxCoeff();
 }
 
+// Runs `planner`'s plan on the CPU backend and checks its tokens against `reference`, its
+// KV use against the plan's capacity, and the measured trace's KV bytes (the executor's,
+// not the plan's copy) against the serving table.
+void check_planner_run(const ir::Scenario& sc, const std::vector<ir::Request>& requests,
+                       const std::vector<std::vector<int>>& reference, const std::string& planner) {
+  INFO("planner " << planner);
+  const ir::Plan plan = planner::plan_serving(sc, planner, requests);
+  const exec::cpu::ServeRun run = exec::cpu::run_serving(plan);
+  REQUIRE(run.tokens.size() == requests.size());
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    INFO("request " << r);
+    CHECK(run.tokens[r].size() == static_cast<std::size_t>(requests[r].output));
+    CHECK(run.tokens[r] == reference[r]);
+  }
+  // KV: never more tokens than the plan's capacity on any rank, and some held.
+  REQUIRE(run.peak_kv_tokens.size() == static_cast<std::size_t>(plan.num_ranks()));
+  for (int rank = 0; rank < plan.num_ranks(); ++rank) {
+    const auto k = static_cast<std::size_t>(rank);
+    const double capacity = plan.serve->kv_capacity_bytes[k] / plan.serve->kv_bytes_per_token[k];
+    INFO("rank " << rank << ": peak " << run.peak_kv_tokens[k] << " tokens, capacity " << capacity);
+    CHECK(run.peak_kv_tokens[k] > 0);
+    CHECK(static_cast<double>(run.peak_kv_tokens[k]) <= capacity);
+  }
+  // The trace: origin cpu, one event per op of every rank, named as the op. A
+  // PREFILL/DECODE's bytes are measured: the tokens the rank cached after it at the
+  // plan's bytes per token — exactly what the serving table says is alive then, and
+  // never more than the plan's figure (blocks rounded up, finished requests not yet freed).
+  CHECK(run.trace.origin == "cpu");
+  CHECK(run.trace.ranks == plan.num_ranks());
+  std::map<std::pair<int, std::string>, std::int64_t> planned;
+  std::size_t ops = 0;
+  for (int rank = 0; rank < plan.num_ranks(); ++rank)
+    for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)]) {
+      ++ops;
+      if (ir::is_serving(op.kind)) planned[{rank, traces::event_of(op, rank, 0, 0).name}] = op.bytes;
+    }
+  CHECK(run.trace.events.size() == ops);
+  const std::vector<std::int64_t> expected = expected_kv_tokens_after(*plan.serve);
+  std::set<std::pair<int, std::string>> measured;
+  int below_plan = 0;
+  for (const traces::TraceEvent& e : run.trace.events) {
+    if (!e.kind || !ir::is_serving(*e.kind)) continue;
+    INFO("rank " << e.rank << " " << e.name);
+    CHECK(measured.insert({e.rank, e.name}).second);
+    REQUIRE(planned.count({e.rank, e.name}) == 1);
+    REQUIRE(e.mb >= 0);
+    REQUIRE(static_cast<std::size_t>(e.mb) < expected.size());
+    const double per_token = plan.serve->kv_bytes_per_token[static_cast<std::size_t>(e.rank)];
+    CHECK(e.bytes == std::llround(static_cast<double>(expected[static_cast<std::size_t>(e.mb)]) * per_token));
+    CHECK(e.bytes <= planned[{e.rank, e.name}]);
+    if (e.bytes < planned[{e.rank, e.name}]) ++below_plan;
+  }
+  CHECK(measured.size() == planned.size());
+  CHECK(below_plan > 0);  // the measured figure is not the plan's copy
+}
+
 }  // namespace
 
-TEST_CASE("serving on the CPU: every planner's tokens equal greedy decoding within the KV capacity", "[exec][serve]") {
+TEST_CASE("serving on the CPU: every planner's tokens equal greedy decoding within the KV capacity, the trace "
+          "carrying measured KV bytes (tp: one rank on one device, its schedule's tokens checked)",
+          "[exec][serve]") {
   const ir::Scenario sc = serve_scenario();
   const std::vector<ir::Request> requests = serve_requests(sc);
   const auto reference = exec::cpu::greedy_reference(sc, requests, sc.serving->seed);
   REQUIRE(reference.size() == requests.size());
-  for (const std::string planner : {"pp", "tp", "tdpipe"}) {
-    INFO("planner " << planner);
-    const ir::Plan plan = planner::plan_serving(sc, planner, requests);
-    const exec::cpu::ServeRun run = exec::cpu::run_serving(plan);
-    REQUIRE(run.tokens.size() == requests.size());
-    for (std::size_t r = 0; r < requests.size(); ++r) {
-      INFO("request " << r);
-      CHECK(run.tokens[r].size() == static_cast<std::size_t>(requests[r].output));
-      CHECK(run.tokens[r] == reference[r]);
-    }
-    // KV: never more tokens than the plan's capacity on any rank, and some held.
-    REQUIRE(run.peak_kv_tokens.size() == static_cast<std::size_t>(plan.num_ranks()));
-    for (int rank = 0; rank < plan.num_ranks(); ++rank) {
-      const auto k = static_cast<std::size_t>(rank);
-      const double capacity = plan.serve->kv_capacity_bytes[k] / plan.serve->kv_bytes_per_token[k];
-      INFO("rank " << rank << ": peak " << run.peak_kv_tokens[k] << " tokens, capacity " << capacity);
-      CHECK(run.peak_kv_tokens[k] > 0);
-      CHECK(static_cast<double>(run.peak_kv_tokens[k]) <= capacity);
-    }
-    // The trace: origin cpu, one event per op of every rank, named and sized as the op
-    // (a PREFILL/DECODE's bytes: the plan's KV bytes after it).
-    CHECK(run.trace.origin == "cpu");
-    CHECK(run.trace.ranks == plan.num_ranks());
-    std::map<std::pair<int, std::string>, std::int64_t> planned, measured;
-    std::size_t ops = 0;
-    for (int rank = 0; rank < plan.num_ranks(); ++rank)
-      for (const ir::Op& op : plan.ranks[static_cast<std::size_t>(rank)]) {
-        ++ops;
-        if (ir::is_serving(op.kind)) planned[{rank, traces::event_of(op, rank, 0, 0).name}] = op.bytes;
-      }
-    CHECK(run.trace.events.size() == ops);
-    for (const traces::TraceEvent& e : run.trace.events)
-      if (e.kind && ir::is_serving(*e.kind)) {
-        CHECK(measured.count({e.rank, e.name}) == 0);
-        measured[{e.rank, e.name}] = e.bytes;
-      }
-    CHECK(measured == planned);
+  SECTION("pp") { check_planner_run(sc, requests, reference, "pp"); }
+  SECTION("tp: one rank, run on one CPU device: its schedule's tokens, not tensor-parallel arithmetic") {
+    // The tp planner folds the pipeline into one tensor-parallel group: its plan has one
+    // rank (KV bytes per token its 1/tensor share), and the CPU backend runs that rank's
+    // whole model on one device. So this checks the tp schedule's batches and tokens, not
+    // any tensor-parallel split of the arithmetic (the CPU backend has none).
+    REQUIRE(planner::plan_serving(sc, "tp", requests).num_ranks() == 1);
+    check_planner_run(sc, requests, reference, "tp");
   }
+  SECTION("tdpipe") { check_planner_run(sc, requests, reference, "tdpipe"); }
 }
 
 TEST_CASE("serving on the CPU: pp preempts and recomputes and the recomputed requests' tokens still match",
@@ -205,6 +272,64 @@ TEST_CASE("GptStage::infer: a batch of two requests of different lengths equals 
   b1.truncate(2);
   CHECK(b1.tokens == 2);
   CHECK(b1.k.front().rows() == 2);
+}
+
+// Log-probability of token `target` under the one row of `logits` (a log-softmax).
+double log_prob(const Mat& logits, int target) {
+  REQUIRE(logits.rows() == 1);
+  const double mx = logits.maxCoeff();
+  return logits(0, target) - mx - std::log((logits.array() - mx).exp().sum());
+}
+
+TEST_CASE("GptStage::infer: its log-probabilities equal the training forward's cross-entropy (an independent "
+          "check of its mask and norms)", "[exec][serve]") {
+  // greedy_reference decodes with infer itself, so the training forward (block_forward,
+  // the path the training runs' gradients check) is the reference here: its loss is
+  // Σ −log p(target | prefix) over the positions, which infer gives position by position.
+  GptConfig c = GptConfig::from_scenario(serve_scenario());  // the tiny model: 4 layers
+  c.micro_batch = 1;
+  c.partition.clear();  // one stage holding every layer
+  REQUIRE(c.layers >= 2);  // a mask or norm error in layer 1 reaches the last row via layer 2's keys
+  GptStage model(c, 0, 1);
+  const int L = 40;
+  REQUIRE(L + 1 <= c.seq);
+  const std::vector<int> ids = exec::cpu::prompt_tokens(11, 2, L + 1, c.vocab);
+  const std::vector<std::vector<int>> tokens{{ids.begin(), ids.begin() + L}};
+  const std::vector<std::vector<int>> targets{{ids.begin() + 1, ids.end()}};
+  double training_loss = 0;
+  CHECK(model.forward(0, 0, 0, L, Mat(), &tokens, &targets, 1.0, &training_loss).size() == 0);
+  REQUIRE(training_loss > 0);
+
+  // log_p[j] = log p(ids[j + 1] | ids[0..j]): the last row of one prefill of the prefix [0, j + 1).
+  std::vector<double> log_p(static_cast<std::size_t>(L));
+  double infer_loss = 0;
+  for (int k = 1; k <= L; ++k) {
+    const std::vector<int> prefix(ids.begin(), ids.begin() + k);
+    log_p[static_cast<std::size_t>(k - 1)] = log_prob(full_logits(model, prefix), ids[static_cast<std::size_t>(k)]);
+    infer_loss -= log_p[static_cast<std::size_t>(k - 1)];
+  }
+  INFO("training loss " << training_loss << ", infer's " << infer_loss);
+  CHECK(std::abs(infer_loss - training_loss) <= 1e-9 * std::abs(training_loss));
+
+  SECTION("a prefill of k − 3 tokens then 3 cached single-token decodes give the same log-probabilities") {
+    for (int k = 4; k <= L; ++k) {
+      INFO("prefix of " << k << " tokens");
+      KvCache cache;
+      const std::vector<int> head(ids.begin(), ids.begin() + (k - 3));
+      Mat logits = model.infer({InferItem{0, 0, k - 3, &cache, head}}, Mat());
+      const auto near = [&](int j, const Mat& l) {
+        const double want = log_p[static_cast<std::size_t>(j)];
+        const double got = log_prob(l, ids[static_cast<std::size_t>(j + 1)]);
+        CHECK(std::abs(got - want) <= 1e-9 * std::max(1.0, std::abs(want)));
+      };
+      near(k - 4, logits);
+      for (int t = k - 3; t < k; ++t) {
+        REQUIRE(cache.tokens == t);
+        logits = model.infer({InferItem{0, t, 1, &cache, {ids[static_cast<std::size_t>(t)]}}}, Mat());
+        near(t, logits);
+      }
+    }
+  }
 }
 
 TEST_CASE("GptStage::infer refuses an item past model.seq or one whose cache does not match its position",

@@ -65,14 +65,15 @@ Plan two_rank_plan() {
   };
   p.ranks.resize(2);
   auto& r0 = p.ranks[0];
-  r0 = {op(OpKind::PREFILL, 0, -1, 700), op(OpKind::SEND, 0, 1, 64), op(OpKind::RECV, 0, 1, 8),
-        op(OpKind::DECODE, 1, -1, 900), op(OpKind::SEND, 1, 1, 64), op(OpKind::RECV, 1, 1, 8)};
+  // KV: one 16-token block per request after either batch, 100 bytes a token: 3,200.
+  r0 = {op(OpKind::PREFILL, 0, -1, 3200), op(OpKind::SEND, 0, 1, 64), op(OpKind::RECV, 0, 1, 8),
+        op(OpKind::DECODE, 1, -1, 3200), op(OpKind::SEND, 1, 1, 64), op(OpKind::RECV, 1, 1, 8)};
   r0[1].deps.push_back({0, 0});
   r0[3].deps.push_back({0, 2});
   r0[4].deps.push_back({0, 3});
   auto& r1 = p.ranks[1];
-  r1 = {op(OpKind::RECV, 0, 0, 64), op(OpKind::PREFILL, 0, -1, 700), op(OpKind::SEND, 0, 0, 8),
-        op(OpKind::RECV, 1, 0, 64), op(OpKind::DECODE, 1, -1, 900), op(OpKind::SEND, 1, 0, 8)};
+  r1 = {op(OpKind::RECV, 0, 0, 64), op(OpKind::PREFILL, 0, -1, 3200), op(OpKind::SEND, 0, 0, 8),
+        op(OpKind::RECV, 1, 0, 64), op(OpKind::DECODE, 1, -1, 3200), op(OpKind::SEND, 1, 0, 8)};
   r1[1].deps.push_back({1, 0});
   r1[2].deps.push_back({1, 1});
   r1[4].deps.push_back({1, 3});
@@ -187,10 +188,33 @@ TEST_CASE("serving: the validator refuses broken serving plans", "[serving]") {
   p = two_rank_plan();
   std::swap(p.ranks[0][0], p.ranks[0][3]);  // batches out of order
   CHECK_THAT(problem(p), Catch::Contains("every rank runs the table's batches once, in order"));
-  // A token RECV the decode depends on moved after it: the replay proves the deadlock.
+  // The decode no longer waits for its requests' tokens.
   p = two_rank_plan();
   p.ranks[0][3].deps = {{0, 5}};
+  CHECK_THAT(problem(p), Catch::Contains("DECODE1: does not wait for the tokens of batch 0"));
+  // Rank 0 waits for batch 0's tokens before sending batch 0 on: the replay proves the deadlock.
+  p = two_rank_plan();
+  std::swap(p.ranks[0][1], p.ranks[0][2]);
+  p.ranks[0][3].deps = {{0, 1}};
   CHECK_THAT(problem(p), Catch::Contains("deadlock"));
+  // The table against itself and the ops.
+  p = two_rank_plan();
+  p.ranks[1][4].bytes = 0;
+  CHECK_THAT(problem(p), Catch::Contains("DECODE1: KV bytes 0; the serving table implies 3200"));
+  p = two_rank_plan();
+  p.serve->batches[1].items[1] = {0, 4, 1};  // request 0 twice, the second past its cache
+  CHECK_THAT(problem(p), Catch::Contains("request 0 twice in one batch"));
+  CHECK_THAT(problem(p), Catch::Contains("request 0 at position 4, but its cache holds 4 tokens") ||
+                             Catch::Contains("after its last output token"));
+  p = two_rank_plan();
+  p.serve->batches[1].items[0].position = 2;  // a decode that does not continue the cache
+  CHECK_THAT(problem(p), Catch::Contains("request 0 at position 2, but its cache holds 3 tokens"));
+  p = two_rank_plan();
+  p.serve->requests[1].output = 3;  // request 1 never produces its third token
+  CHECK_THAT(problem(p), Catch::Contains("request 1 produces 2 of its 3 output tokens"));
+  p = two_rank_plan();
+  p.serve->batches[0].preempted = {1};  // nothing cached yet
+  CHECK_THAT(problem(p), Catch::Contains("request 1 is preempted but holds no KV cache"));
   // serve_from_json names the bad item.
   nlohmann::json j = to_json(two_rank_plan());
   j["serve"]["batches"][1]["items"][1] = 9;  // decode of request 0 at position 9 (it has 3 + 2 − 1 positions)

@@ -12,6 +12,7 @@
 #include "tdpipe/ir/error.hpp"
 #include "tdpipe/ir/scenario_io.hpp"
 #include "tdpipe/ir/validate.hpp"
+#include "tdpipe/planner/cost_fit.hpp"
 #include "tdpipe/planner/cost_model.hpp"
 #include "tdpipe/planner/evaluator.hpp"
 #include "tdpipe/planner/serving.hpp"
@@ -248,13 +249,11 @@ TEST_CASE("serving cost: decode reads weights and KV, prefill is FLOP-bound", "[
   CHECK(cost.kv_bytes_per_token(1) == 10 * 2 * h * e);
   // Weights of a middle stage: 10 layers of 4h² + 3·h·ffn matrices and 4h norm/bias values.
   CHECK(cost.weight_bytes(1) == Approx(10 * (4 * h * h + 3 * h * ffn + 4 * h) * e));
-  // One decode token at position 0 on a middle stage: each GEMM the slower of its bytes
-  // through 90 % of HBM and its FLOPs at the saturating curve (gemm_max · F / (F + peak ·
-  // 64 µs)), the token's own K/V read, the element-wise bytes and the kernels' fixed cost.
+  // One decode token at position 0 on a middle stage: each GEMM at its roofline (the
+  // slower of its bytes through 90 % of HBM and its FLOPs at gemm_max of peak — here the
+  // bytes), the token's own K/V read, the element-wise bytes and the kernels' fixed cost.
   auto gemm = [&](double n, double k) {
-    const double flops = 2 * n * k;
-    return std::max(e * (k + k * n + n) / hbm,
-                    (flops + gpu.peak_flops * eff.gemm_half_seconds) / (gpu.peak_flops * eff.gemm_max));
+    return std::max(e * (k + k * n + n) / hbm, 2 * n * k / (gpu.peak_flops * eff.gemm_max));
   };
   const double layer = gemm(3 * h, h) + gemm(h, h) + gemm(2 * ffn, h) + gemm(h, ffn) + 2 * h * e / hbm +
                        (10 * h + 3 * ffn) * e / hbm + 27e-6;
@@ -264,11 +263,18 @@ TEST_CASE("serving cost: decode reads weights and KV, prefill is FLOP-bound", "[
   const double kv_read = 200.0 * 1000 * cost.kv_bytes_per_token(1) / hbm;
   CHECK(cost.batch_seconds(1, decode) > kv_read);
   CHECK(cost.batch_seconds(1, decode) < 1.5 * kv_read);
-  // A 2048-token prefill runs at most gemm_max of peak, and at least half of it.
+  // A 2048-token prefill runs at most gemm_max of peak, and at least half of it; a
+  // 1,024-token decode batch (past the L20's ~140 FLOP/byte) is FLOP-bound too, a
+  // 32-token one reads the weights.
   std::vector<ir::ServeItem> prefill(4, ir::ServeItem{0, 0, 512});
   const double achieved = cost.batch_flops(1, prefill) / cost.batch_seconds(1, prefill) / gpu.peak_flops;
   CHECK(achieved < eff.gemm_max);
   CHECK(achieved > 0.5 * eff.gemm_max);
+  std::vector<ir::ServeItem> d32(32, ir::ServeItem{0, 0, 1});
+  const double weights_read = cost.weight_bytes(1) / hbm;
+  CHECK(cost.batch_seconds(1, d32) > weights_read);
+  CHECK(cost.batch_seconds(1, d32) < 1.1 * weights_read + 10 * 27e-6 + 32 * 10 * (10 * h + 3 * ffn) * e / hbm +
+                                         32.0 * cost.kv_bytes_per_token(1) / hbm);
   // GQA: Qwen2.5-32B's 8 K/V heads of 40 → 16 layers · 2 · 1024 · 2 bytes per token per GPU.
   const ir::Scenario qwen =
       planner::serving_layout(ir::load_scenario(scenario_path("serve-qwen2.5-32b-l20-pcie-4.yaml")), "pp");
@@ -327,4 +333,44 @@ TEST_CASE("serving: the analytic engine times a plan, the switch bubbles appear 
         prev[static_cast<std::size_t>(i.request)] = e.mb;
     }
   }
+}
+
+TEST_CASE("serving: a fitted cost model prices PREFILL/DECODE with the forward's speeds", "[serving]") {
+  const ir::Scenario sc = tiny();
+  ir::Plan plan = planner::plan_serving(sc, "tdpipe", ir::serving_requests(*sc.serving));
+  traces::Profile profile;
+  profile.model.gpu = "cpu";
+  // op, layer, gemm, attention, elementwise, comm, embedding, head, optimizer
+  const std::vector<double> f = {2e-5, 3e-6, 5, 7, 11, 1, 13, 17, 0};
+  profile.model.coefficients[ir::OpKind::F] = f;
+  const ir::Plan before = plan;
+  const auto applied = planner::apply_profile(profile, plan, /*ops_only=*/true);
+  CHECK(applied.ops_kept == 0);
+  const planner::ServingCost cost(plan.scenario, plan.num_ranks());
+  int priced = 0;
+  for (int r = 0; r < plan.num_ranks(); ++r)
+    for (const auto& op : plan.ranks[static_cast<std::size_t>(r)]) {
+      if (!ir::is_serving(op.kind)) continue;
+      const auto& items = plan.serve->batches[static_cast<std::size_t>(op.mb)].items;
+      const planner::CostParts p = cost.batch_parts(r, items);
+      const double expected = f[0] + f[1] * cost.layers(r) + f[2] * p.gemm + f[3] * p.attention +
+                              f[4] * p.elementwise + f[5] * p.comm + f[6] * p.embedding + f[7] * p.head;
+      CHECK(op.est_seconds == Approx(expected).epsilon(1e-12));
+      ++priced;
+    }
+  CHECK(priced == static_cast<int>(plan.serve->batches.size()) * plan.num_ranks());
+  // Decode reads: a GEMM's term is its roofline time at peak, the KV read is attention's.
+  const ir::Scenario big =
+      planner::serving_layout(ir::load_scenario(scenario_path("serve-llama2-13b-l20-pcie-4.yaml")), "pp");
+  const planner::ServingCost c13(big, 4);
+  const planner::CostParts one = c13.batch_parts(1, {{0, 999, 1}});
+  const auto& gpu = big.cluster.groups[0].gpu;
+  CHECK(one.gemm == Approx(c13.weight_bytes(1) / gpu.hbm_bytes_per_second).epsilon(0.01));  // the weights, read once
+  CHECK(one.attention > 1000 * c13.kv_bytes_per_token(1) / gpu.hbm_bytes_per_second);
+  // Without forward speeds the profile prices nothing.
+  ir::Plan other = before;
+  traces::Profile no_f = profile;
+  no_f.model.coefficients.clear();
+  no_f.model.coefficients[ir::OpKind::BW] = f;
+  CHECK(planner::apply_profile(no_f, other, true).ops_kept > 0);
 }

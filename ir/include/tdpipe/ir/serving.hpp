@@ -17,6 +17,11 @@
 
 namespace tdpipe::ir {
 
+/// Most requests a workload may hold (a million plans in seconds; ten would need tens of
+/// GiB of plan), and most tokens one prompt or output may have.
+inline constexpr int kMaxServingRequests = 1'000'000;
+inline constexpr int kMaxRequestTokens = 1 << 24;
+
 /// A distribution of token counts. Lengths are integers in [min, max].
 ///  - "lognormal": exp(N(μ, σ²)) with μ chosen so the unclipped mean is `mean`, rounded
 ///    and clipped — the shape of ShareGPT's prompt and output lengths;
@@ -97,6 +102,7 @@ struct ServeBatch {
   /// the tokens it generated.
   std::vector<int> preempted;
   friend bool operator==(const ServeBatch&, const ServeBatch&) = default;
+  /// Whether an item starts a request's cache (position 0): the batch runs as PREFILL.
   bool has_prefill() const;
 };
 

@@ -36,7 +36,8 @@ namespace tdpipe::planner {
 using CostTerms = std::array<double, traces::kCostTermCount>;
 
 /// The terms of compute op `op` (F, B, W, BW or OPT) of `rank` in `plan`, which carries
-/// its scenario, stage_layers and slice_tokens.
+/// its scenario, stage_layers and slice_tokens; of a serving PREFILL/DECODE, its batch's
+/// (ServingCost::batch_parts).
 CostTerms op_terms(const ir::Plan& plan, int rank, const ir::Op& op);
 
 /// The coefficients of an op of `kind` that are the cost model itself (the fit's starting
@@ -86,7 +87,8 @@ traces::Profile fitted_profile(const std::vector<ir::Plan>& plans, const std::ve
 double fitted_seconds(const traces::FittedCostModel& model, ir::OpKind kind, const CostTerms& terms);
 
 /// traces::apply_profile for every kind of profile: a fitted model (profile.model) prices
-/// each compute op of `plan` from its terms, whatever the layout the probes had; other
+/// each compute op of `plan` from its terms, whatever the layout the probes had (a
+/// serving PREFILL/DECODE — a forward pass — with the forward's coefficients); other
 /// profiles go to traces::apply_profile. Unless `ops_only`, the profile's platform
 /// (links, shared capacity) becomes the plan's.
 traces::ProfileApplied apply_profile(const traces::Profile& profile, ir::Plan& plan, bool ops_only = false);

@@ -5,8 +5,10 @@
 // positions. On a stage of n layers (embedding on the first, final norm and LM head on
 // the last), on one tensor rank of t:
 //  - weight GEMMs of all the batch's tokens together: FLOPs 2·T·(weights per layer),
-//    each GEMM at gemm_efficiency (the saturating curve with the HBM roofline): a decode
-//    batch of a few hundred tokens is bound by reading the weights, a prefill by FLOPs;
+//    each GEMM at its roofline — the slower of its FLOPs at gemm_max of peak and its
+//    bytes at hbm's share of HBM bandwidth: a decode batch of fewer tokens than the
+//    GPU's FLOP/byte ratio (~150 on an A100) is bound by reading the weights, a prefill
+//    by FLOPs (the training curve's saturation in size is for large GEMMs' waves);
 //  - attention: prompt tokens (an item of more than one token) run the fused causal
 //    kernel at flash_attention's fraction of peak over their (query, key) pairs; decode
 //    tokens read their request's whole K/V cache — memory-bound, at hbm's fraction of
@@ -27,6 +29,7 @@
 
 #include "tdpipe/ir/scenario.hpp"
 #include "tdpipe/ir/serving.hpp"
+#include "tdpipe/planner/cost_model.hpp"
 
 namespace tdpipe::planner {
 
@@ -43,6 +46,14 @@ class ServingCost {
   double batch_seconds(int rank, const std::vector<ir::ServeItem>& items) const;
   /// FLOPs of `items` on `rank` (one tensor rank's share).
   double batch_flops(int rank, const std::vector<ir::ServeItem>& items) const;
+  /// The work of `items` on `rank` part by part at the GPU's peak rates (CostParts, the
+  /// terms `tdpipe calibrate` fits speeds to): a weight GEMM at its roofline time — the
+  /// larger of FLOPs / peak and its bytes / HBM — so a decode's weight read counts as the
+  /// GEMM work it bounds; attention FLOPs / peak plus the decode tokens' KV read / HBM;
+  /// element-wise, embedding and head as batch_seconds counts them; TP collectives priced.
+  CostParts batch_parts(int rank, const std::vector<ir::ServeItem>& items) const;
+  /// Layers pipeline rank `rank` holds.
+  int layers(int rank) const { return layers_[static_cast<std::size_t>(rank)]; }
   /// Bytes of the hidden states a batch of `tokens` tokens hands to the next stage.
   double hidden_bytes(int tokens) const;
   /// KV-cache bytes of one token on one GPU of `rank` (its layers, its K/V heads).

@@ -19,7 +19,12 @@
 namespace tdpipe::exec::cpu {
 
 struct ServeRun {
-  traces::Trace trace;                     ///< measured (origin "cpu"), one event per op
+  /// Measured (origin "cpu"), one event per op. A PREFILL/DECODE event's bytes are the KV
+  /// its rank held once the op ended (finished requests' caches freed): measured tokens at
+  /// the plan's bytes per token (plan.serve->kv_bytes_per_token), so they compare with the
+  /// op's planned bytes, which the planner rounds up to blocks and takes before it frees
+  /// finished requests (measured ≤ planned).
+  traces::Trace trace;
   std::vector<std::vector<int>> tokens;    ///< per request, its output tokens in order (the last stage's)
   /// per rank, most tokens its KV caches held at once (after a batch was cached, before
   /// finished requests let theirs go; a preempted request's as soon as its recompute is next)
@@ -27,7 +32,8 @@ struct ServeRun {
 };
 
 /// Runs serving plan `plan` (plan.serve set, lowered) on CPU threads, once. Throws
-/// tdpipe::Error for a plan without a serving table (a training plan), a model too large
+/// tdpipe::Error for a plan without a serving table (a training plan) or without KV bytes
+/// per token for each rank, a model too large
 /// for the CPU backend, a request longer than the model's positions (model.seq, naming
 /// it), or a rank's failure (the watchdog's report of blocked ranks included).
 ServeRun run_serving(const ir::Plan& plan);

@@ -46,6 +46,10 @@ class ServeCompute final : public Compute {
   /// The most tokens this rank's KV caches held at once (after a batch's tokens were
   /// cached, before finished requests let theirs go).
   std::int64_t peak_kv_tokens() const { return peak_kv_tokens_; }
+  /// Per batch, the tokens this rank's KV caches held once its PREFILL/DECODE ended (after
+  /// finished and soon-recomputed requests let theirs go); −1 for a batch not run yet.
+  /// Written by the rank's thread as each op ends: read it after that thread is joined.
+  const std::vector<std::int64_t>& kv_tokens_after() const { return kv_tokens_after_; }
 
  private:
   const ir::ServeBatch& batch(int b) const;
@@ -64,6 +68,7 @@ class ServeCompute final : public Compute {
   std::vector<std::vector<int>> keep_after_;       ///< [batch][item]: cache tokens kept after it
   std::map<int, KvCache> caches_;                  ///< per request holding some
   std::int64_t kv_tokens_ = 0, peak_kv_tokens_ = 0;
+  std::vector<std::int64_t> kv_tokens_after_;      ///< per batch: kv_tokens_ as its op ended
   std::vector<std::vector<int>> sequences_;        ///< stage 0: per request, prompt then tokens learnt
   std::vector<std::vector<int>> produced_;         ///< last stage: per request, tokens sampled
   std::int64_t last_layers_ns_ = -1;
