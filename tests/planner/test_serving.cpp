@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 
 #include "planner_test_util.hpp"
@@ -373,4 +374,43 @@ TEST_CASE("serving: a fitted cost model prices PREFILL/DECODE with the forward's
   no_f.model.coefficients.clear();
   no_f.model.coefficients[ir::OpKind::BW] = f;
   CHECK(planner::apply_profile(no_f, other, true).ops_kept > 0);
+}
+
+TEST_CASE("serving planners: random workloads give valid plans within the KV cap", "[serving]") {
+  // A property test over layouts, block sizes, caps and lengths: every plan validates
+  // (the validator recomputes its KV from the table and checks the capacity, the table's
+  // consistency and the deadlock-freedom of its transfers), or the planner refuses the
+  // workload by name.
+  std::mt19937_64 rng(42);
+  auto pick = [&](std::initializer_list<int> v) { return *(v.begin() + static_cast<long>(rng() % v.size())); };
+  int planned = 0;
+  for (int run = 0; run < 150; ++run) {
+    ir::Scenario sc = tiny();
+    const int P = pick({1, 2, 4});
+    sc.parallel.pipeline = P;
+    sc.cluster.gpus_per_node = P;
+    sc.serving->block_tokens = pick({1, 2, 4, 8});
+    sc.serving->kv_fraction = pick({50, 90, 100}) / 100.0;
+    sc.serving->max_batch_requests = pick({2, 3, 5, 8, 16});
+    sc.serving->max_batch_tokens = pick({16, 32, 64});
+    sc.cluster.groups[0].gpu.hbm_bytes = pick({760000, 800000, 900000});
+    std::vector<ir::Request> requests(static_cast<std::size_t>(5 + rng() % 30));
+    for (auto& q : requests) q = {static_cast<int>(1 + rng() % 24), static_cast<int>(1 + rng() % 24)};
+    for (const std::string name : {"pp", "tp", "tdpipe"}) {
+      INFO("run " << run << " planner " << name << " P " << P << " B " << sc.serving->block_tokens << " cap "
+                  << sc.serving->max_batch_requests << " hbm " << sc.cluster.groups[0].gpu.hbm_bytes);
+      ir::Plan plan;
+      try {
+        plan = planner::plan_serving(sc, name, requests);
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        CHECK((what.find("KV blocks") != std::string::npos || what.find("no room for a KV cache") != std::string::npos ||
+               what.find("cannot be admitted") != std::string::npos));
+        continue;
+      }
+      CHECK_NOTHROW(ir::validate(plan));
+      ++planned;
+    }
+  }
+  CHECK(planned > 250);  // most workloads fit (287 of 450 with this seed)
 }
