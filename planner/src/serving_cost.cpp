@@ -30,6 +30,9 @@ ir::Scenario serving_layout(const ir::Scenario& scenario, const std::string& pla
   if (sc.parallel.chunks != 1)
     throw Error(fmt::format("{}: parallel.chunks is {}; a serving plan runs one chunk per stage", sc.name,
                             sc.parallel.chunks));
+  if (sc.cluster.groups.size() != 1)
+    throw Error(fmt::format("{}: the cluster has {} kinds of GPU; a serving plan prices one kind (one node group)",
+                            sc.name, sc.cluster.groups.size()));
   if (planner == "tp") {
     sc.parallel.tensor = sc.parallel.pipeline * sc.parallel.tensor;
     sc.parallel.pipeline = 1;

@@ -41,6 +41,15 @@ ir::Plan plan_serving(const ir::Scenario& scenario, const std::string& planner,
       throw Error(fmt::format("serving: request {}: {} prompt + {} output tokens exceed the model's context of "
                               "model.seq = {} tokens",
                               r, q.prompt, q.output, sc.model.seq));
+    // One batch holds a whole prefill (no chunked prefill, as vLLM requires without it:
+    // max_num_batched_tokens ≥ the longest sequence), and the workspace is sized for it;
+    // pp and tp may recompute a preempted request's prompt and generated tokens at once.
+    const long long prefill = planner == "tdpipe" ? q.prompt : static_cast<long long>(q.prompt) + q.output - 1;
+    if (prefill > cfg.max_batch_tokens)
+      throw Error(fmt::format("serving: request {}: a prefill of up to {} tokens ({}) exceeds serving.max_batch_tokens "
+                              "= {}: one batch must hold it",
+                              r, prefill, planner == "tdpipe" ? "its prompt" : "its prompt and output, recomputed",
+                              cfg.max_batch_tokens));
     if (ir::kv_blocks(q.prompt + q.output, cfg.block_tokens) > capacity)
       throw Error(fmt::format("serving: request {}: {} tokens need {} KV blocks; the GPUs hold {}", r,
                               q.prompt + q.output, ir::kv_blocks(q.prompt + q.output, cfg.block_tokens), capacity));

@@ -304,6 +304,15 @@ TEST_CASE("serving planners: clear errors", "[serving]") {
   ir::Scenario small = sc;
   small.cluster.groups[0].gpu.hbm_bytes = 780000;  // weights + workspace leave 12 blocks of 4 tokens
   CHECK_THAT(error_of([&] { planner::plan_serving(small, "tdpipe", {{40, 20}}); }), Catch::Contains("KV blocks"));
+  ir::Scenario budget = sc;
+  budget.serving->max_batch_tokens = 40;
+  CHECK_THAT(error_of([&] { planner::plan_serving(budget, "pp", {{30, 20}}); }),
+             Catch::Contains("request 0: a prefill of up to 49 tokens (its prompt and output, recomputed) exceeds "
+                             "serving.max_batch_tokens = 40"));
+  CHECK_NOTHROW(planner::plan_serving(budget, "tdpipe", {{30, 20}}));  // tdpipe never recomputes: its prompt fits
+  ir::Scenario mixed = sc;
+  mixed.cluster.groups.push_back(mixed.cluster.groups[0]);
+  CHECK_THAT(error_of([&] { planner::plan_serving(mixed, "pp", {{3, 2}}); }), Catch::Contains("2 kinds of GPU"));
   ir::Scenario tiny_mem = sc;
   tiny_mem.cluster.groups[0].gpu.hbm_bytes = 100000;
   CHECK_THAT(error_of([&] { planner::plan_serving(tiny_mem, "pp", {{3, 2}}); }),
@@ -392,7 +401,7 @@ TEST_CASE("serving planners: random workloads give valid plans within the KV cap
     sc.serving->block_tokens = pick({1, 2, 4, 8});
     sc.serving->kv_fraction = pick({50, 90, 100}) / 100.0;
     sc.serving->max_batch_requests = pick({2, 3, 5, 8, 16});
-    sc.serving->max_batch_tokens = pick({16, 32, 64});
+    sc.serving->max_batch_tokens = pick({48, 64});
     sc.cluster.groups[0].gpu.hbm_bytes = pick({760000, 800000, 900000});
     std::vector<ir::Request> requests(static_cast<std::size_t>(5 + rng() % 30));
     for (auto& q : requests) q = {static_cast<int>(1 + rng() % 24), static_cast<int>(1 + rng() % 24)};
@@ -405,7 +414,8 @@ TEST_CASE("serving planners: random workloads give valid plans within the KV cap
       } catch (const Error& e) {
         const std::string what = e.what();
         CHECK((what.find("KV blocks") != std::string::npos || what.find("no room for a KV cache") != std::string::npos ||
-               what.find("cannot be admitted") != std::string::npos));
+               what.find("cannot be admitted") != std::string::npos ||
+               what.find("exceeds serving.max_batch_tokens") != std::string::npos));
         continue;
       }
       CHECK_NOTHROW(ir::validate(plan));
