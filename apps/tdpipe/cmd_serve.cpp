@@ -171,18 +171,10 @@ void run_serve(const ServeArgs& a) {
     const std::string& name = plan.serve->planner;
     if (!a.plan_out.empty())
       ir::write_file_atomic(path_for(a.plan_out, name, many), ir::to_json(plan).dump(), "plan");
-    std::vector<std::pair<std::string, traces::Trace>> traces;
-    if (a.backend == "cpu") {
-      exec::cpu::ServeRun run = exec::cpu::run_serving(plan);
-      traces.emplace_back("cpu", std::move(run.trace));
-    } else {
-      traces.emplace_back(a.engine, predict(plan, a.engine));
-    }
-    for (auto& [origin, trace] : traces) {
-      if (!a.trace_out.empty()) traces::write_trace(trace, path_for(a.trace_out, name, many));
-      rows.push_back(traces::serving_report(plan, trace));
-      out.push_back(traces::to_json(rows.back()));
-    }
+    const traces::Trace trace = a.backend == "cpu" ? exec::cpu::run_serving(plan).trace : predict(plan, a.engine);
+    if (!a.trace_out.empty()) traces::write_trace(trace, path_for(a.trace_out, name, many));
+    rows.push_back(traces::serving_report(plan, trace));
+    out.push_back(traces::to_json(rows.back()));
   }
   if (a.json) {
     std::cout << nlohmann::json{{"scenario", scenario.name}, {"runs", out}}.dump(2) << "\n";
