@@ -142,11 +142,21 @@ void run_serve(const ServeArgs& a) {
       const std::string dir = std::filesystem::path(a.input).parent_path().string();
       requests = ir::serving_requests(*scenario.serving, dir);
     }
+    if (a.count > static_cast<int>(requests.size()))
+      fmt::print(stderr, "note: --count {}: the workload has {} requests; serving all of them\n", a.count,
+                 requests.size());
     if (a.count > 0 && a.count < static_cast<int>(requests.size())) requests.resize(static_cast<std::size_t>(a.count));
     const std::string which = a.planner.empty() ? scenario.serving->planner : a.planner;
     const std::vector<std::string> names =
         which == "all" ? ir::serving_planner_names() : std::vector<std::string>{which};
-    for (const auto& name : names) plans.push_back(planner::plan_serving(scenario, name, requests));
+    const std::string source = a.requests_file.empty() ? a.input : a.input + " with " + a.requests_file;
+    for (const auto& name : names) {
+      try {
+        plans.push_back(planner::plan_serving(scenario, name, requests));
+      } catch (const Error& e) {
+        throw Error(fmt::format("{}: {} planner: {}", source, name, e.what()));
+      }
+    }
   }
   if (!a.profile.empty()) {
     const traces::Profile profile = traces::read_profile(a.profile);
@@ -169,10 +179,15 @@ void run_serve(const ServeArgs& a) {
   for (ir::Plan& plan : plans) {
     ir::validate(plan);
     const std::string& name = plan.serve->planner;
-    if (!a.plan_out.empty())
+    if (!a.plan_out.empty()) {
       ir::write_file_atomic(path_for(a.plan_out, name, many), ir::to_json(plan).dump(), "plan");
+      fmt::print(stderr, "wrote plan {}\n", path_for(a.plan_out, name, many));
+    }
     const traces::Trace trace = a.backend == "cpu" ? exec::cpu::run_serving(plan).trace : predict(plan, a.engine);
-    if (!a.trace_out.empty()) traces::write_trace(trace, path_for(a.trace_out, name, many));
+    if (!a.trace_out.empty()) {
+      traces::write_trace(trace, path_for(a.trace_out, name, many));
+      fmt::print(stderr, "wrote trace {}\n", path_for(a.trace_out, name, many));
+    }
     rows.push_back(traces::serving_report(plan, trace));
     out.push_back(traces::to_json(rows.back()));
   }
@@ -193,12 +208,13 @@ void add_serve_command(CLI::App& app) {
       ->required();
   cmd->add_option("--planner", args->planner, "pp, tp, tdpipe or all (default: the scenario's serving.planner)")
       ->check(CLI::IsMember({"pp", "tp", "tdpipe", "all"}));
-  cmd->add_option("--engine", args->engine, "Prediction engine")
-      ->check(CLI::IsMember({"analytic", "simgrid"}))
-      ->capture_default_str();
+  auto* engine = cmd->add_option("--engine", args->engine, "Prediction engine")
+                     ->check(CLI::IsMember({"analytic", "simgrid"}))
+                     ->capture_default_str();
   cmd->add_option("--backend", args->backend,
                   "Execute the plan instead of predicting it: cpu (the tiny GPT generates every token)")
-      ->check(CLI::IsMember({"cpu"}));
+      ->check(CLI::IsMember({"cpu"}))
+      ->excludes(engine);
   cmd->add_option("--requests", args->requests_file, "JSON file of requests [{\"prompt\": P, \"output\": O}, …]");
   cmd->add_option("--count", args->count, "Serve only the first N requests")
       ->check(CLI::Validator(

@@ -452,6 +452,11 @@ ServingConfig read_serving(const Reporter& rep, const YAML::Node& node, YAML::Ma
               {"requests", "seed", "prompt", "output", "requests_file", "memory_fraction", "kv_fraction",
                "block_tokens", "max_batch_tokens", "max_batch_requests", "planner"});
   ServingConfig s;
+  if (r.has("requests_file"))
+    for (const char* key : {"requests", "prompt", "output", "seed"})
+      if (r.has(key))
+        rep.fail(r.mark(key), r.field(key),
+                 "not used with serving.requests_file (the file gives every request's lengths); remove one of the two");
   s.requests = r.get_int("requests", s.requests, 1, "requests to serve");
   s.seed = static_cast<std::uint64_t>(r.get_int("seed", 1, 0, "seed of the generated lengths"));
   s.prompt = read_lengths(r, "prompt", s.prompt);
@@ -506,7 +511,7 @@ Scenario parse_root(const YAML::Node& root, const std::string& source_name) {
   sc.name = top.get_string("name", std::filesystem::path(source_name).stem().string(), "the scenario's name");
   sc.schedule = top.get_choice("schedule", "1f1b", "schedule", kScheduleNames);
   if (top.has("synthetic")) {
-    for (const char* key : {"model", "parallel"})
+    for (const char* key : {"model", "parallel", "serving"})
       if (top.has(key))
         rep.fail(top.mark(key), key,
                  "not used by a synthetic scenario (its stages, microbatches, chunks, slices and "

@@ -71,9 +71,11 @@ std::vector<Request> parse_requests(const std::string& text, const std::string& 
                               i, quote_json(r)));
     Request q;
     for (const auto& [key, value] : r.items()) {
+      if (key == "id") continue;  // request dumps carry one; the order is the id here
       int* field = key == "prompt" ? &q.prompt : key == "output" ? &q.output : nullptr;
       if (!field)
-        throw Error(fmt::format("{}: requests[{}].{}: unknown key; expected prompt and output", source, i, key));
+        throw Error(fmt::format("{}: requests[{}].{}: unknown key; expected prompt, output (and an ignored id)",
+                                source, i, key));
       if (!value.is_number_integer() || value.get<long long>() < 1 || value.get<long long>() > kMaxRequestTokens)
         throw Error(fmt::format("{}: requests[{}].{}: expected a token count from 1 to {}, got {}", source, i, key,
                                 kMaxRequestTokens, quote_json(value)));

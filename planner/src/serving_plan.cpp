@@ -47,12 +47,14 @@ ir::Plan plan_serving(const ir::Scenario& scenario, const std::string& planner,
     const long long prefill = planner == "tdpipe" ? q.prompt : static_cast<long long>(q.prompt) + q.output - 1;
     if (prefill > cfg.max_batch_tokens)
       throw Error(fmt::format("serving: request {}: a prefill of up to {} tokens ({}) exceeds serving.max_batch_tokens "
-                              "= {}: one batch must hold it",
+                              "= {}: one batch must hold it (no chunked prefill); set max_batch_tokens ≥ {}",
                               r, prefill, planner == "tdpipe" ? "its prompt" : "its prompt and output, recomputed",
-                              cfg.max_batch_tokens));
+                              cfg.max_batch_tokens, prefill));
     if (ir::kv_blocks(q.prompt + q.output, cfg.block_tokens) > capacity)
-      throw Error(fmt::format("serving: request {}: {} tokens need {} KV blocks; the GPUs hold {}", r,
-                              q.prompt + q.output, ir::kv_blocks(q.prompt + q.output, cfg.block_tokens), capacity));
+      throw Error(fmt::format("serving: request {}: {} tokens need {} KV blocks of {} tokens; the GPUs hold {} (more "
+                              "GPUs, a larger memory_fraction or smaller blocks)",
+                              r, q.prompt + q.output, ir::kv_blocks(q.prompt + q.output, cfg.block_tokens),
+                              cfg.block_tokens, capacity));
   }
 
   // The plan holds an item per output token (12 bytes) and 3·P ops per batch: bound it

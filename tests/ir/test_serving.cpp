@@ -112,6 +112,10 @@ TEST_CASE("serving: errors name the line and field", "[serving]") {
   CHECK_THAT(error_of(with_serving("  prompt: {min: 10, max: 5}\n")), Catch::Contains("serving.prompt.max"));
   CHECK_THAT(error_of(with_serving("  requets: 5\n")), Catch::Contains("did you mean 'requests'"));
   CHECK_THAT(error_of(with_serving("  block_tokens: 0\n")), Catch::Contains("serving.block_tokens"));
+  CHECK_THAT(error_of(with_serving("  requests: 24\n  requests_file: r.json\n")),
+             Catch::Contains("s.yaml:6: serving.requests: not used with serving.requests_file"));
+  CHECK_THAT(error_of("synthetic: {stages: 2, microbatches: 4, time: {F: 1, B: 1, W: 1}}\nserving: {requests: 3}\n"),
+             Catch::Contains("s.yaml:2: serving: not used by a synthetic scenario"));
 }
 
 TEST_CASE("serving: generated lengths are seeded, bounded and have the stated mean", "[serving]") {
@@ -144,6 +148,7 @@ TEST_CASE("serving: a requests file is read strictly", "[serving]") {
   CHECK(parse_requests(R"([{"prompt": 3, "output": 2}, {"output": 1, "prompt": 9}])", "r.json") ==
         std::vector<Request>{{3, 2}, {9, 1}});
   CHECK(parse_requests(R"({"requests": [{"prompt": 3, "output": 2}]})", "r.json").size() == 1);
+  CHECK(parse_requests(R"([{"id": "a7", "prompt": 3, "output": 2}])", "r.json") == std::vector<Request>{{3, 2}});
   auto err = [](const std::string& text) {
     try {
       parse_requests(text, "r.json");
