@@ -72,12 +72,12 @@ void schedule_tdpipe(Scheduler& s, const ir::ServingConfig& cfg, const ServingCo
     for (int r : s.running()) proj.add(s.held(r), s.request(r).output - s.done(r));
     return proj;
   };
-  // Prefill batches the projection admits from the front of the queue (without taking
-  // them when `commit` is false: the switch rule's candidates).
   // At most P · max_batch_requests run at once: every decode round then serves each
   // running request once (P batches of at most max_batch_requests), so requests do
   // decode in lockstep, as the KV projection assumes.
   const int max_running = P * cfg.max_batch_requests;
+  // Prefill batches the projection admits from the front of the queue (without taking
+  // them when `commit` is false: the switch rule's candidates).
   auto prefill_batches = [&](bool commit) {
     std::vector<std::vector<ServeItem>> out;
     KvProjection proj = projection_of_running();
@@ -129,10 +129,11 @@ void schedule_tdpipe(Scheduler& s, const ir::ServingConfig& cfg, const ServingCo
     }
     // Decode window: rounds of P batches from one pool until the controller switches. A
     // round serves every running request once: each batch takes ⌈left / slots left⌉ of
-    // the requests the round has not served (⌊N/P⌋, +1 for the first N mod P batches), so
-    // the batches stay within one of each other; among the requests whose token is back
-    // it picks those that give it its share of the round's cached tokens, since a decode
-    // step's time follows the KV it reads as much as its request count.
+    // the requests the round has not served (⌊N/P⌋, +1 for the first N mod P batches:
+    // within one of each other while all come back; fewer when a finished request left
+    // its batch short, the round's last batch then taking the rest); among the requests
+    // whose token is back it picks those that give it its share of the round's cached
+    // tokens, since a decode step's time follows the KV it reads as much as its count.
     int in_window = 0, round_left = 0;
     double round_tokens = 0;
     while (!s.running().empty()) {
