@@ -32,12 +32,6 @@
 namespace tdpipe::apps {
 namespace {
 
-#ifdef TDPIPE_HAVE_SIMGRID
-constexpr const char* kDefaultEngine = "simgrid";
-#else
-constexpr const char* kDefaultEngine = "analytic";
-#endif
-
 struct ServeArgs {
   std::string input;
   std::string planner;  ///< "": the scenario's

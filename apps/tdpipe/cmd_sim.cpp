@@ -30,12 +30,6 @@
 namespace tdpipe::apps {
 namespace {
 
-#ifdef TDPIPE_HAVE_SIMGRID
-constexpr const char* kDefaultEngine = "simgrid";
-#else
-constexpr const char* kDefaultEngine = "analytic";
-#endif
-
 struct SimArgs {
   std::string scenario;
   std::string engine = kDefaultEngine;

@@ -12,6 +12,13 @@
 
 namespace tdpipe::apps {
 
+/// The prediction engine `sim` and `serve` use unless told: SimGrid where the build has it.
+#ifdef TDPIPE_HAVE_SIMGRID
+inline constexpr const char* kDefaultEngine = "simgrid";
+#else
+inline constexpr const char* kDefaultEngine = "analytic";
+#endif
+
 /// The command line `tdpipe` was started with (main sets it): what `--backend cuda`
 /// hands to tdpipe-cuda unchanged.
 void set_invocation(int argc, char** argv);

@@ -100,6 +100,22 @@ double gelu_grad(double u) {
   return 0.5 * (1.0 + t) + 0.5 * u * (1.0 - t * t) * kGeluC * (1.0 + 3.0 * 0.044715 * u * u);
 }
 
+// Row r of `s` (the scores of the query at position first + r against keys 0 … cols − 1)
+// becomes its softmax over the keys up to that position; later keys are masked to 0.
+void causal_softmax(Mat& s, int first) {
+  for (Eigen::Index r = 0; r < s.rows(); ++r) {
+    const Eigen::Index pos = first + r;
+    const double mx = s.row(r).head(pos + 1).maxCoeff();
+    double sum = 0;
+    for (Eigen::Index c = 0; c < s.cols(); ++c) {
+      const double e = c <= pos ? std::exp(s(r, c) - mx) : 0.0;
+      s(r, c) = e;
+      sum += e;
+    }
+    s.row(r) /= sum;
+  }
+}
+
 // Forward state of one block for one (mb, slice), and what B hands to W.
 struct BlockState {
   Mat xhat1, h, q, a, xhat2, h2, u, g;
@@ -363,17 +379,7 @@ struct GptStage::Impl {
         const Mat kh = cache.k.block(i * cfg.seq, hd * dh, t1, dh);
         const Mat vh = cache.v.block(i * cfg.seq, hd * dh, t1, dh);
         Mat s = (qh * kh.transpose()) * scale;
-        for (int r = 0; r < T; ++r) {
-          const int pos = t0 + r;  // keys after the query's position are masked
-          const double mx = s.row(r).head(pos + 1).maxCoeff();
-          double sum = 0;
-          for (int c = 0; c < t1; ++c) {
-            const double e = c <= pos ? std::exp(s(r, c) - mx) : 0.0;
-            s(r, c) = e;
-            sum += e;
-          }
-          s.row(r) /= sum;
-        }
+        causal_softmax(s, t0);
         st.a.block(i * T, hd * dh, T, dh) = s * vh;
         st.probs[static_cast<std::size_t>(i * nh + hd)] = std::move(s);
       }
@@ -414,17 +420,7 @@ struct GptStage::Impl {
       for (int hd = 0; hd < nh; ++hd) {
         const Mat qh = q.block(r0, hd * dh, T, dh);
         Mat s = (qh * ck.block(0, hd * dh, n, dh).transpose()) * scale;
-        for (int r = 0; r < T; ++r) {
-          const int pos = item.position + r;  // keys after the query's position are masked
-          const double mx = s.row(r).head(pos + 1).maxCoeff();
-          double sum = 0;
-          for (int c = 0; c < n; ++c) {
-            const double e = c <= pos ? std::exp(s(r, c) - mx) : 0.0;
-            s(r, c) = e;
-            sum += e;
-          }
-          s.row(r) /= sum;
-        }
+        causal_softmax(s, item.position);
         a.block(r0, hd * dh, T, dh) = s * cv.block(0, hd * dh, n, dh);
       }
     }

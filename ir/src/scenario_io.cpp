@@ -48,6 +48,13 @@ const std::vector<std::string>& kAttentionNames = scenario_attention_names();
 const std::vector<std::string>& kRecomputeNames = scenario_recompute_names();
 const std::vector<std::string>& kTopologies = scenario_topologies();
 
+// The keys of `serving:` and of its length distributions, in either file format.
+const std::vector<std::string> kServingKeys = {"requests",      "seed",          "prompt",
+                                               "output",        "requests_file", "memory_fraction",
+                                               "kv_fraction",   "block_tokens",  "max_batch_tokens",
+                                               "max_batch_requests", "planner"};
+const std::vector<std::string> kLengthKeys = {"distribution", "mean", "sigma", "min", "max"};
+
 // Defaults for fabric latencies: NCCL's tuner assumes ~3.4 µs per NVLink hop and
 // ~14 µs per network hop (NVIDIA/nccl src/graph/tuning.cc).
 constexpr double kDefaultNvlinkLatencyUs = 3.4;
@@ -437,8 +444,7 @@ ParallelConfig read_parallel(const Reporter& rep, const YAML::Node& node, YAML::
 
 LengthDistribution read_lengths(const MapReader& parent, const std::string& key, LengthDistribution d) {
   if (!parent.has(key)) return d;
-  MapReader r(parent.reporter(), parent.node(key), parent.field(key), parent.mark(key),
-              {"distribution", "mean", "sigma", "min", "max"});
+  MapReader r(parent.reporter(), parent.node(key), parent.field(key), parent.mark(key), kLengthKeys);
   d.kind = r.get_choice("distribution", d.kind, "length distribution", {"lognormal", "uniform", "fixed"});
   d.mean = r.get_number("mean", d.mean, true, "mean tokens (fixed: the length)");
   d.sigma = r.get_number("sigma", d.sigma, true, "σ of the lognormal's log");
@@ -448,9 +454,7 @@ LengthDistribution read_lengths(const MapReader& parent, const std::string& key,
 }
 
 ServingConfig read_serving(const Reporter& rep, const YAML::Node& node, YAML::Mark where) {
-  MapReader r(rep, node, "serving", where,
-              {"requests", "seed", "prompt", "output", "requests_file", "memory_fraction", "kv_fraction",
-               "block_tokens", "max_batch_tokens", "max_batch_requests", "planner"});
+  MapReader r(rep, node, "serving", where, kServingKeys);
   ServingConfig s;
   if (r.has("requests_file"))
     for (const char* key : {"requests", "prompt", "output", "seed"})
@@ -825,11 +829,9 @@ Scenario scenario_from_json(const json& j) {
     s.synthetic = syn;
   }
   if (r.has("serving") && !r.at("serving").is_null()) {
-    JsonReader v(r.at("serving"), r.path("serving"),
-                 {"requests", "seed", "prompt", "output", "requests_file", "memory_fraction", "kv_fraction",
-                  "block_tokens", "max_batch_tokens", "max_batch_requests", "planner"});
+    JsonReader v(r.at("serving"), r.path("serving"), kServingKeys);
     auto lengths = [&](const std::string& key) {
-      JsonReader d(v.at(key), v.path(key), {"distribution", "mean", "sigma", "min", "max"});
+      JsonReader d(v.at(key), v.path(key), kLengthKeys);
       return LengthDistribution{d.get_string("distribution"), d.get_double("mean"), d.get_double("sigma"),
                                 d.get_int("min"), d.get_int("max")};
     };

@@ -89,6 +89,22 @@ CostTerms cost_model_coefficients(const ir::Scenario& scenario, OpKind kind) {
   return c;
 }
 
+namespace {
+
+/// `t` with the layer count and the parts of an op's work filled in.
+CostTerms with_parts(CostTerms t, int layers, const CostParts& p) {
+  t[kLayer] = layers;
+  t[kGemm] = p.gemm;
+  t[kAttention] = p.attention;
+  t[kElementwise] = p.elementwise;
+  t[kComm] = p.comm;
+  t[kEmbedding] = p.embedding;
+  t[kHead] = p.head;
+  return t;
+}
+
+}  // namespace
+
 CostTerms op_terms(const ir::Plan& plan, int rank, const ir::Op& op) {
   const ir::Scenario& sc = plan.scenario;
   if (sc.synthetic)
@@ -114,30 +130,15 @@ CostTerms op_terms(const ir::Plan& plan, int rank, const ir::Op& op) {
       throw Error(fmt::format("cost terms: {} names batch {}, which the plan's serving table does not have",
                               ir::to_string(op.kind), op.mb));
     const ServingCost cost(sc, plan.num_ranks());
-    const CostParts p = cost.batch_parts(rank, plan.serve->batches[static_cast<std::size_t>(op.mb)].items);
-    t[kLayer] = cost.layers(rank);
-    t[kGemm] = p.gemm;
-    t[kAttention] = p.attention;
-    t[kElementwise] = p.elementwise;
-    t[kComm] = p.comm;
-    t[kEmbedding] = p.embedding;
-    t[kHead] = p.head;
-    return t;
+    return with_parts(t, cost.layers(rank),
+                      cost.batch_parts(rank, plan.serve->batches[static_cast<std::size_t>(op.mb)].items));
   }
   if (op.chunk < 0 || op.chunk >= static_cast<int>(chunks.size()))
     throw Error(fmt::format("cost terms: rank {} has no chunk {}", rank, op.chunk));
   const int vs = chunks[static_cast<std::size_t>(op.chunk)];
   const int layers = chunk_layers_of(plan, vs);
   const auto [tokens, prefix] = slice_shape(plan, op.slice);
-  const CostParts p = chunk_cost_parts(sc, gpu, op.kind, vs, vstages, layers, tokens, prefix);
-  t[kLayer] = layers;
-  t[kGemm] = p.gemm;
-  t[kAttention] = p.attention;
-  t[kElementwise] = p.elementwise;
-  t[kComm] = p.comm;
-  t[kEmbedding] = p.embedding;
-  t[kHead] = p.head;
-  return t;
+  return with_parts(t, layers, chunk_cost_parts(sc, gpu, op.kind, vs, vstages, layers, tokens, prefix));
 }
 
 double fitted_seconds(const traces::FittedCostModel& model, OpKind kind, const CostTerms& terms) {

@@ -20,6 +20,40 @@ constexpr double kLayerLaunchSeconds = 9 * 3e-6;
 
 double elem_bytes(const ir::Scenario& sc) { return sc.model.dtype == "fp32" ? 4.0 : 2.0; }
 
+/// The model's sizes on one tensor rank, as every formula here reads them.
+struct Dims {
+  double e, h, t, ffn, kvw, mats;  ///< bytes per element, hidden, tensor, MLP, K/V width, MLP matrices
+  explicit Dims(const ir::Scenario& sc)
+      : e(elem_bytes(sc)),
+        h(sc.model.hidden),
+        t(sc.parallel.tensor),
+        ffn(sc.model.ffn),
+        kvw(h * sc.model.kv_heads_or_heads() / sc.model.heads),
+        mats(sc.model.mlp == "swiglu" ? 3 : 2) {}
+  /// Weight-matrix parameters of one layer on one tensor rank.
+  double layer_matrices() const { return (2 * h * h + 2 * h * kvw + mats * h * ffn) / t; }
+};
+
+/// A batch's token counts: tokens, (query, key) pairs under the causal mask of its
+/// prompt items (more than one token) and of its decode items, and the tokens the decode
+/// items' attention reads from the KV cache.
+struct BatchSums {
+  double tokens = 0, prefill_pairs = 0, decode_pairs = 0, decode_kv_tokens = 0;
+  explicit BatchSums(const std::vector<ir::ServeItem>& items) {
+    for (const auto& i : items) {
+      tokens += i.tokens;
+      const double pairs = static_cast<double>(i.tokens) * (i.position + (i.tokens + 1) / 2.0);
+      if (i.tokens > 1) {
+        prefill_pairs += pairs;
+      } else {
+        decode_pairs += pairs;
+        decode_kv_tokens += i.position + 1;
+      }
+    }
+  }
+  double pairs() const { return prefill_pairs + decode_pairs; }
+};
+
 }  // namespace
 
 ir::Scenario serving_layout(const ir::Scenario& scenario, const std::string& planner) {
@@ -83,40 +117,22 @@ ServingCost::ServingCost(const ir::Scenario& scenario, int stages) : sc_(scenari
 }
 
 double ServingCost::batch_flops(int rank, const std::vector<ir::ServeItem>& items) const {
-  const auto& m = sc_.model;
-  const double h = m.hidden, t = sc_.parallel.tensor, ffn = m.ffn;
-  const double kvw = h * m.kv_heads_or_heads() / m.heads;
-  const double mats = m.mlp == "swiglu" ? 3 : 2;
-  double tokens = 0, pairs = 0;
-  for (const auto& i : items) {
-    tokens += i.tokens;
-    pairs += static_cast<double>(i.tokens) * (i.position + (i.tokens + 1) / 2.0);
-  }
-  const double per_layer = 2 * tokens * (2 * h * h + 2 * h * kvw + mats * h * ffn) / t + 4 * pairs * h / t;
+  const Dims d(sc_);
+  const BatchSums b(items);
+  const double per_layer = 2 * b.tokens * d.layer_matrices() + 4 * b.pairs() * d.h / d.t;
   double flops = layers_[static_cast<std::size_t>(rank)] * per_layer;
-  if (rank == stages_ - 1) flops += 2.0 * static_cast<double>(items.size()) * h * m.vocab / t;
+  if (rank == stages_ - 1) flops += 2.0 * static_cast<double>(items.size()) * d.h * sc_.model.vocab / d.t;
   return flops;
 }
 
 double ServingCost::batch_seconds(int rank, const std::vector<ir::ServeItem>& items) const {
   const Efficiencies& eff = default_efficiencies();
   const auto& m = sc_.model;
-  const double e = elem_bytes(sc_);
-  const double h = m.hidden, t = sc_.parallel.tensor, ffn = m.ffn;
-  const double kvw = h * m.kv_heads_or_heads() / m.heads;
-  const double mats = m.mlp == "swiglu" ? 3 : 2;
+  const Dims d(sc_);
+  const double e = d.e, h = d.h, t = d.t, ffn = d.ffn, kvw = d.kvw, mats = d.mats;
   const double peak = gpu_.peak_flops, hbm = gpu_.hbm_bytes_per_second;
-  double T = 0, prefill_pairs = 0, decode_pairs = 0, decode_kv_tokens = 0;
-  for (const auto& i : items) {
-    T += i.tokens;
-    const double pairs = static_cast<double>(i.tokens) * (i.position + (i.tokens + 1) / 2.0);
-    if (i.tokens > 1) {
-      prefill_pairs += pairs;
-    } else {
-      decode_pairs += pairs;
-      decode_kv_tokens += i.position + 1;
-    }
-  }
+  const BatchSums b(items);
+  const double T = b.tokens;
   // A weight GEMM at its roofline: the slower of its FLOPs at gemm_max of peak and its
   // bytes (weights, input and output once) at hbm's share of HBM bandwidth; its fixed
   // cost is in kLayerLaunchSeconds. Not the training curve (gemm_efficiency), whose
@@ -131,9 +147,9 @@ double ServingCost::batch_seconds(int rank, const std::vector<ir::ServeItem>& it
                  gemm(T, h, ffn / t);
   const double head_dim = h / m.heads;
   const double heads = m.heads / t;
-  layer += 4 * prefill_pairs * head_dim * heads / (peak * eff.flash_attention);
-  const double kv_read = decode_kv_tokens * 2 * kvw / t * e;
-  layer += std::max(4 * decode_pairs * head_dim * heads / (peak * eff.flash_attention), kv_read / (hbm * eff.hbm));
+  layer += 4 * b.prefill_pairs * head_dim * heads / (peak * eff.flash_attention);
+  const double kv_read = b.decode_kv_tokens * 2 * kvw / t * e;
+  layer += std::max(4 * b.decode_pairs * head_dim * heads / (peak * eff.flash_attention), kv_read / (hbm * eff.hbm));
   layer += T * (10 * h + 3 * ffn / t) * e / (hbm * eff.hbm);
   layer += kLayerLaunchSeconds;
   layer /= sc_.cluster.compute_efficiency;
@@ -151,17 +167,11 @@ double ServingCost::batch_seconds(int rank, const std::vector<ir::ServeItem>& it
 
 CostParts ServingCost::batch_parts(int rank, const std::vector<ir::ServeItem>& items) const {
   const auto& m = sc_.model;
-  const double e = elem_bytes(sc_);
-  const double h = m.hidden, t = sc_.parallel.tensor, ffn = m.ffn;
-  const double kvw = h * m.kv_heads_or_heads() / m.heads;
-  const double mats = m.mlp == "swiglu" ? 3 : 2;
+  const Dims d(sc_);
+  const double e = d.e, h = d.h, t = d.t, ffn = d.ffn, kvw = d.kvw, mats = d.mats;
   const double peak = gpu_.peak_flops, hbm = gpu_.hbm_bytes_per_second;
-  double T = 0, pairs = 0, decode_kv_tokens = 0;
-  for (const auto& i : items) {
-    T += i.tokens;
-    pairs += static_cast<double>(i.tokens) * (i.position + (i.tokens + 1) / 2.0);
-    if (i.tokens == 1) decode_kv_tokens += i.position + 1;
-  }
+  const BatchSums b(items);
+  const double T = b.tokens, pairs = b.pairs(), decode_kv_tokens = b.decode_kv_tokens;
   auto gemm = [&](double rows, double n, double k) {
     if (rows <= 0) return 0.0;
     return std::max(2 * rows * n * k / peak, e * (rows * k + k * n + rows * n) / hbm);
@@ -183,37 +193,35 @@ CostParts ServingCost::batch_parts(int rank, const std::vector<ir::ServeItem>& i
   return p;
 }
 
-double ServingCost::hidden_bytes(int tokens) const { return static_cast<double>(tokens) * sc_.model.hidden * elem_bytes(sc_); }
+double ServingCost::hidden_bytes(int tokens) const {
+  return static_cast<double>(tokens) * sc_.model.hidden * elem_bytes(sc_);
+}
 
 double ServingCost::kv_bytes_per_token(int rank) const {
-  const auto& m = sc_.model;
-  const double kvw = static_cast<double>(m.hidden) * m.kv_heads_or_heads() / m.heads;
-  return layers_[static_cast<std::size_t>(rank)] * 2 * kvw / sc_.parallel.tensor * elem_bytes(sc_);
+  const Dims d(sc_);
+  return layers_[static_cast<std::size_t>(rank)] * 2 * d.kvw / d.t * d.e;
 }
 
 double ServingCost::weight_bytes(int rank) const {
-  const auto& m = sc_.model;
-  const double h = m.hidden, t = sc_.parallel.tensor;
-  const double kvw = h * m.kv_heads_or_heads() / m.heads;
-  const double mats = m.mlp == "swiglu" ? 3 : 2;
-  const double per_layer = (2 * h * h + 2 * h * kvw + mats * h * m.ffn) / t + 4 * h;
-  double params = layers_[static_cast<std::size_t>(rank)] * per_layer;
-  if (rank == 0) params += static_cast<double>(m.vocab) * h / t;
-  if (rank == stages_ - 1) params += static_cast<double>(m.vocab) * h / t + h;
-  return params * elem_bytes(sc_);
+  const Dims d(sc_);
+  const double vocab_shard = static_cast<double>(sc_.model.vocab) * d.h / d.t;
+  double params = layers_[static_cast<std::size_t>(rank)] * (d.layer_matrices() + 4 * d.h);
+  if (rank == 0) params += vocab_shard;
+  if (rank == stages_ - 1) params += vocab_shard + d.h;
+  return params * d.e;
 }
 
 double ServingCost::kv_capacity_bytes(int rank) const {
   const auto& m = sc_.model;
-  const double e = elem_bytes(sc_), t = sc_.parallel.tensor;
+  const Dims d(sc_);
+  const double e = d.e, t = d.t;
   const double fraction = sc_.serving ? sc_.serving->memory_fraction : 0.9;
   const int batch_tokens = sc_.serving ? sc_.serving->max_batch_tokens : 2048;
   const int batch_requests = sc_.serving ? sc_.serving->max_batch_requests : 256;
   // The workspace vLLM's profiling run reserves for a max_num_batched_tokens batch: a
   // layer's live activations (hidden in and out, QKV, the MLP's intermediate) and the
   // fp32 logits of the sampled rows.
-  const double kvw = static_cast<double>(m.hidden) * m.kv_heads_or_heads() / m.heads;
-  const double workspace = batch_tokens * (3.0 * m.hidden + (m.hidden + 2 * kvw) / t + 2.0 * m.ffn / t) * e +
+  const double workspace = batch_tokens * (3.0 * m.hidden + (m.hidden + 2 * d.kvw) / t + 2.0 * m.ffn / t) * e +
                            static_cast<double>(batch_requests) * m.vocab * 4.0;
   return fraction * gpu_.hbm_bytes - weight_bytes(rank) - workspace;
 }
