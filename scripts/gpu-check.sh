@@ -10,11 +10,16 @@
 #  2. CUDA vs CPU backend on the tiny scenario — 1f1b, zb-h1, tdpipe S=4, 4 stages,
 #     loopback transport (GPU ctest cases; tolerances justified in
 #     tests/exec_cuda/gpu/test_gpu_equivalence.cpp), plus `tdpipe exec --check` figures;
-#  3. one decoder block's F, B, W at a GPT-3 175B per-tensor-shard width (h = 12288 / t 8
-#     = 1536, 12 heads of 128, ffn 4h, seq 2048) vs PyTorch eager, ratio printed;
+#  3. one decoder block's F, B, W (fused attention) at a GPT-3 175B per-tensor-shard width
+#     (h = 12288 / t 8 = 1536, 12 heads of 128, ffn 4h, seq 2048) and a Llama-2 70B-like one
+#     (h = 8192 / t 8 = 1024, 8 heads of 128, ffn 28672 / 8 = 3584, seq 4096) vs PyTorch
+#     eager with materialised attention (goal: ratio ≤ 1.0) and with
+#     F.scaled_dot_product_attention (goal ≤ 1.3);
 #  4. a 4-stage pipeline of each main schedule on the loopback transport: measured
 #     traces, `tdpipe calibrate --backend cuda`, `tdpipe sim --engine analytic --profile`
-#     (SimGrid is not there) and `tdpipe compare` (median iteration-time error printed; goal ≤ 5 %).
+#     (SimGrid is not there) and `tdpipe compare` (median iteration-time error printed; goal ≤ 5 %),
+#     and the executor's per-op host overhead from the measured traces
+#     (scripts/trace-gaps.py: gaps between dependent ops on one stream; goal ≤ 5 µs median).
 # Everything lands in OUT_DIR (traces/, profiles/, *.json, *.log, summary.txt). Where
 # $OUT is set (the device tool, which returns at most 8 files from it), the script
 # also leaves there summary.txt and gpu-check.tar.gz of OUT_DIR — on every exit, a
@@ -131,7 +136,7 @@ done
 grep -E "^steps|re-balanced|staying with" "$out/balance.err" | sed 's/^/  balance: /' | tee -a "$out/summary.txt"
 
 # --------------------------------------------------------- 3. one layer vs PyTorch
-step "3/4 one decoder block F/B/W vs PyTorch eager (h=1536, 12 heads, ffn 6144, seq 2048, b=2)"
+step "3/4 one decoder block F/B/W vs PyTorch eager and SDPA (GPT-3-like and Llama-like shards)"
 if [ "$backend" = emulated ]; then
   # tdpipe's side at a size the emulation runs in seconds; PyTorch's side needs the GPU.
   if "$build"/tests/bench-cuda-layer-emulated-gpu --hidden 64 --heads 4 --ffn 256 --seq 64 --micro-batch 2 \
@@ -147,12 +152,17 @@ PY
   fi
 elif [ "$backend" != cuda ]; then
   say "  rehearsal: skipped (needs the GPU and PyTorch)"
-elif "$build"/bench/bench_cuda_layer --hidden 1536 --heads 12 --ffn 6144 --seq 2048 --micro-batch 2 \
-     --warmup 5 --iters 20 > "$out/layer_tdpipe.json" 2> "$out/layer_tdpipe.err"; then
-  timeout 120 python3 scripts/gpu-layer-vs-torch.py --tdpipe "$out/layer_tdpipe.json" \
-      --json-out "$out/layer_compare.json" 2>&1 | tee -a "$out/summary.txt"
 else
-  cat "$out/layer_tdpipe.err" | tee -a "$out/summary.txt"
+  for shape in "gpt3 1536 12 6144 2048 2" "llama 1024 8 3584 4096 1"; do
+    set -- $shape
+    if "$build"/bench/bench_cuda_layer --hidden "$2" --heads "$3" --ffn "$4" --seq "$5" --micro-batch "$6" \
+         --warmup 5 --iters 20 > "$out/layer_tdpipe_$1.json" 2> "$out/layer_tdpipe_$1.err"; then
+      timeout 120 python3 scripts/gpu-layer-vs-torch.py --tdpipe "$out/layer_tdpipe_$1.json" \
+          --json-out "$out/layer_compare_$1.json" 2>&1 | tee -a "$out/summary.txt"
+    else
+      cat "$out/layer_tdpipe_$1.err" | tee -a "$out/summary.txt"
+    fi
+  done
 fi
 
 # ------------------------------------- 4. pipelines: measure, calibrate, predict, compare
@@ -246,6 +256,11 @@ PY
       "$out/profiles/$name.fit.profile.json" 2>/dev/null || true)
   second_prediction "$out/compare-fit-$name.json" "$out/compare-fit.tsv" fit "fitted capacity${capacity:+ $capacity}"
 done
+# The executor's own overhead between dependent ops on one stream (stream order: the host
+# does not wait for an op before issuing the next).
+ls "$out"/traces/*."$backend".json > /dev/null 2>&1 \
+  && python3 scripts/trace-gaps.py "$out"/traces/*."$backend".json 2>&1 | sed "s|$out/traces/||; s/^/  gaps: /" \
+     | tee -a "$out/summary.txt"
 for f in compare compare-model compare-fit; do
   [ -f "$out/$f.tsv" ] || continue
   python3 - "$out/$f.tsv" "$f" <<'PY' | tee -a "$out/summary.txt"

@@ -4,9 +4,10 @@
 bias -> GeLU(tanh) -> fc2 + bias -> residual) in PyTorch eager, bf16, on the same
 shape, and prints F, B (input gradient only) and W (weight gradient = full backward
 minus B) next to tdpipe's figures (bench_cuda_layer JSON) with the ratio
-tdpipe / PyTorch (goal <= 1.0). Attention is timed two ways: materialised
-(matmul + masked softmax + matmul, what tdpipe does) and F.scaled_dot_product_attention
-(PyTorch's fused flash kernel).
+tdpipe / PyTorch. PyTorch's attention is timed two ways: materialised (matmul + masked
+softmax + matmul; goal: ratio <= 1.0) and F.scaled_dot_product_attention (its fused flash
+kernel; goal: ratio <= 1.3). tdpipe's attention is its own fused kernel
+(kernels.cu flash_attention_*: online softmax, no score matrix, fp32 FMAs, no tensor cores).
 
 usage: gpu-layer-vs-torch.py --tdpipe layer.json [--iters 20] [--warmup 5]
 """
@@ -92,14 +93,14 @@ def main():
     print(f"{'':28s}{'F ms':>9s}{'B ms':>9s}{'W ms':>9s}{'F+B+W':>9s}")
     tot = ours["f_ms"] + ours["b_ms"] + ours["w_ms"]
     print(f"{'tdpipe cuda':28s}{ours['f_ms']:9.3f}{ours['b_ms']:9.3f}{ours['w_ms']:9.3f}{tot:9.3f}")
-    for name, sdpa in (("torch eager, matmul attn", False), ("torch eager, SDPA (flash)", True)):
+    for name, sdpa, goal in (("torch eager, matmul attn", False, 1.0), ("torch eager, SDPA (flash)", True, 1.3)):
         t = time_block(shape, sdpa, a.warmup, a.iters)
         ttot = t["f_ms"] + t["bw_ms"]
         res[name] = t
         print(f"{name:28s}{t['f_ms']:9.3f}{t['b_ms']:9.3f}{t['w_ms']:9.3f}{ttot:9.3f}")
         print(f"{'  ratio tdpipe/torch':28s}{ours['f_ms']/t['f_ms']:9.2f}{ours['b_ms']/t['b_ms']:9.2f}"
               f"{(ours['w_ms']/t['w_ms'] if t['w_ms'] > 0 else float('nan')):9.2f}{tot/ttot:9.2f}"
-              "   (goal <= 1.00)")
+              f"   (goal <= {goal:.2f})")
         res[name]["ratio_total"] = tot / ttot
     if a.json_out:
         json.dump(res, open(a.json_out, "w"), indent=2)

@@ -43,6 +43,7 @@ struct ExecArgs {
   std::string runtime = "cooperative";  // cpu backend
   int rank_threads = 0;                 // cpu backend, cooperative (0: automatic)
   std::string rank_speed;              // "r:speed,…"
+  std::string wire = "auto";           // what crosses stages: auto | bf16 | fp32
   int balance_every = 0;               // re-balance every K steps (0: never)
   double balance_alpha = 0.3;
   std::string transport = "loopback";  // cuda backend
@@ -116,6 +117,7 @@ void run_exec(const ExecArgs& a) {
     c.check = a.check;
     c.max_ops = a.max_ops;
     c.rank_speed = a.rank_speed;
+    c.wire = a.wire;
     c.balance_every = a.balance_every;
     c.balance_alpha = a.balance_alpha;
     c.faults = faults;
@@ -139,6 +141,7 @@ void run_exec(const ExecArgs& a) {
   opt.rank_threads = a.rank_threads;
   opt.train.rank_speed = parse_rank_speed(a.rank_speed, plan.num_ranks());
   opt.train.inject_overflow = parse_injection(a.inject_overflow);
+  opt.train.bf16_wire = bf16_wire(a.wire, false, sc);
   opt.faults = faults;
   // Up front, for the whole run: --balance-every hands it to the one segment holding its step.
   if (!faults.resume) exec::cpu::check_injection(opt.train.inject_overflow, plan, 0, a.steps);
@@ -237,6 +240,12 @@ void add_exec_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--balance-alpha", args->balance_alpha, "EWMA weight of each newer step for --balance-every")
       ->check(CLI::Range(1e-6, 1.0));
+  cmd->add_option("--wire", args->wire,
+                  "what crosses stages — bf16: the CUDA backend sends activations and gradients as bf16 (half "
+                  "the bytes, as the planner prices them for model.dtype bf16; not with fp16), the CPU backend rounds them "
+                  "through bf16 to compare like with like; fp32: fp32 on the GPU, exact on the CPU; auto "
+                  "(default): bf16 on cuda when model.dtype is bf16, else fp32")
+      ->check(CLI::IsMember({"auto", "bf16", "fp32"}));
   cmd->add_option("--rank-speed", args->rank_speed,
                   "RANK:SPEED,… with SPEED in [0.01, 1] — stretch each F/B/W of those pipeline ranks to 1/SPEED of "
                   "its time, a slower device (see `tdpipe balance`)");

@@ -39,6 +39,7 @@ void run_exec_cuda(const CudaExecRequest& a) {
   opt.device = a.device;
   opt.faults = a.faults;
   opt.train.inject_overflow = a.inject_overflow;
+  opt.train.bf16_wire = bf16_wire(a.wire, true, sc);
   // Up front, for the whole run: --balance-every hands it to the one segment holding its step.
   if (!a.faults.resume) exec::cpu::check_injection(opt.train.inject_overflow, plan, 0, a.steps);
   exec::cuda::CudaRunResult r;
@@ -105,6 +106,7 @@ traces::Profile calibrate_cuda_plan(const ir::Plan& plan, const CudaCalibrateReq
   opt.steps = a.steps;
   opt.warmup_steps = a.warmup;
   opt.train.corpus_path = a.corpus;
+  opt.train.bf16_wire = bf16_wire("auto", true, plan.scenario);  // what `tdpipe exec` runs
   opt.device = a.device;
   opt.sharing = a.sharing;
   traces::Profile prof = exec::cuda::calibrate(plan, opt);

@@ -68,6 +68,12 @@ exec::cpu::TrainOptions train_options(int steps, double lr, std::uint64_t seed, 
   return t;
 }
 
+bool bf16_wire(const std::string& wire, bool cuda, const ir::Scenario& sc) {
+  if (wire == "auto") return cuda && sc.model.dtype == "bf16";
+  if (wire == "bf16" || wire == "fp32") return wire == "bf16";
+  throw Error("--wire " + wire + ": expected auto, bf16 or fp32");
+}
+
 double steady_iteration_seconds(const std::vector<double>& its) {
   return median(std::vector<double>(its.begin() + (its.size() > 1 ? 1 : 0), its.end()));
 }

@@ -33,6 +33,9 @@ void check_cpu_backend(const std::string& backend);
 
 /// The training options `exec` takes from its command line, on either backend.
 exec::cpu::TrainOptions train_options(int steps, double lr, std::uint64_t seed, const std::string& corpus);
+/// --wire auto|bf16|fp32 → TrainOptions::bf16_wire. auto: bf16 on the CUDA backend when
+/// model.dtype is bf16 (what the planner prices), fp32 otherwise (the CPU backend exact).
+bool bf16_wire(const std::string& wire, bool cuda, const ir::Scenario& sc);
 
 /// --rank-speed "0:1,1:0.5": a speed in [0.01, 1] per listed pipeline rank (each once), 1
 /// for the rest of the plan's `ranks`. Throws naming the item and what was expected.

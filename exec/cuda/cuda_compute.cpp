@@ -34,11 +34,22 @@ CudaCompute::CudaCompute(const cpu::GptConfig& config, const ir::Plan& plan, int
   loss_scale_ = static_cast<float>(
       1.0 / (static_cast<double>(plan.data) * plan.microbatches * config.micro_batch * config.seq));
   scaler_ = make_loss_scaler(plan, static_cast<int>(offsets_.size()) - 1);
+  if (options.bf16_wire && plan.scenario.model.dtype == "fp16")
+    throw Error("bf16 activations between stages (--wire bf16) and model.dtype fp16: fp16 training sends fp32 "
+                "(its overflow checks are per stored 16-bit tensor); use --wire fp32");
+  wire_ = options.bf16_wire ? DType::BF16 : DType::F32;
   ctx.bind();
   for (int stage : plan.stage_of.at(static_cast<std::size_t>(rank)))
     stages_.emplace_back(config_, stage, plan.virtual_stages(), ctx.compute(), ctx.cublas(), &memory_,
                          plan.scenario.parallel.offload(), scaler_.has_value());
   loss_ = DeviceMemory(sizeof(double), ctx.compute(), true);
+  // Recorded once here, so a wait for them before their first op's record is a no-op.
+  opt_done_ = OwnedEvent::make();
+  TDPIPE_CUDA_CHECK(cudaEventRecord(opt_done_.e, ctx.compute()));
+  for (std::size_t c = 0; c < stages_.size(); ++c) {
+    grads_done_.push_back(OwnedEvent::make());
+    TDPIPE_CUDA_CHECK(cudaEventRecord(grads_done_.back().e, ctx.compute()));
+  }
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
   speed_ = cpu::rank_speed_of(options, rank);
 }
@@ -145,59 +156,75 @@ void CudaCompute::mark_final_tail(int chunk, std::int64_t tail) {
 }
 
 void CudaCompute::wait_final(int chunk, std::int64_t first) {
+  ctx_->bind();
   const auto c = static_cast<std::size_t>(chunk);
   const std::int64_t n = chunk_stage(chunk).parameter_count();
-  cudaEvent_t event = nullptr;
+  cudaEvent_t event = grads_done_.at(c).e;  // every gradient op of the chunk issued so far
   {
     std::lock_guard lock(marks_mu_);
-    if (c >= marks_.size()) return;  // the op ran without marks: it ended (run() waited)
-    for (std::size_t k = 0; k < marks_used_[c] && !event; ++k)
-      if (marks_[c][k].tail >= n - first) event = marks_[c][k].event;
+    if (c < marks_.size())
+      for (std::size_t k = 0; k < marks_used_[c]; ++k)
+        if (marks_[c][k].tail >= n - first) {
+          event = marks_[c][k].event;  // the last gradient op, as far as it covers [first, n)
+          break;
+        }
   }
-  // An event recorded later than it is needed to be, or already passed, is waited for
-  // just the same; the host waits because a loopback peer's dp stream reads these too.
-  if (event) wait_event(event, control_);
+  // The dp stream waits; a loopback peer's dp stream that reads these gradients waits
+  // for this one (LoopbackFabric::collective).
+  TDPIPE_CUDA_CHECK(cudaStreamWaitEvent(ctx_->dp(), event, 0));
 }
 
-const CudaCompute::DeviceBatch& CudaCompute::micro_batch(int mb) {
-  auto it = batches_.find(mb);
-  if (it != batches_.end()) return it->second;
-  cpu::MicroBatch host = cpu::load_micro_batch(*corpus_, options_.data_seed, step_, replica_, microbatches_, mb,
-                                               config_.micro_batch, config_.seq);
-  std::vector<int> tokens, targets;
-  // Rows of exactly seq ids, b of them (the kernels index them as b × seq).
-  auto append = [&](std::vector<int>& to, const std::vector<int>& row) {
-    to.insert(to.end(), row.begin(), row.begin() + std::min<std::ptrdiff_t>(std::ssize(row), config_.seq));
-  };
-  for (const auto& row : host.tokens) append(tokens, row);
-  for (const auto& row : host.targets) append(targets, row);
-  // Both ids index device tables (embedding rows, logits columns): a bad one would
-  // read past them in a kernel, so it is refused here, on the host.
-  for (const auto* ids : {&tokens, &targets})
-    for (int t : *ids)
-      if (t < 0 || t >= config_.vocab)
-        throw Error(std::string(ids == &tokens ? "token" : "target") + " id " + std::to_string(t) +
-                    " outside the vocabulary of " + std::to_string(config_.vocab));
-  if (static_cast<int>(tokens.size()) != config_.micro_batch * config_.seq ||
-      static_cast<int>(targets.size()) != config_.micro_batch * config_.seq)
-    throw Error("micro-batch " + std::to_string(mb) + ": expected " + std::to_string(config_.micro_batch) + " × " +
-                std::to_string(config_.seq) + " token and target ids");
-  DeviceBatch b;
-  b.tokens = DeviceMemory(tokens.size() * sizeof(int), ctx_->compute());
-  b.targets = DeviceMemory(targets.size() * sizeof(int), ctx_->compute());
-  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(b.tokens.get(), tokens.data(), tokens.size() * sizeof(int),
-                                    cudaMemcpyHostToDevice, ctx_->compute()));
-  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(b.targets.get(), targets.data(), targets.size() * sizeof(int),
-                                    cudaMemcpyHostToDevice, ctx_->compute()));
-  // The host vectors die here: the copies must be done first.
+const CudaCompute::DeviceBatch& CudaCompute::micro_batch(int mb) const {
+  const auto it = batches_.find(mb);
+  if (it == batches_.end())
+    throw Error("micro-batch " + std::to_string(mb) + ": rank " + std::to_string(rank_) +
+                " holds neither the first nor the last stage, and has no data");
+  return it->second;
+}
+
+void CudaCompute::upload_batches() {
+  std::vector<std::vector<int>> hosts;  // alive until the copies are done (begin_step)
+  for (int mb = 0; mb < microbatches_; ++mb) {
+    cpu::MicroBatch host = cpu::load_micro_batch(*corpus_, options_.data_seed, step_, replica_, microbatches_, mb,
+                                                 config_.micro_batch, config_.seq);
+    std::vector<int> tokens, targets;
+    // Rows of exactly seq ids, b of them (the kernels index them as b × seq).
+    auto append = [&](std::vector<int>& to, const std::vector<int>& row) {
+      to.insert(to.end(), row.begin(), row.begin() + std::min<std::ptrdiff_t>(std::ssize(row), config_.seq));
+    };
+    for (const auto& row : host.tokens) append(tokens, row);
+    for (const auto& row : host.targets) append(targets, row);
+    // Both ids index device tables (embedding rows, logits columns): a bad one would
+    // read past them in a kernel, so it is refused here, on the host.
+    for (const auto* ids : {&tokens, &targets})
+      for (int t : *ids)
+        if (t < 0 || t >= config_.vocab)
+          throw Error(std::string(ids == &tokens ? "token" : "target") + " id " + std::to_string(t) +
+                      " outside the vocabulary of " + std::to_string(config_.vocab));
+    if (static_cast<int>(tokens.size()) != config_.micro_batch * config_.seq ||
+        static_cast<int>(targets.size()) != config_.micro_batch * config_.seq)
+      throw Error("micro-batch " + std::to_string(mb) + ": expected " + std::to_string(config_.micro_batch) + " × " +
+                  std::to_string(config_.seq) + " token and target ids");
+    DeviceBatch b;
+    b.tokens = DeviceMemory(tokens.size() * sizeof(int), ctx_->compute());
+    b.targets = DeviceMemory(targets.size() * sizeof(int), ctx_->compute());
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(b.tokens.get(), tokens.data(), tokens.size() * sizeof(int),
+                                      cudaMemcpyHostToDevice, ctx_->compute()));
+    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(b.targets.get(), targets.data(), targets.size() * sizeof(int),
+                                      cudaMemcpyHostToDevice, ctx_->compute()));
+    hosts.push_back(std::move(tokens));
+    hosts.push_back(std::move(targets));
+    batches_.emplace(mb, std::move(b));
+  }
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->compute()));
-  return batches_.emplace(mb, std::move(b)).first->second;
 }
 
 void CudaCompute::begin_step(int step) {
   ctx_->bind();
   step_ = step;
   batches_.clear();
+  if (std::any_of(stages_.begin(), stages_.end(), [](const GptStageCuda& s) { return s.is_first() || s.is_last(); }))
+    upload_batches();
   TDPIPE_CUDA_CHECK(cudaMemsetAsync(loss_.get(), 0, sizeof(double), ctx_->compute()));
   {
     std::lock_guard lock(marks_mu_);
@@ -267,7 +294,6 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
         [&](int c) {
           if (!skip) chunk_stage(c).adam_resident(options_.adam, t);
         });
-    wait_stream(stream, control_);
     return {};
   }
   if (op.kind == ir::OpKind::OPT && skip) return {};
@@ -286,7 +312,6 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
         s.adam(options_.adam, t, b, e);
       gathered_ = true;
     }
-    wait_stream(stream, control_);
     return {};
   }
   if (op.chunk < 0 || op.chunk >= chunks())
@@ -298,7 +323,7 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
     throw Error("micro-batch " + std::to_string(op.mb) + " out of range (m = " + std::to_string(microbatches_) + ")");
   GptStageCuda& st = chunk_stage(op.chunk);
   // A slower device (rank_speed < 1): the op's time stretched to 1/speed by idling the
-  // host after it, as the CPU backend does (every op ends in a host wait today).
+  // host after it, as the CPU backend does (such a rank waits for each op's kernels).
   const auto host_start = std::chrono::steady_clock::now();
   // Parameter offload: each block waits at the gate for its LOAD, and its copy is freed
   // (in stream order) once its kernels are issued. Waits are not the op's work.
@@ -332,10 +357,23 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
   const int t1 = offsets_[static_cast<std::size_t>(op.slice) + 1];
   const std::int64_t elements = std::int64_t(config_.micro_batch) * (t1 - t0) * config_.hidden;
   auto check_input = [&](const char* what) {
-    if (input.empty() || input.elements != elements || input.dtype != DType::F32)
+    if (input.empty() || input.elements != elements || input.dtype != wire_)
       throw Error(std::string(what) + " of " + trace_name(named) + ": got a buffer of " +
                   std::to_string(input.elements) + " elements, expected " + std::to_string(elements) +
-                  " floats on the GPU");
+                  (wire_ == DType::BF16 ? " bf16" : " fp32") + " values on the GPU");
+    use_on(input, stream);  // after its producer; freed after this op's kernels
+    if (wire_ == DType::BF16) {  // widened for the stage's fp32 residual stream
+      Buffer wide = device_buffer(elements, stream);
+      kernels::to_f32(input.as<kernels::bf16>(), wide.as<float>(), elements, stream);
+      input = std::move(wide);
+    }
+  };
+  // What crosses to another stage: the fp32 output, or (bf16 wire) it rounded to bf16.
+  auto narrow = [&](Buffer wide) {
+    if (wire_ != DType::BF16 || wide.empty()) return wide;
+    Buffer b = device_buffer(elements, stream, DType::BF16);
+    kernels::to_16(wide.as<float>(), b.as<kernels::bf16>(), elements, stream);
+    return b;
   };
   // The chunk's last gradient op: each part's gradients are marked final as issued, so
   // the dp thread can start a bucket while the rest still runs (overlap_grad_reduce).
@@ -354,6 +392,7 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
       st.forward(op.mb, op.slice, t0, t1, st.is_first() ? nullptr : input.as<float>(),
                  st.is_last() ? nullptr : out.as<float>(), data ? data->tokens.as<int>() : nullptr,
                  data ? data->targets.as<int>() : nullptr, loss_scale_, loss_.as<double>());
+      out = narrow(std::move(out));
       break;
     }
     case ir::OpKind::B:
@@ -362,6 +401,7 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
       if (!st.is_first()) out = device_buffer(elements, stream);
       st.backward_input(op.mb, op.slice, st.is_last() ? nullptr : input.as<float>(),
                         st.is_first() ? nullptr : out.as<float>());
+      out = narrow(std::move(out));
       if (op.kind == ir::OpKind::BW) st.backward_weight(op.mb, op.slice, final_tail);
       break;
     }
@@ -371,9 +411,21 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
     default:
       throw Error(std::string(ir::to_string(op.kind)) + " is not a compute op");
   }
-  wait_stream(stream, control_);
-  cpu::stretch_to_speed(std::chrono::steady_clock::now() - host_start - waited, speed_);
+  if (speed_ != 1) {
+    wait_stream(stream, control_);
+    cpu::stretch_to_speed(std::chrono::steady_clock::now() - host_start - waited, speed_);
+  }
   return out;
+}
+
+void CudaCompute::issued(const ComputeOp& op, const Buffer& out) {
+  // The op's kernels (and the interpreter's end mark behind them) are in flight: what
+  // the op hands on waits for this point of the compute stream on the device.
+  cudaStream_t stream = ctx_->compute();
+  if (!out.empty()) mark_ready(out, stream);
+  if (op.kind == ir::OpKind::W || op.kind == ir::OpKind::BW)
+    TDPIPE_CUDA_CHECK(cudaEventRecord(grads_done_.at(static_cast<std::size_t>(op.chunk)).e, stream));
+  if (op.kind == ir::OpKind::OPT) TDPIPE_CUDA_CHECK(cudaEventRecord(opt_done_.e, stream));
 }
 
 void CudaCompute::copy(const CopyOp& op) {
@@ -397,7 +449,7 @@ Buffer CudaCompute::allocate(const TensorKey& key) {
     throw Error("RECV of slice " + std::to_string(key.slice) + ": the plan has " +
                 std::to_string(offsets_.size() - 1) + " slices");
   const int tokens = offsets_[static_cast<std::size_t>(key.slice) + 1] - offsets_[static_cast<std::size_t>(key.slice)];
-  Buffer b = device_buffer(std::int64_t(config_.micro_batch) * tokens * config_.hidden, ctx_->p2p());
+  Buffer b = device_buffer(std::int64_t(config_.micro_batch) * tokens * config_.hidden, ctx_->p2p(), wire_);
   // The RECV is posted on the p2p stream too, after this allocation: ordered.
   return b;
 }
@@ -430,6 +482,8 @@ Buffer CudaCompute::param_bucket(int chunk, int index, int count) {
     throw Error("parameter bucket " + std::to_string(index) + " of " + std::to_string(count) + " of chunk " +
                 std::to_string(chunk) + ": out of range");
   GptStageCuda& st = chunk_stage(chunk);
+  ctx_->bind();
+  TDPIPE_CUDA_CHECK(cudaStreamWaitEvent(ctx_->dp(), opt_done_.e, 0));  // the step's OPT wrote them
   // The fp32 master weights (Compute::param_bucket); the bf16 copy follows in begin_step.
   return part_view(st.master_params(), st.parameter_count(), index, count);
 }
@@ -510,6 +564,37 @@ void CudaCompute::onebit_expand(int chunk, int index, int count, int members, co
     kernels::onebit_expand(msg.gathered.as<unsigned char>() + j * block, s1 - s0, 1.0f, m + s0, false, v + s0, s);
   }
   wait_stream(s, control_);
+}
+
+CudaClock::~CudaClock() {
+  for (cudaEvent_t e : marks_) cudaEventDestroy(e);
+}
+
+std::int64_t CudaClock::mark(ir::Stream stream) {
+  ctx_->bind();
+  std::lock_guard lock(mu_);
+  if (used_ == marks_.size()) {
+    cudaEvent_t ev = nullptr;
+    TDPIPE_CUDA_CHECK(cudaEventCreate(&ev));
+    marks_.push_back(ev);
+  }
+  TDPIPE_CUDA_CHECK(cudaEventRecord(marks_[used_], ctx_->stream(stream)));
+  return static_cast<std::int64_t>(used_++);
+}
+
+void CudaClock::resolve(std::span<std::int64_t> marks) {
+  ctx_->bind();
+  std::lock_guard lock(mu_);
+  for (std::int64_t& m : marks) {
+    if (m < 0 || static_cast<std::size_t>(m) >= used_)
+      throw Error("CudaClock: mark " + std::to_string(m) + " is not one of this step's " + std::to_string(used_));
+    cudaEvent_t ev = marks_[static_cast<std::size_t>(m)];
+    TDPIPE_CUDA_CHECK(cudaEventSynchronize(ev));
+    float ms = 0;
+    TDPIPE_CUDA_CHECK(cudaEventElapsedTime(&ms, origin_, ev));
+    m = std::llround(static_cast<double>(ms) * 1e6);
+  }
+  used_ = 0;  // the events are recorded again next step
 }
 
 std::int64_t CudaClock::now_ns(ir::Stream stream) {

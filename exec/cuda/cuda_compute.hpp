@@ -1,16 +1,24 @@
 // cuda_compute.hpp — internal to exec/cuda: Compute and Clock of one rank on its GPU.
 // CudaCompute mirrors cpu::CpuCompute (same data, slices, loss scale, fp16 loss scaler) over
-// GptStageCuda; every op runs on the rank's compute stream and is waited for
-// before run() returns, as backend.hpp requires. A chunk's last W/BW reports its
-// gradients final part by part as it issues them (ComputeOp::progress), marked by an
-// event each, and a bucket that starts inside the op waits for its part's event.
-// CudaClock timestamps with CUDA events on the op's stream, relative to one origin event.
+// GptStageCuda. Every op's kernels are issued on the rank's compute stream and run()
+// returns without waiting for them (stream order, backend.hpp). Behind the op's end mark
+// (issued()) the Buffer it returns is fenced by an event (mark_ready) that a SEND's
+// stream waits for, and the gradients' and OPT's events are recorded, which the dp
+// stream waits for before a bucket's reduction and an all-gather; an input is freed in
+// order on the compute stream (use_on). The host waits only for the step's data upload
+// (begin_step), the loss readout (end_step), fp16's overflow flags and downloads. A
+// chunk's last W/BW reports its gradients final part by part as it issues them
+// (ComputeOp::progress), marked by an event each, and a bucket that starts inside the
+// op waits (on the dp stream) for its part's event.
+// CudaClock timestamps with CUDA events on the op's stream, relative to one origin event;
+// a compute op's marks are resolved after the step (Clock::mark).
 #pragma once
 
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "device_context.hpp"
@@ -33,6 +41,7 @@ class CudaCompute final : public Compute {
 
   void begin_step(int step) override;
   Buffer run(const ComputeOp& op, Buffer input) override;
+  void issued(const ComputeOp& op, const Buffer& out) override;
   Buffer allocate(const TensorKey& key) override;
   Buffer grad_bucket(int chunk, int index, int count) override;
   Buffer param_bucket(int chunk, int index, int count) override;
@@ -71,12 +80,15 @@ class CudaCompute final : public Compute {
   struct DeviceBatch {
     DeviceMemory tokens, targets;  // int32 b × seq
   };
-  const DeviceBatch& micro_batch(int mb);
+  /// The step's token and target ids of every micro-batch, uploaded by begin_step on a
+  /// rank that holds the first or the last stage.
+  const DeviceBatch& micro_batch(int mb) const;
+  void upload_batches();
   /// Records, on the compute stream, that the kernels issued so far finish the trailing
   /// `tail` gradients of `chunk` (its last gradient op's progress, ComputeOp::progress).
   void mark_final_tail(int chunk, std::int64_t tail);
-  /// Blocks the calling (dp) thread until the gradients [first, n) of `chunk` are computed:
-  /// the first mark covering them, if its op may still be running.
+  /// Makes the dp stream wait until the gradients [first, n) of `chunk` are computed: the
+  /// first mark covering them, else every gradient op of the chunk issued so far.
   void wait_final(int chunk, std::int64_t first);
 
   cpu::GptConfig config_;
@@ -87,11 +99,15 @@ class CudaCompute final : public Compute {
   int rank_, replica_, world_rank_, microbatches_;
   std::vector<int> offsets_;
   float loss_scale_;
+  DType wire_ = DType::F32;  ///< what crosses stages (TrainOptions::bf16_wire: BF16)
   std::optional<LossScaler> scaler_;  ///< model.dtype fp16
   cpu::DeviceMemory memory_;  ///< counts what stages_ hold on the device; before them
   std::vector<GptStageCuda> stages_;
   std::map<int, DeviceBatch> batches_;
   DeviceMemory loss_;  // one double
+  /// Recorded after each W/BW of a chunk (per chunk) and after OPT, on the compute stream.
+  std::vector<OwnedEvent> grads_done_;
+  OwnedEvent opt_done_;
   int step_ = 0;
   double speed_ = 1;  ///< options.rank_speed of this rank (a slower device, emulated)
   bool gathered_ = false;  ///< a sharded OPT ran: the bf16 weights follow the gathered master
@@ -113,14 +129,25 @@ class CudaCompute final : public Compute {
 
 /// Event timestamps relative to an origin event; one per rank, sharing the origin
 /// with every rank on the same device (loopback) or recorded after a barrier (NCCL).
+/// mark() records an event of a pool behind the stream's work and returns its index, so a
+/// compute op is timed without the host waiting for it; resolve() waits for each at the
+/// step's end and frees the pool for the next step. now_ns waits at once.
 class CudaClock final : public Clock {
  public:
   CudaClock(const DeviceContext& ctx, cudaEvent_t origin) : ctx_(&ctx), origin_(origin) {}
+  ~CudaClock() override;
+  CudaClock(const CudaClock&) = delete;
+  CudaClock& operator=(const CudaClock&) = delete;
   std::int64_t now_ns(ir::Stream stream) override;
+  std::int64_t mark(ir::Stream stream) override;
+  void resolve(std::span<std::int64_t> marks) override;
 
  private:
   const DeviceContext* ctx_;
   cudaEvent_t origin_;
+  std::mutex mu_;                   ///< marks come from the rank's stream threads
+  std::vector<cudaEvent_t> marks_;  ///< timing events, [0, used_) recorded this step
+  std::size_t used_ = 0;
 };
 
 }  // namespace tdpipe::exec::cuda

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <memory>
 
 #include "check.hpp"
 
@@ -51,18 +52,45 @@ void DeviceMemory::reset() {
   ptr_ = nullptr;
 }
 
-Buffer device_buffer(std::int64_t elements, cudaStream_t stream) {
-  const std::size_t bytes = static_cast<std::size_t>(elements > 0 ? elements : 1) * sizeof(float);
-  void* p = allocate(bytes, stream);
-  Buffer b;
-  b.data = std::shared_ptr<void>(p, [stream](void* q) {
+namespace {
+// A device Buffer's deleter, which also carries its fence (std::get_deleter finds it):
+// the event its producer recorded, and the stream its last user ran on, where the
+// memory is freed in order.
+struct DeviceFree {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ready = nullptr;
+  void operator()(void* q) const {
     cudaError_t status = cudaFreeAsync(q, stream);
     if (status != cudaSuccess)
       std::fprintf(stderr, "tdpipe: cudaFreeAsync failed: %s\n", cudaGetErrorString(status));
-  });
+    if (ready) cudaEventDestroy(ready);  // (released by the driver once it completed)
+  }
+};
+DeviceFree* fence_of(const Buffer& b) { return std::get_deleter<DeviceFree>(b.data); }
+}  // namespace
+
+Buffer device_buffer(std::int64_t elements, cudaStream_t stream, DType dtype) {
+  const auto bytes = static_cast<std::size_t>(std::max<std::int64_t>(elements, 1) * dtype_bytes(dtype));
+  void* p = allocate(bytes, stream);
+  Buffer b;
+  b.data = std::shared_ptr<void>(p, DeviceFree{stream});
   b.elements = elements;
-  b.dtype = DType::F32;
+  b.dtype = dtype;
   return b;
+}
+
+void mark_ready(const Buffer& b, cudaStream_t stream) {
+  DeviceFree* f = fence_of(b);
+  if (f == nullptr) throw Error("mark_ready: not a buffer of device_buffer");
+  if (f->ready == nullptr) TDPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&f->ready, cudaEventDisableTiming));
+  TDPIPE_CUDA_CHECK(cudaEventRecord(f->ready, stream));
+}
+
+void use_on(const Buffer& b, cudaStream_t stream) {
+  DeviceFree* f = fence_of(b);
+  if (f == nullptr) return;  // a view: its owner orders its uses
+  if (f->ready) TDPIPE_CUDA_CHECK(cudaStreamWaitEvent(stream, f->ready, 0));
+  f->stream = stream;
 }
 
 Buffer device_bytes(std::int64_t bytes, cudaStream_t stream) {
@@ -71,6 +99,12 @@ Buffer device_bytes(std::int64_t bytes, cudaStream_t stream) {
   b.elements = bytes;
   b.dtype = DType::U8;
   return b;
+}
+
+OwnedEvent OwnedEvent::make() {
+  OwnedEvent ev;
+  TDPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&ev.e, cudaEventDisableTiming));
+  return ev;
 }
 
 PinnedFloats::PinnedFloats(std::size_t n) : n_(n) {

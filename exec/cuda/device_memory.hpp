@@ -52,6 +52,24 @@ class DeviceMemory {
   cudaStream_t stream_ = nullptr;
 };
 
+/// An event owned by one object (moves leave none behind); `make` creates one without
+/// timing (an order, not a clock).
+struct OwnedEvent {
+  cudaEvent_t e = nullptr;
+  OwnedEvent() = default;
+  static OwnedEvent make();
+  OwnedEvent(OwnedEvent&& o) noexcept : e(std::exchange(o.e, nullptr)) {}
+  OwnedEvent& operator=(OwnedEvent&& o) noexcept {
+    std::swap(e, o.e);
+    return *this;
+  }
+  OwnedEvent(const OwnedEvent&) = delete;
+  OwnedEvent& operator=(const OwnedEvent&) = delete;
+  ~OwnedEvent() {
+    if (e) cudaEventDestroy(e);
+  }
+};
+
 /// `n` floats of pinned host memory (cudaMallocHost), zeroed: what copies on a stream
 /// read and write asynchronously, at the link's full bandwidth.
 class PinnedFloats {
@@ -77,11 +95,22 @@ class PinnedFloats {
   std::size_t n_ = 0;
 };
 
-/// A Buffer of `elements` fp32 on the current device, freed in order on `stream`
-/// when its last copy goes away.
-Buffer device_buffer(std::int64_t elements, cudaStream_t stream);
+/// A Buffer of `elements` fp32 (or `dtype`: BF16) on the current device, freed in order on
+/// `stream` when its last copy goes away.
+Buffer device_buffer(std::int64_t elements, cudaStream_t stream, DType dtype = DType::F32);
 /// A zeroed Buffer of `bytes` bytes (DType::U8) on the current device, likewise.
 Buffer device_bytes(std::int64_t bytes, cudaStream_t stream);
+
+/// Stream order across streams for a Buffer of device_buffer (its fence). mark_ready:
+/// the work issued on `stream` so far writes it (its producer returned with the work in
+/// flight: an event is recorded there); throws tdpipe::Error for another kind of Buffer.
+void mark_ready(const Buffer& b, cudaStream_t stream);
+/// `stream` is about to use the Buffer: it waits there for mark_ready's event, and the
+/// memory is freed in order on `stream` (after the work queued there when its last copy
+/// goes), so `stream` must be its last user; every earlier use on another stream must be
+/// ordered before it (a mark_ready, or a completion the host saw). A view (no fence):
+/// nothing to do.
+void use_on(const Buffer& b, cudaStream_t stream);
 
 /// Keeps freed memory in the device's default pool instead of returning it to the
 /// driver at every synchronisation (that would make each op pay cudaMalloc again).

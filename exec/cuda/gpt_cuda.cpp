@@ -36,9 +36,11 @@ struct Spec {
   std::int64_t size() const { return std::int64_t(rows) * cols; }
 };
 
-// Saved by F (and filled by B) for one block of one (mb, slice).
+// Saved by F (and filled by B) for one block of one (mb, slice). Of the attention: q, the
+// output a (merged heads) and lse, each query row's log-sum-exp [b·H, T] (fp32) — with the
+// KV cache all the fused backward needs to recompute the probabilities (no T × t1 matrix).
 struct BlockSaved {
-  DeviceMemory x, mean1, rstd1, h, q, p, a, x2, mean2, rstd2, h2, u, g;
+  DeviceMemory x, mean1, rstd1, h, q, lse, a, x2, mean2, rstd2, h2, u, g;
   DeviceMemory dz, du, dh2, dyattn, dqkv, dh;
 };
 struct HeadSaved {
@@ -58,19 +60,6 @@ struct SliceSaved {
 };
 struct KvSaved {
   DeviceMemory k, v, dk, dv;  // [b·H, seq, dh]; k, v 16-bit, gradients fp32
-};
-// An event owned by one object (moves leave none behind).
-struct OwnedEvent {
-  cudaEvent_t e = nullptr;
-  OwnedEvent() = default;
-  OwnedEvent(OwnedEvent&& o) noexcept : e(std::exchange(o.e, nullptr)) {}
-  OwnedEvent& operator=(OwnedEvent&& o) noexcept {
-    std::swap(e, o.e);
-    return *this;
-  }
-  ~OwnedEvent() {
-    if (e) cudaEventDestroy(e);
-  }
 };
 // Parameter offload: one block's parameters on the device, brought by a LOAD — for an
 // F/B/BW its fp32 weights (LayerNorm, biases) and their bf16 copy (GEMMs); for OPT its
@@ -326,17 +315,13 @@ struct GptStageCuda::Impl {
       read(cache.k.as<T16>(), bh, std::int64_t(t0) * dh, std::int64_t(S) * dh, st);
       read(cache.v.as<T16>(), bh, std::int64_t(t0) * dh, std::int64_t(S) * dh, st);
     }
-    // Scores of this slice's queries against keys 0 … t1 − 1 of the sequence.
-    DeviceMemory scores(std::size_t(bh) * T * t1 * sizeof(float), stream);
-    gemm(cublas, false, true, T, t1, dh, scale, in16<T16>(s.q.get(), dh, std::int64_t(T) * dh),
-         in16<T16>(cache.k.get(), dh, std::int64_t(S) * dh), 0.f, out_f32(scores.get(), t1, std::int64_t(T) * t1), bh);
-    s.p = DeviceMemory(std::size_t(bh) * T * t1 * sizeof(T16), stream);
-    k::causal_softmax(scores.as<float>(), s.p.as<T16>(), bh, T, t1, t0, stream);
-    stored<T16>(s.p, slice, st);
-    scores.reset();
+    // This slice's queries against keys 0 … t1 − 1 of the sequence, fused: the scores
+    // and probabilities stay on chip. fp16: p ∈ [0, 1] and o, a convex combination of
+    // rows of v, cannot overflow; a (o with its heads merged) is checked as it is stored.
     DeviceMemory o(nH * sizeof(T16), stream);
-    gemm(cublas, false, false, T, dh, t1, 1.f, in16<T16>(s.p.get(), t1, std::int64_t(T) * t1),
-         in16<T16>(cache.v.get(), dh, std::int64_t(S) * dh), 0.f, out16<T16>(o.get(), dh, std::int64_t(T) * dh), bh);
+    s.lse = DeviceMemory(std::size_t(bh) * T * sizeof(float), stream);
+    k::flash_attention_forward(s.q.as<T16>(), cache.k.as<T16>(), cache.v.as<T16>(), o.as<T16>(), s.lse.as<float>(),
+                               bh, T, S, t0, dh, scale, stream);
     s.a = DeviceMemory(nH * sizeof(T16), stream);
     k::merge_heads(o.as<T16>(), s.a.as<T16>(), b, T, nh, dh, stream);
     stored<T16>(s.a, slice, st);
@@ -406,27 +391,25 @@ struct GptStageCuda::Impl {
     k::split_heads(da.as<T16>(), dO.as<T16>(), b, T, nh, dh, stream);
     da.reset();
     KvSaved& cache = kv_of(mb, l);
-    const std::int64_t sq = std::int64_t(T) * t1, skv = std::int64_t(S) * dh, sd = std::int64_t(T) * dh;
-    DeviceMemory dp(std::size_t(bh) * sq * sizeof(float), stream);
-    gemm(cublas, false, true, T, t1, dh, 1.f, in16<T16>(dO.get(), dh, sd), in16<T16>(cache.v.get(), dh, skv), 0.f,
-         out_f32(dp.get(), t1, sq), bh);
-    // Keys/values of rows < t0 belong to earlier slices: their B reads these sums later.
-    gemm(cublas, true, false, t1, dh, T, unscale, in16<T16>(s.p.get(), t1, sq), in16<T16>(dO.get(), dh, sd), 1.f,
-         out_f32(cache.dv.get(), dh, skv), bh);
-    DeviceMemory ds(std::size_t(bh) * sq * sizeof(T16), stream);
-    k::softmax_backward(s.p.as<T16>(), dp.as<float>(), ds.as<T16>(), bh, T, t1, scale, stream);
-    stored<T16>(ds, slice, st);
-    dp.reset();
+    const std::int64_t skv = std::int64_t(S) * dh;
+    DeviceMemory o(nH * sizeof(T16), stream);  // the forward's output, in head layout again
+    k::split_heads(s.a.as<T16>(), o.as<T16>(), b, T, nh, dh, stream);
+    DeviceMemory delta(std::size_t(bh) * T * sizeof(float), stream);
     DeviceMemory dq(nH * sizeof(T16), stream);
-    gemm(cublas, false, false, T, dh, t1, 1.f, in16<T16>(ds.get(), t1, sq), in16<T16>(cache.k.get(), dh, skv), 0.f,
-         out16<T16>(dq.get(), dh, sd), bh);
+    // Adds to rows < t1 of dK/dV: keys/values of rows < t0 belong to earlier slices, whose
+    // B reads these sums later.
+    k::flash_attention_backward(s.q.as<T16>(), cache.k.as<T16>(), cache.v.as<T16>(), o.as<T16>(), dO.as<T16>(),
+                                s.lse.as<float>(), delta.as<float>(), dq.as<T16>(), cache.dk.as<float>(),
+                                cache.dv.as<float>(), bh, T, S, t0, dh, scale, unscale, stream);
+    // fp16: dS = scale · P ⊙ (dP − D) no longer passes through fp16 (it stays fp32 on chip),
+    // so it cannot overflow as the stored ds could; what it feeds is checked where it is
+    // stored: dq here, the dK/dV sums (fp32, unscaled) rescaled into dqkv below.
     stored<T16>(dq, slice, st);
-    gemm(cublas, true, false, t1, dh, T, unscale, in16<T16>(ds.get(), t1, sq), in16<T16>(s.q.get(), dh, sd), 1.f,
-         out_f32(cache.dk.get(), dh, skv), bh);
     // Rows [t0, t1) of the accumulators: this slice's parts and later slices' (read).
     read(cache.dk.as<float>() + std::int64_t(t0) * dh, bh, std::int64_t(T) * dh, skv, st);
     read(cache.dv.as<float>() + std::int64_t(t0) * dh, bh, std::int64_t(T) * dh, skv, st);
-    ds.reset();
+    delta.reset();
+    o.reset();
     dO.reset();
     s.dqkv = DeviceMemory(3 * nH * sizeof(T16), stream);
     k::gather_dqkv(dq.as<T16>(), cache.dk.as<float>(), cache.dv.as<float>(), s.dqkv.as<T16>(), b, T, S, t0, nh,
@@ -442,11 +425,11 @@ struct GptStageCuda::Impl {
     DeviceMemory dx = std::move(dx2);
     k::layernorm_backward_input(s.dh.as<float>(), s.x.as<float>(), s.mean1.as<float>(), s.rstd1.as<float>(),
                                 P(bname(l, "ln1.g")), dx.as<float>(), N, H, stream);
-    // W reads neither q, the probabilities nor the pre-GeLU u (it uses dqkv, du, g):
+    // W reads neither q, the row log-sum-exps nor the pre-GeLU u (it uses a, dqkv, du, g):
     // free them now, so a split schedule (zb-*) that defers W holds only what W needs.
     // The frees are stream-ordered after the kernels above that read them.
     s.q.reset();
-    s.p.reset();
+    s.lse.reset();
     s.u.reset();
     return dx;
   }

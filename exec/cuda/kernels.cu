@@ -1,5 +1,6 @@
-// kernels.cu — the GPT model's own kernels: LayerNorm, causal softmax with a slice
-// prefix, GeLU, residual/bias adds, head (un)packing, embedding, cross-entropy,
+// kernels.cu — the GPT model's own kernels: LayerNorm, fused causal attention with a
+// slice prefix (FlashAttention: tiled, online softmax, the backward recomputing the
+// probabilities), GeLU, residual/bias adds, head (un)packing, embedding, cross-entropy,
 // column sums, Adam and fp16's overflow check. Correct first: one warp or block per
 // row with fp32 arithmetic; 16-bit (T16: bf16 or fp16) only where the value feeds a GEMM.
 #include "kernels.cuh"
@@ -305,36 +306,263 @@ __global__ void gather_dqkv_k(const T16* dq, const float* dk, const float* dv, T
   }
 }
 
-// One block per score row; keys k ≤ t0 + r are visible.
-template <class T16>
-__global__ void causal_softmax_k(const float* s, T16* p, int tq, int tk, int t0) {
-  std::int64_t row = blockIdx.x;
-  int r = static_cast<int>(row % tq);
-  const int visible = visible_keys(t0, r, tk);
-  const float* sr = s + row * tk;
-  T16* pr = p + row * tk;
-  float m = -INFINITY;
-  for (int k = threadIdx.x; k < visible; k += blockDim.x) m = fmaxf(m, sr[k]);
-  m = block_max(m);
-  float z = 0;
-  // expf, not __expf: the fast intrinsic's error grows with |x| (up to ~1e-5 relative
-  // at x = −80), and these probabilities are compared with the CPU's fp64 ones.
-  for (int k = threadIdx.x; k < visible; k += blockDim.x) z += expf(sr[k] - m);
-  z = block_sum(z);
-  float inv = 1.f / z;
-  for (int k = threadIdx.x; k < tk; k += blockDim.x)
-    pr[k] = to16<T16>(k < visible ? expf(sr[k] - m) * inv : 0.f);
+// ---- fused causal attention (FlashAttention) -------------------------------------------
+//
+// The scores never reach global memory. A block owns a tile of 16 query rows (forward,
+// dQ) or 16 keys (dK, dV) of one (sequence, head) and streams the other side through
+// shared memory a tile at a time; the forward keeps a running max and sum per row (online
+// softmax) and saves the row's log-sum-exp, from which the backward recomputes P. Tiles
+// are staged in their 16-bit type; every product and sum is fp32. 128 threads: 8 share a
+// row (query or key) of the block's tile, each owning the head columns d ≡ its lane
+// (mod 8) of the row's fp32 accumulators. kDh: the head-dimension bound the tiles are
+// sized for (64, 128 or 256: the smallest ≥ dh). Deterministic: no atomics, every
+// output written by one thread. Plain fp32 FMAs, no tensor cores; speed not yet measured
+// on a GPU.
+
+constexpr int kAttnThreads = 128;
+constexpr int kRowThreads = 8;                         // threads per row of the block's tile
+constexpr int kAttnRows = kAttnThreads / kRowThreads;  // 16: rows of the block's own tile
+constexpr int kFwdKeys = 32;                           // forward: keys per streamed tile
+constexpr int kBwdTile = 16;                           // backward: rows per streamed tile
+constexpr int kPad = 2;  // 16-bit elements after each staged row: rows start a bank apart
+
+// Static shared memory of each kernel (2-byte T16) at the largest head dim: within the
+// 48 KiB a block may declare statically.
+constexpr int staged_row_bytes(int dh) { return 2 * (dh + kPad); }
+static_assert((kAttnRows + 2 * kFwdKeys) * staged_row_bytes(kMaxHeadDim) + 4 * kAttnRows * (kFwdKeys + 1) <=
+              48 * 1024);
+static_assert(4 * kBwdTile * staged_row_bytes(kMaxHeadDim) + 4 * (2 * kAttnRows + 2 * kAttnRows * (kBwdTile + 1)) <=
+              48 * 1024);
+static_assert(4 * kBwdTile * staged_row_bytes(kMaxHeadDim) + 4 * kAttnRows * (kBwdTile + 1) <= 48 * 1024);
+static_assert(kFwdKeys % kRowThreads == 0 && kBwdTile % kRowThreads == 0 && kMaxHeadDim % kRowThreads == 0);
+
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
+
+// Max and sum over the kRowThreads lanes sharing a row (aligned lane groups of a warp;
+// every lane of the warp takes part).
+__device__ __forceinline__ float row_max(float v) {
+  for (int o = kRowThreads / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
 }
+__device__ __forceinline__ float row_sum(float v) {
+  for (int o = kRowThreads / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Rows row0 … row0 + rows − 1 of the [*, dh] matrix at src into `tile`; rows ≥ valid
+// (past the slice or the keys written so far) as zeros, so nothing unwritten is read.
+template <class T16, int kDh>
+__device__ void stage_rows(T16 (*tile)[kDh + kPad], const T16* src, int row0, int rows, int valid, int dh) {
+  for (int e = threadIdx.x; e < rows * dh; e += blockDim.x) {
+    const int r = e / dh, d = e % dh;
+    tile[r][d] = row0 + r < valid ? src[std::int64_t(row0 + r) * dh + d] : to16<T16>(0.f);
+  }
+}
+
+// One block per (query tile, sequence·head); row r of the slice sees keys < visible_keys.
+template <class T16, int kDh>
+__global__ void flash_fwd_k(const T16* q, const T16* kc, const T16* vc, T16* o, float* lse, int tq, int tt,
+                            int t0, int dh, float scale, int q_tiles) {
+  constexpr int kCols = kDh / kRowThreads, kKeys = kFwdKeys / kRowThreads;
+  __shared__ T16 qs[kAttnRows][kDh + kPad];
+  __shared__ T16 ks[kFwdKeys][kDh + kPad];
+  __shared__ T16 vs[kFwdKeys][kDh + kPad];
+  __shared__ float ps[kAttnRows][kFwdKeys + 1];
+  const std::int64_t head = blockIdx.x / q_tiles;
+  const int q0 = (q_tiles - 1 - static_cast<int>(blockIdx.x % q_tiles)) * kAttnRows;  // longest rows first
+  const int t1 = t0 + tq, i = threadIdx.x / kRowThreads, g = threadIdx.x % kRowThreads, r = q0 + i;
+  const int keys = visible_keys(t0, imin(q0 + kAttnRows, tq) - 1, t1);  // of the tile's last row
+  // Rows past the slice (q = 0) see every key: finite, and never written.
+  const int visible = visible_keys(t0, r, t1);
+  const T16* kh = kc + head * tt * dh;
+  const T16* vh = vc + head * tt * dh;
+  stage_rows<T16, kDh>(qs, q + head * tq * dh, q0, kAttnRows, tq, dh);
+  float m = -INFINITY, l = 0.f, acc[kCols];
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.f;
+  for (int k0 = 0; k0 < keys; k0 += kFwdKeys) {
+    __syncthreads();  // the last tile's readers are done (and qs is staged)
+    stage_rows<T16, kDh>(ks, kh, k0, kFwdKeys, t1, dh);
+    stage_rows<T16, kDh>(vs, vh, k0, kFwdKeys, t1, dh);
+    __syncthreads();
+    // Scores of row i against keys g, g + 8, …: 4 dot products over the head.
+    float s[kKeys];
+    for (int k = 0; k < kKeys; ++k) s[k] = 0.f;
+    for (int d = 0; d < dh; ++d) {
+      const float x = f32(qs[i][d]);
+      for (int k = 0; k < kKeys; ++k) s[k] += x * f32(ks[g + kRowThreads * k][d]);
+    }
+    float tile_max = -INFINITY;
+    for (int k = 0; k < kKeys; ++k) {
+      s[k] = k0 + g + kRowThreads * k < visible ? s[k] * scale : -INFINITY;
+      tile_max = fmaxf(tile_max, s[k]);
+    }
+    // Finite from the first tile on: key 0 is visible to every row.
+    const float m_new = fmaxf(m, row_max(tile_max));
+    // expf, not __expf: the fast intrinsic's error grows with |x| (up to ~1e-5 relative
+    // at x = −80), and these probabilities are compared with the CPU's fp64 ones.
+    const float correction = expf(m - m_new);
+    float sum = 0.f;
+    for (int k = 0; k < kKeys; ++k) {
+      const float p = expf(s[k] - m_new);
+      ps[i][g + kRowThreads * k] = p;
+      sum += p;
+    }
+    l = l * correction + row_sum(sum);
+    m = m_new;
+    for (int c = 0; c < kCols; ++c) acc[c] *= correction;
+    // A row's p are written and read by its 8 threads, one warp's, but a shuffle promises
+    // no memory order (a __syncwarp would do). The SIMT emulation cannot show this barrier
+    // missing: its shuffles are rendezvous that order everything before them.
+    __syncthreads();
+    for (int j = 0; j < kFwdKeys; ++j) {
+      const float p = ps[i][j];
+      for (int c = 0; c < kCols; ++c)
+        if (g + kRowThreads * c < dh) acc[c] += p * f32(vs[j][g + kRowThreads * c]);
+    }
+  }
+  if (r >= tq) return;
+  const std::int64_t row = head * tq + r;
+  for (int c = 0; c < kCols; ++c)
+    if (g + kRowThreads * c < dh) o[row * dh + g + kRowThreads * c] = to16<T16>(acc[c] / l);
+  if (g == 0) lse[row] = m + logf(l);
+}
+
+// delta[row] = Σ_d dO·o over the rows of [b·H·Tq, dh]: one warp per row.
 template <class T16>
-__global__ void softmax_bwd_k(const T16* p, const float* dp, T16* ds, int tk, float scale) {
-  std::int64_t row = blockIdx.x;
-  const T16* pr = p + row * tk;
-  const float* dr = dp + row * tk;
-  float s = 0;
-  for (int k = threadIdx.x; k < tk; k += blockDim.x) s += f32(pr[k]) * dr[k];
-  s = block_sum(s);
-  for (int k = threadIdx.x; k < tk; k += blockDim.x)
-    ds[row * tk + k] = to16<T16>(scale * f32(pr[k]) * (dr[k] - s));
+__global__ void flash_delta_k(const T16* o, const T16* dout, float* delta, std::int64_t rows, int dh) {
+  const std::int64_t row = blockIdx.x * std::int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= rows) return;
+  float s = 0.f;
+  for (int d = lane; d < dh; d += kWarp) s += f32(o[row * dh + d]) * f32(dout[row * dh + d]);
+  s = warp_sum(s);
+  if (lane == 0) delta[row] = s;
+}
+
+// dK, dV: one block per (tile of 16 keys, sequence·head), over the query tiles that see
+// them; thread (j, g) computes key j's P and dS entries for query rows g and g + 8 of
+// each tile, then adds its columns of Pᵀ·dO and dSᵀ·q.
+template <class T16, int kDh>
+__global__ void flash_bwd_kv_k(const T16* q, const T16* kc, const T16* vc, const T16* dout, const float* lse,
+                               const float* delta, float* dk, float* dv, int tq, int tt, int t0, int dh,
+                               float scale, float unscale, int k_tiles) {
+  constexpr int kCols = kDh / kRowThreads, kRows = kBwdTile / kRowThreads;
+  __shared__ T16 ks[kAttnRows][kDh + kPad];
+  __shared__ T16 vs[kAttnRows][kDh + kPad];
+  __shared__ T16 qs[kBwdTile][kDh + kPad];
+  __shared__ T16 dos[kBwdTile][kDh + kPad];
+  __shared__ float lse_s[kBwdTile], delta_s[kBwdTile];
+  __shared__ float ps[kAttnRows][kBwdTile + 1], dss[kAttnRows][kBwdTile + 1];  // [key][query row]
+  const std::int64_t head = blockIdx.x / k_tiles;
+  const int k0 = static_cast<int>(blockIdx.x % k_tiles) * kAttnRows;
+  const int t1 = t0 + tq, j = threadIdx.x / kRowThreads, g = threadIdx.x % kRowThreads, key = k0 + j;
+  const std::int64_t kv = head * tt * dh, qd = head * tq * dh;
+  stage_rows<T16, kDh>(ks, kc + kv, k0, kAttnRows, t1, dh);
+  stage_rows<T16, kDh>(vs, vc + kv, k0, kAttnRows, t1, dh);
+  float dk_acc[kCols], dv_acc[kCols];
+  for (int c = 0; c < kCols; ++c) dk_acc[c] = dv_acc[c] = 0.f;
+  // Query row r sees key k0 from r = k0 − t0 on: earlier tiles see none of these keys.
+  for (int r0 = imax(0, k0 - t0) / kBwdTile * kBwdTile; r0 < tq; r0 += kBwdTile) {
+    __syncthreads();  // the last tile's readers are done (and ks, vs are staged)
+    stage_rows<T16, kDh>(qs, q + qd, r0, kBwdTile, tq, dh);
+    stage_rows<T16, kDh>(dos, dout + qd, r0, kBwdTile, tq, dh);
+    if (threadIdx.x < kBwdTile) {
+      const int r = r0 + threadIdx.x;
+      lse_s[threadIdx.x] = r < tq ? lse[head * tq + r] : 0.f;
+      delta_s[threadIdx.x] = r < tq ? delta[head * tq + r] : 0.f;
+    }
+    __syncthreads();
+    for (int n = 0; n < kRows; ++n) {
+      const int i = g + kRowThreads * n, r = r0 + i;
+      float s = 0.f, dp = 0.f;
+      for (int d = 0; d < dh; ++d) {
+        s += f32(qs[i][d]) * f32(ks[j][d]);
+        dp += f32(dos[i][d]) * f32(vs[j][d]);
+      }
+      const bool seen = r < tq && key < visible_keys(t0, r, t1);
+      const float p = seen ? expf(s * scale - lse_s[i]) : 0.f;
+      ps[j][i] = p;
+      dss[j][i] = seen ? scale * p * (dp - delta_s[i]) : 0.f;
+    }
+    __syncthreads();
+    for (int i = 0; i < kBwdTile; ++i) {
+      const float p = ps[j][i], ds = dss[j][i];
+      for (int c = 0; c < kCols; ++c) {
+        const int d = g + kRowThreads * c;
+        if (d < dh) {
+          dv_acc[c] += p * f32(dos[i][d]);
+          dk_acc[c] += ds * f32(qs[i][d]);
+        }
+      }
+    }
+  }
+  if (key >= t1) return;
+  for (int c = 0; c < kCols; ++c) {
+    const int d = g + kRowThreads * c;
+    if (d >= dh) continue;
+    dk[kv + std::int64_t(key) * dh + d] += unscale * dk_acc[c];
+    dv[kv + std::int64_t(key) * dh + d] += unscale * dv_acc[c];
+  }
+}
+
+// dQ: one block per (query tile, sequence·head), over the key tiles its rows see; thread
+// (i, g) computes row i's dS entries for keys g and g + 8 of each tile, then adds its
+// columns of dS·K.
+template <class T16, int kDh>
+__global__ void flash_bwd_q_k(const T16* q, const T16* kc, const T16* vc, const T16* dout, const float* lse,
+                              const float* delta, T16* dq, int tq, int tt, int t0, int dh, float scale,
+                              int q_tiles) {
+  constexpr int kCols = kDh / kRowThreads, kKeys = kBwdTile / kRowThreads;
+  __shared__ T16 qs[kAttnRows][kDh + kPad];
+  __shared__ T16 dos[kAttnRows][kDh + kPad];
+  __shared__ T16 ks[kBwdTile][kDh + kPad];
+  __shared__ T16 vs[kBwdTile][kDh + kPad];
+  __shared__ float dss[kAttnRows][kBwdTile + 1];
+  const std::int64_t head = blockIdx.x / q_tiles;
+  const int q0 = (q_tiles - 1 - static_cast<int>(blockIdx.x % q_tiles)) * kAttnRows;  // longest rows first
+  const int t1 = t0 + tq, i = threadIdx.x / kRowThreads, g = threadIdx.x % kRowThreads, r = q0 + i;
+  const int keys = visible_keys(t0, imin(q0 + kAttnRows, tq) - 1, t1);
+  const int visible = r < tq ? visible_keys(t0, r, t1) : 0;
+  const std::int64_t kv = head * tt * dh, qd = head * tq * dh;
+  const float row_lse = r < tq ? lse[head * tq + r] : 0.f, row_delta = r < tq ? delta[head * tq + r] : 0.f;
+  stage_rows<T16, kDh>(qs, q + qd, q0, kAttnRows, tq, dh);
+  stage_rows<T16, kDh>(dos, dout + qd, q0, kAttnRows, tq, dh);
+  float acc[kCols];
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.f;
+  for (int k0 = 0; k0 < keys; k0 += kBwdTile) {
+    __syncthreads();  // the last tile's readers are done (and qs, dos are staged)
+    stage_rows<T16, kDh>(ks, kc + kv, k0, kBwdTile, t1, dh);
+    stage_rows<T16, kDh>(vs, vc + kv, k0, kBwdTile, t1, dh);
+    __syncthreads();
+    for (int n = 0; n < kKeys; ++n) {
+      const int j = g + kRowThreads * n;
+      float s = 0.f, dp = 0.f;
+      for (int d = 0; d < dh; ++d) {
+        s += f32(qs[i][d]) * f32(ks[j][d]);
+        dp += f32(dos[i][d]) * f32(vs[j][d]);
+      }
+      dss[i][j] = k0 + j < visible ? scale * expf(s * scale - row_lse) * (dp - row_delta) : 0.f;
+    }
+    __syncthreads();
+    for (int j = 0; j < kBwdTile; ++j) {
+      const float ds = dss[i][j];
+      for (int c = 0; c < kCols; ++c)
+        if (g + kRowThreads * c < dh) acc[c] += ds * f32(ks[j][g + kRowThreads * c]);
+    }
+  }
+  if (r >= tq) return;
+  for (int c = 0; c < kCols; ++c)
+    if (g + kRowThreads * c < dh) dq[(head * tq + r) * dh + g + kRowThreads * c] = to16<T16>(acc[c]);
+}
+
+// The grid of one block per (tile, sequence·head): 1-D, whose limit (2³¹ − 1) is the loosest.
+unsigned attention_grid(int bh, int tiles) {
+  const std::int64_t blocks = std::int64_t(bh) * tiles;
+  if (blocks > 2147483647)
+    throw Error("CUDA attention: " + std::to_string(blocks) + " thread blocks (" + std::to_string(bh) +
+                " sequence-heads × " + std::to_string(tiles) + " tiles of 16 rows), over the GPU's 2³¹ − 1");
+  return static_cast<unsigned>(blocks);
 }
 
 // ---- embedding and loss ----------------------------------------------------------------
@@ -551,16 +779,39 @@ void split_qkv(const T16* qkv, T16* q, T16* kcache, T16* vcache, int b, int tq, 
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
 template <class T16>
-void causal_softmax(const float* scores, T16* p, int bh, int tq, int tk, int t0, cudaStream_t stream) {
-  if (bh * tq == 0) return;
-  causal_softmax_k<T16><<<bh * tq, 128, 0, stream>>>(scores, p, tq, tk, t0);
+void flash_attention_forward(const T16* q, const T16* kcache, const T16* vcache, T16* o, float* lse, int bh,
+                             int tq, int t_total, int t0, int head_dim, float scale, cudaStream_t stream) {
+  check_flash_attention(head_dim, tq, t0, t_total);
+  if (bh == 0 || tq == 0) return;
+  const int tiles = (tq + kAttnRows - 1) / kAttnRows;
+  // (Named: transform.cmake rewrites the launches of plain and single-argument template names.)
+  auto* kernel = head_dim <= 64 ? flash_fwd_k<T16, 64> : head_dim <= 128 ? flash_fwd_k<T16, 128>
+                                                                         : flash_fwd_k<T16, kMaxHeadDim>;
+  kernel<<<attention_grid(bh, tiles), kAttnThreads, 0, stream>>>(q, kcache, vcache, o, lse, tq, t_total, t0,
+                                                                  head_dim, scale, tiles);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
 template <class T16>
-void softmax_backward(const T16* p, const float* dp, T16* ds, int bh, int tq, int tk, float scale,
-                      cudaStream_t stream) {
-  if (bh * tq == 0) return;
-  softmax_bwd_k<T16><<<bh * tq, 128, 0, stream>>>(p, dp, ds, tk, scale);
+void flash_attention_backward(const T16* q, const T16* kcache, const T16* vcache, const T16* o, const T16* dout,
+                              const float* lse, float* delta, T16* dq, float* dk_acc, float* dv_acc, int bh, int tq,
+                              int t_total, int t0, int head_dim, float scale, float unscale, cudaStream_t stream) {
+  check_flash_attention(head_dim, tq, t0, t_total);
+  if (bh == 0 || tq == 0) return;
+  const std::int64_t rows = std::int64_t(bh) * tq, rows_per_block = kThreads / kWarp;
+  const auto row_blocks = static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
+  const int key_tiles = (t0 + tq + kAttnRows - 1) / kAttnRows, query_tiles = (tq + kAttnRows - 1) / kAttnRows;
+  const unsigned key_blocks = attention_grid(bh, key_tiles), query_blocks = attention_grid(bh, query_tiles);
+  flash_delta_k<T16><<<row_blocks, kThreads, 0, stream>>>(o, dout, delta, rows, head_dim);
+  TDPIPE_CUDA_CHECK_LAUNCH();
+  auto* kv = head_dim <= 64 ? flash_bwd_kv_k<T16, 64> : head_dim <= 128 ? flash_bwd_kv_k<T16, 128>
+                                                                         : flash_bwd_kv_k<T16, kMaxHeadDim>;
+  kv<<<key_blocks, kAttnThreads, 0, stream>>>(q, kcache, vcache, dout, lse, delta, dk_acc, dv_acc, tq, t_total, t0,
+                                              head_dim, scale, unscale, key_tiles);
+  TDPIPE_CUDA_CHECK_LAUNCH();
+  auto* dq_kernel = head_dim <= 64 ? flash_bwd_q_k<T16, 64> : head_dim <= 128 ? flash_bwd_q_k<T16, 128>
+                                                                               : flash_bwd_q_k<T16, kMaxHeadDim>;
+  dq_kernel<<<query_blocks, kAttnThreads, 0, stream>>>(q, kcache, vcache, dout, lse, delta, dq, tq, t_total, t0,
+                                                       head_dim, scale, query_tiles);
   TDPIPE_CUDA_CHECK_LAUNCH();
 }
 template <class T16>

@@ -33,9 +33,13 @@ TDPIPE_HD inline std::int64_t head_major_index(int seq, int r, int c, int heads,
 
 #ifndef TDPIPE_KERNEL_INDEX_ONLY
 
+#include <string>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include "tdpipe/ir/error.hpp"
 
 namespace tdpipe::exec::cuda::kernels {
 
@@ -80,13 +84,39 @@ void gelu_backward(const T16* dg, const T16* u, T16* du, std::int64_t n, cudaStr
 template <class T16>
 void split_qkv(const T16* qkv, T16* q, T16* kcache, T16* vcache, int b, int tq, int t_total, int t0, int heads,
                int head_dim, cudaStream_t stream);
-/// p = causal softmax of scores [b·H, Tq, Tk] (row r sees keys ≤ t0 + r), masked entries 0.
+/// The largest head dimension the fused attention kernels take (their tiles hold a whole
+/// row of q, k, v in shared memory).
+constexpr int kMaxHeadDim = 256;
+
+/// tdpipe::Error unless the fused attention kernels take this shape: 1 ≤ head_dim ≤
+/// kMaxHeadDim, and the slice's rows [t0, t0 + tq) inside the caches' t_total rows.
+inline void check_flash_attention(int head_dim, int tq, int t0, int t_total) {
+  if (head_dim > kMaxHeadDim)
+    throw Error("CUDA attention: head dim " + std::to_string(head_dim) + " (model.hidden / model.heads) exceeds " +
+                "the fused attention kernels' maximum of " + std::to_string(kMaxHeadDim) +
+                " (exec/cuda/kernels.cu): use more heads");
+  if (head_dim < 1) throw Error("CUDA attention: head dim " + std::to_string(head_dim) + "; expected ≥ 1");
+  if (t0 < 0 || tq < 0 || t0 + tq > t_total)
+    throw Error("CUDA attention: query rows [" + std::to_string(t0) + ", " + std::to_string(t0 + tq) +
+                ") outside the " + std::to_string(t_total) + " rows of the key/value caches");
+}
+
+/// Fused causal attention (FlashAttention; the scores never reach global memory): for
+/// the slice's queries q [b·H, Tq, dh] (query row r is token t0 + r) against rows 0 …
+/// t0 + Tq − 1 of the key/value caches [b·H, t_total, dh], row r seeing keys ≤ t0 + r,
+/// o = softmax(scale · q·Kᵀ)·V [b·H, Tq, dh] and lse [b·H, Tq] (fp32), the log-sum-exp of
+/// each row's scaled scores, which the backward recomputes the probabilities from.
 template <class T16>
-void causal_softmax(const float* scores, T16* p, int bh, int tq, int tk, int t0, cudaStream_t stream);
-/// ds = scale · p ⊙ (dp − Σ_k p·dp) per row.
+void flash_attention_forward(const T16* q, const T16* kcache, const T16* vcache, T16* o, float* lse, int bh,
+                             int tq, int t_total, int t0, int head_dim, float scale, cudaStream_t stream);
+/// Its backward given dO [b·H, Tq, dh], with P = exp(scale · q·Kᵀ − lse) recomputed, dP =
+/// dO·Vᵀ, D = rowsum(dO ⊙ o) (written to `delta`, fp32 scratch [b·H, Tq]) and dS = scale ·
+/// P ⊙ (dP − D): dq = dS·K (T16, written), and rows < t0 + Tq of the fp32 accumulators
+/// [b·H, t_total, dh] added to: dk_acc += unscale · dSᵀ·q, dv_acc += unscale · Pᵀ·dO.
 template <class T16>
-void softmax_backward(const T16* p, const float* dp, T16* ds, int bh, int tq, int tk, float scale,
-                      cudaStream_t stream);
+void flash_attention_backward(const T16* q, const T16* kcache, const T16* vcache, const T16* o, const T16* dout,
+                              const float* lse, float* delta, T16* dq, float* dk_acc, float* dv_acc, int bh, int tq,
+                              int t_total, int t0, int head_dim, float scale, float unscale, cudaStream_t stream);
 /// [b·H, Tq, dh] → [b·Tq, h].
 template <class T16>
 void merge_heads(const T16* o, T16* out, int b, int tq, int heads, int head_dim, cudaStream_t stream);
@@ -163,8 +193,11 @@ void onebit_expand(const unsigned char* block, std::int64_t len, float weight, f
   template void gelu_forward<T16>(const T16*, T16*, std::int64_t, cudaStream_t);                                  \
   template void gelu_backward<T16>(const T16*, const T16*, T16*, std::int64_t, cudaStream_t);                     \
   template void split_qkv<T16>(const T16*, T16*, T16*, T16*, int, int, int, int, int, int, cudaStream_t);         \
-  template void causal_softmax<T16>(const float*, T16*, int, int, int, int, cudaStream_t);                        \
-  template void softmax_backward<T16>(const T16*, const float*, T16*, int, int, int, float, cudaStream_t);        \
+  template void flash_attention_forward<T16>(const T16*, const T16*, const T16*, T16*, float*, int, int, int, int, \
+                                             int, float, cudaStream_t);                                           \
+  template void flash_attention_backward<T16>(const T16*, const T16*, const T16*, const T16*, const T16*,          \
+                                              const float*, float*, T16*, float*, float*, int, int, int, int, int, \
+                                              float, float, cudaStream_t);                                        \
   template void merge_heads<T16>(const T16*, T16*, int, int, int, int, cudaStream_t);                             \
   template void split_heads<T16>(const T16*, T16*, int, int, int, int, cudaStream_t);                             \
   template void gather_dqkv<T16>(const T16*, const float*, const float*, T16*, int, int, int, int, int, int,      \

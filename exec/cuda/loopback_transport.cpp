@@ -68,6 +68,11 @@ void LoopbackFabric::collective(Collective what, int rank, int replica, int data
   const bool sums = what == Collective::AllReduce || what == Collective::ReduceScatter;
   if (sums && buffer.dtype != DType::F32) throw Error("loopback data-parallel reduction: expected fp32 buffers");
   const std::int64_t es = dtype_bytes(buffer.dtype);
+  // This member's buffers are written by work ordered before its dp stream now (its
+  // gradients' or OPT's event, Compute::grad_bucket / param_bucket): the member that does
+  // the work waits for this point of every member's stream.
+  EventHandle arrival = make_event();
+  TDPIPE_CUDA_CHECK(cudaEventRecord(arrival.get(), ctx.dp()));
   std::unique_lock lock(mu_);
   Group& g = groups_[{rank, call}];
   if (g.ptrs.empty()) {
@@ -81,6 +86,7 @@ void LoopbackFabric::collective(Collective what, int rank, int replica, int data
   g.elements = buffer.elements;
   g.ptrs[static_cast<std::size_t>(replica)] = static_cast<unsigned char*>(buffer.data.get());
   if (recv != nullptr) g.recvs[static_cast<std::size_t>(replica)] = static_cast<unsigned char*>(recv->data.get());
+  g.arrivals.push_back(arrival);
   if (++g.arrived == data && g.error.empty()) {
     // The last member does the work for all: a sum in replica order into scratch,
     // written back to all (all-reduce) or to each member's owned segment; or each
@@ -88,6 +94,7 @@ void LoopbackFabric::collective(Collective what, int rank, int replica, int data
     // i's send to block i of member j's receive (all-to-all).
     try {
       cudaStream_t s = ctx.dp();
+      for (const EventHandle& ev : g.arrivals) TDPIPE_CUDA_CHECK(cudaStreamWaitEvent(s, ev.get(), 0));
       auto copy = [&](unsigned char* to, const unsigned char* from, std::int64_t n) {
         if (n > 0 && to != from)
           TDPIPE_CUDA_CHECK(cudaMemcpyAsync(to, from, static_cast<std::size_t>(n * es), cudaMemcpyDeviceToDevice, s));
@@ -180,10 +187,11 @@ void LoopbackTransport::post(std::span<P2POp> batch) {
     const int peer = replica_ * stages_ + op.peer;
     MessageKey key{op.key.payload, op.key.stage, op.key.mb, op.key.slice, op.buffer.bytes()};
     if (op.kind == ir::OpKind::SEND) {
-      // The tensor was produced on the compute stream, which Compute::run waited for
-      // before the interpreter handed it to this SEND; the ready event sits on this
-      // rank's p2p stream (never on its compute stream, where it would also wait for
-      // kernels the compute thread issues meanwhile and delay the copy for nothing).
+      // The tensor's producer may still run on the compute stream: this rank's p2p
+      // stream waits for its fence (use_on), and the ready event sits on the p2p stream
+      // (never on the compute stream, where it would also wait for kernels the compute
+      // thread issues meanwhile and delay the copy for nothing).
+      use_on(op.buffer, ctx_->p2p());
       EventHandle ev = make_event();
       TDPIPE_CUDA_CHECK(cudaEventRecord(ev.get(), ctx_->p2p()));
       ready.push_back(ev);

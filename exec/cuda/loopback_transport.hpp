@@ -62,6 +62,7 @@ class LoopbackFabric {
  private:
   struct Group {
     std::vector<unsigned char*> ptrs, recvs;
+    std::vector<EventHandle> arrivals;  // each member's dp stream when it arrived
     std::int64_t elements = -1;
     int arrived = 0;
     bool done = false;

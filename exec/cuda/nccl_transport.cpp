@@ -43,21 +43,24 @@ void NcclTransport::post(std::span<P2POp> batch) {
   // and ncclGroupEnd would leave the group open for every later NCCL call.
   for (const P2POp& op : batch) {
     check_p2p_op(op, stages_);
-    if (op.buffer.dtype != DType::F32)
-      throw Error(op.label + ": the CUDA backend moves fp32 tensors");
+    if (op.buffer.dtype != DType::F32 && op.buffer.dtype != DType::BF16)
+      throw Error(op.label + ": the CUDA backend moves fp32 or bf16 tensors");
     if (op.buffer.elements < 1 || !op.buffer.data)
       throw Error(op.label + ": empty buffer");
   }
   cudaStream_t s = ctx_->p2p();
+  for (const P2POp& op : batch)
+    if (op.kind == ir::OpKind::SEND) use_on(op.buffer, s);  // after its producer's kernels
   TDPIPE_NCCL_CHECK(ncclGroupStart());
   try {
     for (P2POp& op : batch) {
       const int peer = replica_ * stages_ + op.peer;
       const auto n = static_cast<std::size_t>(op.buffer.elements);
+      const ncclDataType_t type = op.buffer.dtype == DType::BF16 ? ncclBfloat16 : ncclFloat32;
       if (op.kind == ir::OpKind::SEND)
-        TDPIPE_NCCL_CHECK(ncclSend(op.buffer.data.get(), n, ncclFloat32, peer, world_, s));
+        TDPIPE_NCCL_CHECK(ncclSend(op.buffer.data.get(), n, type, peer, world_, s));
       else
-        TDPIPE_NCCL_CHECK(ncclRecv(op.buffer.data.get(), n, ncclFloat32, peer, world_, s));
+        TDPIPE_NCCL_CHECK(ncclRecv(op.buffer.data.get(), n, type, peer, world_, s));
     }
   } catch (...) {
     ncclGroupEnd();

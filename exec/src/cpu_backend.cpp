@@ -35,9 +35,13 @@ Buffer host_bytes(std::int64_t bytes) {
 }
 
 namespace {
-Buffer to_buffer(const Mat& m) {
+// `bf16`: rounded through bf16, as the CUDA backend sends a stage's output (bf16_wire).
+Buffer to_buffer(const Mat& m, bool bf16 = false) {
   Buffer b = host_buffer(m.size());
-  std::copy(m.data(), m.data() + m.size(), b.as<double>());
+  if (bf16)
+    std::transform(m.data(), m.data() + m.size(), b.as<double>(), round_to_bf16);
+  else
+    std::copy(m.data(), m.data() + m.size(), b.as<double>());
   return b;
 }
 Mat to_mat(const Buffer& b, Eigen::Index rows, Eigen::Index cols, const char* what) {
@@ -321,7 +325,7 @@ Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
       Mat y = st.forward(op.mb, op.slice, t0, t1, x, data ? &data->tokens : nullptr,
                          data ? &data->targets : nullptr, loss_scale_, &loss_);
       if (st.is_last()) return {};
-      return to_buffer(y);
+      return to_buffer(y, options_.bf16_wire);
     }
     case ir::OpKind::B:
     case ir::OpKind::BW: {
@@ -330,7 +334,7 @@ Buffer CpuCompute::run_op(const ComputeOp& op, Buffer input) {
       Mat dx = op.kind == ir::OpKind::BW ? st.backward(op.mb, op.slice, dy, progress_of(op, st))
                                          : st.backward_input(op.mb, op.slice, dy);
       if (st.is_first()) return {};
-      return to_buffer(dx);
+      return to_buffer(dx, options_.bf16_wire);
     }
     case ir::OpKind::W:
       st.backward_weight(op.mb, op.slice, progress_of(op, st));

@@ -160,6 +160,7 @@ class RankRun {
     if (control_.failed()) throw Aborted{};
     RankStepResult out;
     out.loss = backend_.compute->end_step();
+    resolve_marks();
     out.events = std::move(events_);
     return out;
   }
@@ -749,14 +750,18 @@ class RankRun {
       control_.set_waiting(trace_rank_, stream, "");
       cop.overflow = &overflow;
     }
-    const std::int64_t start = backend_.clock->now_ns(stream);
+    // An injected straggler: the op takes `slow` times as long (measured by now_ns,
+    // which waits for a device backend's stream: only under fault injection).
+    const double slow = backend_.faults ? backend_.faults->slow_factor(trace_rank_, step_) : 1;
+    const std::int64_t slow_from = slow != 1 ? backend_.clock->now_ns(stream) : 0;
+    const std::int64_t start = backend_.clock->mark(stream);
     control_.progress();
     Buffer out = backend_.compute->run(cop, std::move(input));
-    // An injected straggler: the op takes `slow` times as long.
-    if (const double slow = backend_.faults ? backend_.faults->slow_factor(trace_rank_, step_) : 1; slow != 1)
+    if (slow != 1)
       std::this_thread::sleep_for(std::chrono::nanoseconds(
-          static_cast<std::int64_t>(double(backend_.clock->now_ns(stream) - start) * (slow - 1))));
-    const std::int64_t end = backend_.clock->now_ns(stream);
+          static_cast<std::int64_t>(double(backend_.clock->now_ns(stream) - slow_from) * (slow - 1))));
+    const std::int64_t end = backend_.clock->mark(stream);
+    backend_.compute->issued(cop, out);
     if (gated != gates_.end() && acquired != static_cast<int>(gated->second.size()))
       throw Error(fmt::format("rank {}: {} used {} of the {} blocks its LOADs bring", rank_, op_label(op), acquired,
                               gated->second.size()));
@@ -767,7 +772,31 @@ class RankRun {
         tensors_[*key] = std::move(out);
       }
     }
-    finish({i, i + 1}, start, end, layers_ns < 0 ? -1 : std::min(layers_ns, end - start));
+    marked_.push_back({i, start, end, layers_ns});
+    finish({i, i + 1}, start, end, -1, false);
+  }
+
+  // A compute op's Clock::marks, resolved after the step's last op (resolve_marks).
+  struct Marked {
+    int op = 0;
+    std::int64_t start = 0, end = 0, layers_ns = -1;
+  };
+  // The compute ops' events from their marks (Clock::resolve waits for their work).
+  void resolve_marks() {
+    std::vector<std::int64_t> marks;
+    marks.reserve(2 * marked_.size());
+    for (const Marked& m : marked_) {
+      marks.push_back(m.start);
+      marks.push_back(m.end);
+    }
+    backend_.clock->resolve(marks);
+    for (std::size_t k = 0; k < marked_.size(); ++k) {
+      const Marked& m = marked_[k];
+      const std::int64_t start = marks[2 * k], end = std::max(marks[2 * k + 1], start);
+      record(m.op, start, end);
+      events_[static_cast<std::size_t>(m.op)].layers_ns = m.layers_ns < 0 ? -1 : std::min(m.layers_ns, end - start);
+    }
+    marked_.clear();
   }
 
   // A p2p batch between its start and its end.
@@ -1001,6 +1030,7 @@ class RankRun {
   std::vector<std::int64_t> tail_done_;         // per chunk: GradProgress of that op (−1: none yet)
   std::vector<std::int64_t> tail_total_;        // guarded by control_.mutex()
   std::vector<traces::TraceEvent> events_;
+  std::vector<Marked> marked_;  // the compute stream's thread, then end()
   std::map<int, std::vector<int>> token_inputs_;  // serving op → the RECVs of the token buffers it reads
   std::map<int, int> token_last_reader_;          // such a RECV → its last reader
   std::set<int> unread_;                          // RECVs whose tensor no op reads

@@ -1,5 +1,7 @@
 // test_equivalence.cpp — the executor's core promise: every schedule, on every
 // (p, d) layout, trains exactly like one device (loss, gradients, weights).
+#include <cmath>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -268,6 +270,60 @@ TEST_CASE("the loss really moves: 3 steps change it and the weights", "[exec][eq
   for (const auto& [n, g] : ref.grads)
     for (double x : g) grad_norm += x * x;
   CHECK(grad_norm > 1e-8);
+}
+
+
+TEST_CASE("round_to_bf16 rounds to the nearest bfloat16, ties to even, as CUDA's __float2bfloat16", "[exec][wire]") {
+  // bf16 keeps 8 significant bits: around 1 its spacing is 2^-7.
+  CHECK(round_to_bf16(1.0) == 1.0);
+  CHECK(round_to_bf16(1.0 + 0x1p-8) == 1.0);                       // a tie: to the even 1.0
+  CHECK(round_to_bf16(1.0 + 3 * 0x1p-8) == 1.0 + 0x1p-6);          // a tie: to the even 1 + 2^-6
+  CHECK(round_to_bf16(1.0 + 0x1p-8 + 0x1p-20) == 1.0 + 0x1p-7);    // above the tie: up
+  CHECK(round_to_bf16(-3.0 - 0x1p-7) == -3.0);                      // below half a spacing (2^-6): down
+  CHECK(round_to_bf16(0x1.fffffep127) == std::numeric_limits<double>::infinity());  // overflow
+  CHECK(std::isnan(round_to_bf16(std::numeric_limits<double>::quiet_NaN())));
+}
+
+TEST_CASE("bf16 between stages: what crosses stages is rounded, so a pipeline drifts from the single-device run by "
+          "bf16's rounding only, and one stage is unchanged",
+          "[exec][wire]") {
+  constexpr int kSteps = 3;
+  const ir::Scenario sc = test::small_scenario(4, 1, 8, 1);
+  const cpu::RunResult ref = cpu::run_reference(sc, 1, 8, test::train_options(kSteps));
+  cpu::CpuRunOptions opt;
+  opt.train = test::train_options(kSteps);
+  opt.train.bf16_wire = true;
+  const cpu::RunResult piped = cpu::run_cpu(planner::build_plan(sc, "1f1b", 1).lowered, opt);
+  const cpu::RunResult exact =
+      cpu::run_cpu(planner::build_plan(sc, "1f1b", 1).lowered, [] {
+        cpu::CpuRunOptions o;
+        o.train = test::train_options(kSteps);
+        return o;
+      }());
+  REQUIRE(piped.loss_per_step.size() == kSteps);
+  for (int s = 0; s < kSteps; ++s) {
+    INFO("step " << s << ": bf16 between stages " << piped.loss_per_step[s] << ", exact " << exact.loss_per_step[s]
+                 << ", one device " << ref.loss_per_step[s]);
+    CHECK(exact.loss_per_step[s] == Approx(ref.loss_per_step[s]).epsilon(1e-12));
+    CHECK(piped.loss_per_step[s] != exact.loss_per_step[s]);  // the rounding happened
+    CHECK(std::abs(piped.loss_per_step[s] - ref.loss_per_step[s]) <= 1e-3 * std::abs(ref.loss_per_step[s]));
+  }
+  // Step 0's gradients, from identical weights: bf16's rounding alone (later steps add
+  // Adam's amplification of near-zero gradients).
+  cpu::CpuRunOptions first = opt;
+  first.train.steps = 1;
+  const cpu::RunResult g = cpu::run_cpu(planner::build_plan(sc, "1f1b", 1).lowered, first);
+  std::string worst;
+  const double err = max_rel_error(g.grads, cpu::run_reference(sc, 1, 8, test::train_options(1)).grads, &worst);
+  INFO("worst gradient " << worst << " relative L2 error " << err);
+  CHECK(err > 0);
+  CHECK(err <= 1e-2);
+  // One stage: nothing crosses, nothing is rounded.
+  const ir::Scenario one = test::small_scenario(1, 1, 8, 1);
+  const cpu::RunResult single = cpu::run_cpu(planner::build_plan(one, "1f1b", 1).lowered, opt);
+  cpu::CpuRunOptions plain;
+  plain.train = test::train_options(kSteps);
+  CHECK(single.loss_per_step == cpu::run_cpu(planner::build_plan(one, "1f1b", 1).lowered, plain).loss_per_step);
 }
 
 }  // namespace tdpipe::exec

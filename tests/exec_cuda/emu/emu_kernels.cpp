@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels.cuh"
 
@@ -131,26 +132,78 @@ void split_qkv(const T16* qkv, T16* q, T16* kc, T16* vc, int bb, int tq, int tt,
     }
   });
 }
+// Fused attention's contracts (kernels.cuh), with the explicit score matrix of each
+// (sequence, head) in host memory; fp32 arithmetic, 16-bit roundings only at the outputs.
 template <class T16>
-void causal_softmax(const float* s, T16* p, int bh, int tq, int tk, int t0, cudaStream_t stream) {
+void flash_attention_forward(const T16* q, const T16* kc, const T16* vc, T16* o, float* lse, int bh, int tq, int tt,
+                             int t0, int dh, float scale, cudaStream_t stream) {
+  check_flash_attention(dh, tq, t0, tt);
   emu::launch(stream, [=] {
-    for (i64 row = 0; row < i64(bh) * tq; ++row) {
-      int r = int(row % tq), vis = visible_keys(t0, r, tk);
-      const float* sr = s + row * tk;
-      float m = -INFINITY, z = 0;
-      for (int k = 0; k < vis; ++k) m = std::max(m, sr[k]);
-      for (int k = 0; k < vis; ++k) z += std::exp(sr[k] - m);
-      for (int k = 0; k < tk; ++k) p[row * tk + k] = to<T16>(k < vis ? std::exp(sr[k] - m) / z : 0.f);
-    }
+    std::vector<float> s(static_cast<std::size_t>(t0 + tq));
+    for (i64 hd = 0; hd < bh; ++hd)
+      for (int r = 0; r < tq; ++r) {
+        const T16* qr = q + (hd * tq + r) * dh;
+        const int vis = visible_keys(t0, r, t0 + tq);
+        float m = -INFINITY, z = 0;
+        for (int k = 0; k < vis; ++k) {
+          const T16* kr = kc + (hd * tt + k) * dh;
+          float dot = 0;
+          for (int d = 0; d < dh; ++d) dot += f(qr[d]) * f(kr[d]);
+          s[k] = scale * dot;
+          m = std::max(m, s[k]);
+        }
+        for (int k = 0; k < vis; ++k) z += std::exp(s[k] - m);
+        for (int d = 0; d < dh; ++d) {
+          float acc = 0;
+          for (int k = 0; k < vis; ++k) acc += std::exp(s[k] - m) * f(vc[(hd * tt + k) * dh + d]);
+          o[(hd * tq + r) * dh + d] = to<T16>(acc / z);
+        }
+        lse[hd * tq + r] = m + std::log(z);
+      }
   });
 }
 template <class T16>
-void softmax_backward(const T16* p, const float* dp, T16* ds, int bh, int tq, int tk, float scale, cudaStream_t stream) {
+void flash_attention_backward(const T16* q, const T16* kc, const T16* vc, const T16* o, const T16* dout,
+                              const float* lse, float* delta, T16* dq, float* dk, float* dv, int bh, int tq, int tt,
+                              int t0, int dh, float scale, float unscale, cudaStream_t stream) {
+  check_flash_attention(dh, tq, t0, tt);
   emu::launch(stream, [=] {
-    for (i64 row = 0; row < i64(bh) * tq; ++row) {
-      float s = 0;
-      for (int k = 0; k < tk; ++k) s += f(p[row * tk + k]) * dp[row * tk + k];
-      for (int k = 0; k < tk; ++k) ds[row * tk + k] = to<T16>(scale * f(p[row * tk + k]) * (dp[row * tk + k] - s));
+    const int t1 = t0 + tq;
+    std::vector<float> p(static_cast<std::size_t>(tq) * t1), ds(p.size());
+    for (i64 hd = 0; hd < bh; ++hd) {
+      const T16 *qh = q + hd * tq * dh, *kh = kc + hd * tt * dh, *vh = vc + hd * tt * dh, *doh = dout + hd * tq * dh;
+      for (int r = 0; r < tq; ++r) {
+        float dd = 0;
+        for (int d = 0; d < dh; ++d) dd += f(doh[i64(r) * dh + d]) * f(o[(hd * tq + r) * dh + d]);
+        delta[hd * tq + r] = dd;
+        for (int k = 0; k < t1; ++k) {
+          float s = 0, dp = 0;
+          for (int d = 0; d < dh; ++d) {
+            s += f(qh[i64(r) * dh + d]) * f(kh[i64(k) * dh + d]);
+            dp += f(doh[i64(r) * dh + d]) * f(vh[i64(k) * dh + d]);
+          }
+          const bool seen = k < visible_keys(t0, r, t1);
+          const std::size_t e = std::size_t(r) * t1 + k;
+          p[e] = seen ? std::exp(scale * s - lse[hd * tq + r]) : 0.f;
+          ds[e] = seen ? scale * p[e] * (dp - dd) : 0.f;
+        }
+      }
+      for (int r = 0; r < tq; ++r)
+        for (int d = 0; d < dh; ++d) {
+          float acc = 0;
+          for (int k = 0; k < t1; ++k) acc += ds[std::size_t(r) * t1 + k] * f(kh[i64(k) * dh + d]);
+          dq[(hd * tq + r) * dh + d] = to<T16>(acc);
+        }
+      for (int k = 0; k < t1; ++k)
+        for (int d = 0; d < dh; ++d) {
+          float gk = 0, gv = 0;
+          for (int r = 0; r < tq; ++r) {
+            gk += ds[std::size_t(r) * t1 + k] * f(qh[i64(r) * dh + d]);
+            gv += p[std::size_t(r) * t1 + k] * f(doh[i64(r) * dh + d]);
+          }
+          dk[(hd * tt + k) * dh + d] += unscale * gk;
+          dv[(hd * tt + k) * dh + d] += unscale * gv;
+        }
     }
   });
 }

@@ -136,6 +136,9 @@ struct CUstream_st {
   std::deque<Work> queue;
   bool busy = false, stop = false;
   std::mt19937 rng;
+  // Host calls that found this stream's work unfinished and waited (or, polling, would
+  // have to wait): emu::blocked_host_waits.
+  std::atomic<std::uint64_t> blocked{0};
   std::thread worker;
 
   explicit CUstream_st(int dev, unsigned seed) : device(dev), rng(seed) {
@@ -163,6 +166,7 @@ struct CUstream_st {
   }
   void synchronize() {
     std::unique_lock lock(m);
+    if (!queue.empty() || busy) ++blocked;
     idle.wait(lock, [this] { return queue.empty() && !busy; });
   }
 };
@@ -192,6 +196,7 @@ void submit(cudaStream_t stream, void (*run)(void*), void* arg, void (*drop)(voi
   }
   stream->wake.notify_one();
 }
+std::uint64_t blocked_host_waits(cudaStream_t stream) { return stream->blocked.load(); }
 bool kernel_launch_ok(cudaStream_t stream) {
   if (stream == nullptr || stream->device == current_device) return true;
   std::fprintf(stderr, "emulated GPU: kernel launched into a stream of device %d while device %d is current\n",
@@ -230,7 +235,9 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (stream == nullptr) return cudaSuccess;
   std::lock_guard lock(stream->m);
-  return stream->queue.empty() && !stream->busy ? cudaSuccess : cudaErrorNotReady;
+  if (stream->queue.empty() && !stream->busy) return cudaSuccess;
+  ++stream->blocked;
+  return cudaErrorNotReady;
 }
 cudaError_t cudaDeviceSynchronize() {
   std::vector<cudaStream_t> mine;
@@ -252,7 +259,17 @@ struct CUevent_st {
   std::uint64_t recorded = 0, completed = 0;
   Clock::time_point at{};
   bool timing = true;
+  cudaStream_t stream = nullptr;  // where it was last recorded (blocked_host_waits)
+  // The handle and each stream wait queued on it: CUDA lets an event be destroyed while
+  // a stream still waits for it (the wait keeps what it captured).
+  std::atomic<int> refs{1};
 };
+
+namespace {
+void release(cudaEvent_t event) {
+  if (--event->refs == 0) delete event;
+}
+}  // namespace
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
   *event = new CUevent_st;
@@ -271,7 +288,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
     std::unique_lock lock(event->m);
     event->done.wait(lock, [event] { return event->completed >= event->recorded; });
   }
-  delete event;
+  release(event);
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
@@ -286,6 +303,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   {
     std::lock_guard lock(event->m);
     generation = ++event->recorded;
+    event->stream = stream;
   }
   emu::submit(stream, [event, generation] {
     std::lock_guard lock(event->m);
@@ -298,12 +316,15 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   std::unique_lock lock(event->m);
   const std::uint64_t want = event->recorded;
+  if (event->completed < want && event->stream != nullptr) ++event->stream->blocked;
   event->done.wait(lock, [&] { return event->completed >= want; });
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   std::lock_guard lock(event->m);
-  return event->completed >= event->recorded ? cudaSuccess : cudaErrorNotReady;
+  if (event->completed >= event->recorded) return cudaSuccess;
+  if (event->stream != nullptr) ++event->stream->blocked;
+  return cudaErrorNotReady;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   std::scoped_lock lock(start->m, end->m);
@@ -318,9 +339,13 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     std::lock_guard lock(event->m);
     generation = event->recorded;  // the marker recorded last, as CUDA specifies
   }
+  ++event->refs;
   emu::submit(stream, [event, generation] {
-    std::unique_lock lock(event->m);
-    event->done.wait(lock, [&] { return event->completed >= generation; });
+    {
+      std::unique_lock lock(event->m);
+      event->done.wait(lock, [&] { return event->completed >= generation; });
+    }
+    release(event);
   });
   return cudaSuccess;
 }
@@ -607,7 +632,9 @@ Registry& registry() {
   return *r;
 }
 
-std::size_t type_size(ncclDataType_t t) { return t == ncclFloat64 ? 8 : t == ncclUint8 ? 1 : 4; }
+std::size_t type_size(ncclDataType_t t) {
+  return t == ncclFloat64 ? 8 : t == ncclUint8 ? 1 : t == ncclBfloat16 ? 2 : 4;
+}
 
 struct P2P {
   bool send;
@@ -837,7 +864,7 @@ ncclResult_t collective(Kind kind, const void* sendbuf, void* recvbuf, std::size
     nccl_last_error = "root " + std::to_string(root) + " of " + std::to_string(c->n);
     return ncclInvalidArgument;
   }
-  if (type == ncclUint8 && kind != Kind::Broadcast) {  // (the emulation sums floats only)
+  if ((type == ncclUint8 || type == ncclBfloat16) && kind != Kind::Broadcast) {  // (sums of floats only)
     nccl_last_error = "emulated NCCL sums fp32 and fp64 only";
     return ncclInvalidArgument;
   }

@@ -3,10 +3,16 @@
 // The interpreter (interpreter.hpp) executes one rank's lowered-plan ops in plan
 // order per stream (compute, p2p, dp, copy) on host threads (Runtime), and calls these
 // three parts.
-// Every call returns when its op is complete (a CUDA backend synchronizes its
-// device stream before returning), so the interpreter orders ops across streams
-// with host-side waits only. Calls on one part come from one stream thread at a
-// time, except where noted; different parts are called concurrently.
+// Every call returns when its op is complete as far as the interpreter can tell: it
+// orders ops across streams with host-side waits only. A device backend may return
+// from Compute::run with the op's work still in flight on its stream (stream order),
+// provided that whatever the op hands on is ordered after it on the device: the CUDA
+// backend fences each Buffer it returns with an event that its transports and its
+// other streams wait for (cudaStreamWaitEvent), frees an input in order on the stream
+// that used it last, and times ops with Clock::mark. Transports still return complete
+// (a RECV's buffer is filled when the interpreter sees the RECV end). Calls on one part
+// come from one stream thread at a time, except where noted; different parts are
+// called concurrently.
 #pragma once
 
 #include <chrono>
@@ -176,6 +182,16 @@ class Compute {
   /// the batch's sampled tokens (ComputeOp::token_inputs' format) on it.
   virtual Buffer run(const ComputeOp& op, Buffer input) = 0;
 
+  /// After run() returned `out` and the interpreter marked the op's end (Clock::mark): a
+  /// backend whose ops return with their work in flight records here what waits for it
+  /// (CUDA: the Buffer's fence, the gradients' and OPT's events), so that nothing
+  /// ordered after the op on another stream is timed before its end. Called on run()'s
+  /// thread; default: nothing.
+  virtual void issued(const ComputeOp& op, const Buffer& out) {
+    (void)op;
+    (void)out;
+  }
+
   /// Of the last run()'s time, the nanoseconds spent in the model's decoder layers (the
   /// rest: embedding, head, loss), as the trace's TraceEvent::layers_ns; −1 when the
   /// backend does not measure it. Called on the thread that called run().
@@ -320,8 +336,17 @@ class Transport {
 class Clock {
  public:
   virtual ~Clock() = default;
-  /// Now, as seen by work issued on `stream` (a CUDA backend may record events).
+  /// Now, as seen by work issued on `stream` (a CUDA backend records an event and waits
+  /// for it: the host waits for the stream's work).
   virtual std::int64_t now_ns(ir::Stream stream) = 0;
+  /// The point `stream`'s issued work has reached, as a mark that resolve() turns into ns
+  /// later: a backend whose ops return with their work in flight (CUDA: an event recorded
+  /// behind the stream's kernels) times them without waiting. Default: now_ns itself.
+  virtual std::int64_t mark(ir::Stream stream) { return now_ns(stream); }
+  /// Turns this step's marks into ns, in place, after its last op (waiting for the work
+  /// they stand behind); every mark of the step is resolved in one call. Default: they
+  /// are ns already.
+  virtual void resolve(std::span<std::int64_t> marks) { (void)marks; }
 };
 
 /// The three parts for one rank. Not owning.

@@ -9,6 +9,7 @@
 // CPU backend: host memory. CUDA backend: device memory of the rank's GPU.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <memory>
 
@@ -16,12 +17,23 @@
 
 namespace tdpipe::exec {
 
-/// U8: raw bytes (1-bit Adam's packed sign bits and scales).
-enum class DType : std::uint8_t { F32, F64, U8 };
+/// U8: raw bytes (1-bit Adam's packed sign bits and scales). BF16: bfloat16 (the CUDA
+/// backend's activations and gradients between stages, TrainOptions::bf16_wire).
+enum class DType : std::uint8_t { F32, F64, U8, BF16 };
 
 /// Bytes of one element of `dtype`.
 constexpr std::int64_t dtype_bytes(DType dtype) {
-  return dtype == DType::F32 ? 4 : dtype == DType::U8 ? 1 : 8;
+  return dtype == DType::F32 ? 4 : dtype == DType::U8 ? 1 : dtype == DType::BF16 ? 2 : 8;
+}
+
+/// x rounded to the nearest bfloat16 (ties to even), as CUDA's __float2bfloat16 rounds
+/// the fp32 value: through float first, NaN kept, ±inf and overflow to ±inf.
+inline double round_to_bf16(double x) {
+  const float f = static_cast<float>(x);
+  if (f != f) return x;
+  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<double>(std::bit_cast<float>(u & 0xFFFF0000u));
 }
 
 /// A block of elements in the backend's memory; empty when `data` is null.

@@ -100,6 +100,10 @@ void submit(cudaStream_t stream, F work) {
   auto* f = new F(std::move(work));
   submit(stream, [](void* p) { (*static_cast<F*>(p))(); }, f, [](void* p) { delete static_cast<F*>(p); });
 }
+/// Host calls on `stream` (cudaStreamSynchronize, cudaStreamQuery, cudaEventSynchronize and
+/// cudaEventQuery of an event last recorded there) that found its work unfinished: how
+/// often the host waited for it. A poll counts each time it finds the work running.
+std::uint64_t blocked_host_waits(cudaStream_t stream);
 /// False (and the launch error cudaGetLastError reports set) when a kernel launched
 /// into `stream` would fail on a GPU: a stream of another device than the current one.
 bool kernel_launch_ok(cudaStream_t stream);

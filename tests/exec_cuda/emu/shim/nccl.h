@@ -17,7 +17,7 @@ typedef enum {
   ncclRemoteError = 6,
   ncclInProgress = 7,
 } ncclResult_t;
-typedef enum { ncclUint8 = 1, ncclFloat32 = 7, ncclFloat64 = 8 } ncclDataType_t;
+typedef enum { ncclUint8 = 1, ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9 } ncclDataType_t;
 typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3 } ncclRedOp_t;  // NCCL's values
 typedef struct {
   char internal[128];

@@ -42,6 +42,11 @@ struct TrainOptions {
   struct OverflowInjection {
     int step = -1, rank = 0, slice = 0;
   } inject_overflow;
+  /// Activations and their gradients cross stages as bf16 (not with model.dtype fp16): the CUDA
+  /// backend sends them as bf16 (half the bytes of fp32, what the planner prices), the
+  /// CPU backend rounds them through bf16 (round_to_bf16), so that each compares like
+  /// with like. Off: fp32 on the GPU, exact on the CPU. `tdpipe exec --wire`.
+  bool bf16_wire = false;
 };
 
 /// options.rank_speed of pipeline rank `rank` (1 when not given). Throws tdpipe::Error
