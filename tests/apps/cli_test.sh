@@ -839,6 +839,20 @@ for a, b in zip(gpu["loss_per_step"], cpu["loss_per_step"]):
 PY
     out=$("$tdpipe" exec "$work/fp16.yaml" --backend cuda --steps 1 --inject-overflow 0:7:0 2>&1) && fail "rank 7 accepted"
     expect "$out" 'injected overflow on rank 7' "rank out of range refused"
+    # --wire: fp16 keeps the fp32 wire; on bf16 the CUDA run matches the CPU rounding alike.
+    out=$("$tdpipe" exec "$work/fp16.yaml" --backend cuda --steps 1 --wire bf16 2>&1) && fail "--wire bf16 with fp16 accepted"
+    expect "$out" 'model.dtype fp16' "bf16 wire with fp16 refused"
+    cpu=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cpu --steps 2 --wire bf16 --json) || fail "cpu --wire bf16 exited $?"
+    exact=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cpu --steps 2 --json) || fail "cpu exec exited $?"
+    gpu=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --steps 2 --wire bf16 --json) \
+        || fail "cuda --wire bf16 exited $?"
+    python3 - "$cpu" "$exact" "$gpu" <<'PY' || fail "bf16 wire: runs disagree"
+import json, sys
+cpu, exact, gpu = (json.loads(a) for a in sys.argv[1:4])
+for r, e, g in zip(cpu["loss_per_step"], exact["loss_per_step"], gpu["loss_per_step"]):
+    assert r != e and abs(r - e) <= 1e-3 * abs(e), (r, e)   # rounded, a little
+    assert abs(g - r) <= 1e-2 * abs(r), (g, r)
+PY
     ;;
   balance-cuda)
     # The CUDA backend (on the emulated GPU) in the balancer's loop: rank 1 at a quarter speed,
