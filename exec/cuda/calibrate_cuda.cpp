@@ -157,8 +157,8 @@ traces::Profile calibrate(const ir::Plan& plan, const CudaCalibrateOptions& opti
   const double t_large = loopback_p2p_seconds(device, large, std::max(10, reps / 10));
   prof.p2p.latency_seconds = t_small;
   prof.p2p.bytes_per_second = t_large > t_small ? static_cast<double>(large - small) / (t_large - t_small) : 0;
-  // Inside the schedule a hand-off also waits for the host threads (per-op stream
-  // synchronisation, event waits): fit the latency from the run itself.
+  // Inside the schedule a hand-off also waits for the host threads (the transport's
+  // host-observed completion, event waits): fit the latency from the run itself.
   traces::fit_profile_p2p_latency(prof, plan, measured);
   const double a_small = loopback_allreduce_seconds(device, 16, reps);
   const double a_large = loopback_allreduce_seconds(device, large, std::max(10, reps / 10));

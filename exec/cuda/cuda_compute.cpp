@@ -46,6 +46,7 @@ CudaCompute::CudaCompute(const cpu::GptConfig& config, const ir::Plan& plan, int
   // Recorded once here, so a wait for them before their first op's record is a no-op.
   opt_done_ = OwnedEvent::make();
   TDPIPE_CUDA_CHECK(cudaEventRecord(opt_done_.e, ctx.compute()));
+  last_issued_.assign(stages_.size(), false);
   for (std::size_t c = 0; c < stages_.size(); ++c) {
     grads_done_.push_back(OwnedEvent::make());
     TDPIPE_CUDA_CHECK(cudaEventRecord(grads_done_.back().e, ctx.compute()));
@@ -159,10 +160,13 @@ void CudaCompute::wait_final(int chunk, std::int64_t first) {
   ctx_->bind();
   const auto c = static_cast<std::size_t>(chunk);
   const std::int64_t n = chunk_stage(chunk).parameter_count();
-  cudaEvent_t event = grads_done_.at(c).e;  // every gradient op of the chunk issued so far
+  cudaEvent_t event = grads_done_.at(c).e;  // every gradient op of the chunk, behind its end mark
   {
+    // A part's mark only for a bucket that starts while the chunk's last gradient op is
+    // still being issued (overlap_grad_reduce); once that op is through issued(), the
+    // whole op's event — so a bucket that waits for the op is timed after its end.
     std::lock_guard lock(marks_mu_);
-    if (c < marks_.size())
+    if (c < marks_.size() && !last_issued_.at(c))
       for (std::size_t k = 0; k < marks_used_[c]; ++k)
         if (marks_[c][k].tail >= n - first) {
           event = marks_[c][k].event;  // the last gradient op, as far as it covers [first, n)
@@ -183,7 +187,6 @@ const CudaCompute::DeviceBatch& CudaCompute::micro_batch(int mb) const {
 }
 
 void CudaCompute::upload_batches() {
-  std::vector<std::vector<int>> hosts;  // alive until the copies are done (begin_step)
   for (int mb = 0; mb < microbatches_; ++mb) {
     cpu::MicroBatch host = cpu::load_micro_batch(*corpus_, options_.data_seed, step_, replica_, microbatches_, mb,
                                                  config_.micro_batch, config_.seq);
@@ -212,11 +215,10 @@ void CudaCompute::upload_batches() {
                                       cudaMemcpyHostToDevice, ctx_->compute()));
     TDPIPE_CUDA_CHECK(cudaMemcpyAsync(b.targets.get(), targets.data(), targets.size() * sizeof(int),
                                       cudaMemcpyHostToDevice, ctx_->compute()));
-    hosts.push_back(std::move(tokens));
-    hosts.push_back(std::move(targets));
+    // (Pageable host memory: each copy is staged before the call returns, so the
+    // vectors may go; begin_step waits for the stream once, at its end.)
     batches_.emplace(mb, std::move(b));
   }
-  TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->compute()));
 }
 
 void CudaCompute::begin_step(int step) {
@@ -229,6 +231,7 @@ void CudaCompute::begin_step(int step) {
   {
     std::lock_guard lock(marks_mu_);
     std::fill(marks_used_.begin(), marks_used_.end(), 0);
+    last_issued_.assign(stages_.size(), false);
   }
   for (auto& s : stages_) {
     if (gathered_) s.refresh_bf16_weights();  // the all-gather wrote other replicas' parts
@@ -423,8 +426,13 @@ void CudaCompute::issued(const ComputeOp& op, const Buffer& out) {
   // the op hands on waits for this point of the compute stream on the device.
   cudaStream_t stream = ctx_->compute();
   if (!out.empty()) mark_ready(out, stream);
-  if (op.kind == ir::OpKind::W || op.kind == ir::OpKind::BW)
+  if (op.kind == ir::OpKind::W || op.kind == ir::OpKind::BW) {
     TDPIPE_CUDA_CHECK(cudaEventRecord(grads_done_.at(static_cast<std::size_t>(op.chunk)).e, stream));
+    if (op.progress) {  // the chunk's last gradient op: its buckets wait for the whole op now
+      std::lock_guard lock(marks_mu_);
+      last_issued_.at(static_cast<std::size_t>(op.chunk)) = true;
+    }
+  }
   if (op.kind == ir::OpKind::OPT) TDPIPE_CUDA_CHECK(cudaEventRecord(opt_done_.e, stream));
 }
 

@@ -5,8 +5,10 @@
 // (issued()) the Buffer it returns is fenced by an event (mark_ready) that a SEND's
 // stream waits for, and the gradients' and OPT's events are recorded, which the dp
 // stream waits for before a bucket's reduction and an all-gather; an input is freed in
-// order on the compute stream (use_on). The host waits only for the step's data upload
-// (begin_step), the loss readout (end_step), fp16's overflow flags and downloads. A
+// order on the compute stream (use_on). On the compute stream the host waits only at the
+// step's start (begin_step: the data upload) and end (end_step: the loss readout), for
+// fp16's overflow flags and for downloads; the dp stream's 1-bit Adam parts, the copy
+// stream's LOAD/OFFLOAD and transports still return complete. A
 // chunk's last W/BW reports its gradients final part by part as it issues them
 // (ComputeOp::progress), marked by an event each, and a bucket that starts inside the
 // op waits (on the dp stream) for its part's event.
@@ -125,6 +127,7 @@ class CudaCompute final : public Compute {
   std::mutex marks_mu_;  ///< the compute thread adds marks, the dp thread reads them
   std::vector<std::vector<TailMark>> marks_;
   std::vector<std::size_t> marks_used_;
+  std::vector<bool> last_issued_;  ///< per chunk: its last gradient op went through issued() this step
 };
 
 /// Event timestamps relative to an origin event; one per rank, sharing the origin

@@ -168,6 +168,16 @@ void LoopbackFabric::agree_overflow(int world, int tag, std::span<std::uint8_t> 
   if (!error.empty()) throw Error(error);
 }
 
+void LoopbackTransport::prepare(std::span<P2POp> batch) {
+  ctx_->bind();
+  // The tensors' producers may still run on the compute stream: this rank's p2p stream
+  // waits for their fences (use_on), and the SEND's ready event below sits on the p2p
+  // stream (never on the compute stream, where it would also wait for kernels the
+  // compute thread issues meanwhile and delay the copy for nothing).
+  for (const P2POp& op : batch)
+    if (op.kind == ir::OpKind::SEND) use_on(op.buffer, ctx_->p2p());
+}
+
 void LoopbackTransport::post(std::span<P2POp> batch) {
   ctx_->bind();
   const int self = replica_ * stages_ + rank_;
@@ -179,6 +189,7 @@ void LoopbackTransport::post(std::span<P2POp> batch) {
     if (!op.buffer.data || op.buffer.bytes() <= 0) throw Error(op.label + ": empty buffer");
     labels += (labels.empty() ? "" : "+") + op.label;
   }
+  prepare(batch);  // (again, if the interpreter did: a second wait for one event costs nothing)
   auto& rv = fabric_->p2p();
   using Ticket = std::shared_ptr<RendezvousTicket<EventHandle>>;
   std::vector<Ticket> tickets;
@@ -187,11 +198,6 @@ void LoopbackTransport::post(std::span<P2POp> batch) {
     const int peer = replica_ * stages_ + op.peer;
     MessageKey key{op.key.payload, op.key.stage, op.key.mb, op.key.slice, op.buffer.bytes()};
     if (op.kind == ir::OpKind::SEND) {
-      // The tensor's producer may still run on the compute stream: this rank's p2p
-      // stream waits for its fence (use_on), and the ready event sits on the p2p stream
-      // (never on the compute stream, where it would also wait for kernels the compute
-      // thread issues meanwhile and delay the copy for nothing).
-      use_on(op.buffer, ctx_->p2p());
       EventHandle ev = make_event();
       TDPIPE_CUDA_CHECK(cudaEventRecord(ev.get(), ctx_->p2p()));
       ready.push_back(ev);

@@ -86,6 +86,7 @@ class LoopbackTransport final : public Transport {
  public:
   LoopbackTransport(LoopbackFabric& fabric, const DeviceContext& ctx, int replica, int rank, int stages, int data)
       : fabric_(&fabric), ctx_(&ctx), replica_(replica), rank_(rank), stages_(stages), data_(data) {}
+  void prepare(std::span<P2POp> batch) override;
   void post(std::span<P2POp> batch) override;
   void all_reduce(const Buffer& buffer, int tag) override;
   void reduce_scatter(const Buffer& buffer, int tag) override;

@@ -36,6 +36,12 @@ void NcclTransport::wait(cudaStream_t stream, ncclComm_t comm) {
   }
 }
 
+void NcclTransport::prepare(std::span<P2POp> batch) {
+  ctx_->bind();
+  for (const P2POp& op : batch)
+    if (op.kind == ir::OpKind::SEND) use_on(op.buffer, ctx_->p2p());  // after its producer's kernels
+}
+
 void NcclTransport::post(std::span<P2POp> batch) {
   ctx_->bind();
   NvtxRange range(std::string("r") + std::to_string(replica_ * stages_ + rank_) + " nccl batch of " + std::to_string(batch.size()));
@@ -49,8 +55,7 @@ void NcclTransport::post(std::span<P2POp> batch) {
       throw Error(op.label + ": empty buffer");
   }
   cudaStream_t s = ctx_->p2p();
-  for (const P2POp& op : batch)
-    if (op.kind == ir::OpKind::SEND) use_on(op.buffer, s);  // after its producer's kernels
+  prepare(batch);  // (again, if the interpreter did: a second wait for one event costs nothing)
   TDPIPE_NCCL_CHECK(ncclGroupStart());
   try {
     for (P2POp& op : batch) {

@@ -26,6 +26,7 @@ class NcclTransport final : public Transport {
                 RunControl* control, bool restartable = false, ncclComm_t ctl = nullptr)
       : world_(world), dp_(dp), ctl_(ctl), ctx_(&ctx), replica_(replica), rank_(rank), stages_(stages),
         control_(control), restartable_(restartable) {}
+  void prepare(std::span<P2POp> batch) override;
   void post(std::span<P2POp> batch) override;
   void all_reduce(const Buffer& buffer, int tag) override;
   /// One group of d ncclReduce calls, segment s to its owner (owned_segment): NCCL's own

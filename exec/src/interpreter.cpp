@@ -837,6 +837,7 @@ class RankRun {
     }
     for (auto& p : f.batch)
       if (p.kind == OpKind::RECV) p.buffer = backend_.compute->allocate(p.key);
+    backend_.transport->prepare(f.batch);  // (a device transport: after the SENDs' producers)
     f.start = backend_.clock->now_ns(stream);
     f.done.assign(f.batch.size(), 0);
     control_.progress();

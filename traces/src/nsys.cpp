@@ -6,9 +6,10 @@
 // a tdpipe op (or several joined by '+') becomes that op's event; a process is a rank —
 // ranks in ascending process id, the order in which a launcher (mpirun, torchrun)
 // starts them, which the export does not record otherwise. Times keep the report's one
-// clock, shifted so that the first op starts at 0. The ranges are host-side: with a
-// backend that waits for each op's kernels (tdpipe's CUDA backend) they span the op's
-// GPU time; GPU projection of NVTX ranges is not read.
+// clock, shifted so that the first op starts at 0. The ranges are host-side: they span
+// an op's GPU time only where the backend waits for its kernels, which tdpipe's CUDA
+// backend no longer does (stream order: its compute ranges cover issuing; its own trace,
+// `--trace-out`, times ops with CUDA events); GPU projection of NVTX ranges is not read.
 #include "tdpipe/traces/nsys.hpp"
 
 #include <algorithm>

@@ -477,7 +477,12 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaM
       break;
     }
     case cudaMemcpyDeviceToHost: {
-      // Pageable destination: the call returns once the copy is done.
+      // Pageable destination: the call returns once the copy is done (a host wait: counted
+      // when the stream has work before it).
+      if (stream != nullptr) {
+        std::lock_guard lock(stream->m);
+        if (!stream->queue.empty() || stream->busy) ++stream->blocked;
+      }
       auto done = std::make_shared<std::atomic<bool>>(false);
       emu::submit(stream, [dst, src, bytes, done] {
         std::memcpy(dst, src, bytes);

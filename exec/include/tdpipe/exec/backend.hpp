@@ -287,6 +287,12 @@ class Transport {
  public:
   virtual ~Transport() = default;
 
+  /// Before a batch is timed and posted (its ops' buffers in place): a transport whose
+  /// SEND tensors may still be in the making on the device (Compute::issued) makes its
+  /// stream wait for them here, so that the batch's start is not timed before their
+  /// producers' end. post() and start() order them too. Default: nothing.
+  virtual void prepare(std::span<P2POp> batch) { (void)batch; }
+
   /// Posts the ops of one batch together (one NCCL group) and returns once all of
   /// them completed. RECV buffers are filled in place. Throws tdpipe::Error on a
   /// key or size mismatch with the peer's op, or when the run is aborted.
