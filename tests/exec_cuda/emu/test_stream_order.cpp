@@ -52,6 +52,15 @@ std::vector<float> download(const float* p, std::size_t n, cudaStream_t stream) 
   return host;
 }
 
+// What the two Buffer cases add: n ones and the ramp 0 … n − 1.
+struct Inputs {
+  std::size_t n = 1000;
+  std::vector<float> ones = std::vector<float>(n, 1.f), ramp = std::vector<float>(n);
+  Inputs() {
+    for (std::size_t i = 0; i < n; ++i) ramp[i] = static_cast<float>(i);
+  }
+};
+
 // A Buffer of n floats, 1 … n, written on `stream` behind `gate` (its producer "still runs").
 Buffer produced(std::size_t n, cudaStream_t stream, const std::vector<float>& ones, const std::vector<float>& ramp) {
   Buffer b = device_buffer(static_cast<std::int64_t>(n), stream);
@@ -67,9 +76,9 @@ TEST_CASE("stream order: a SEND's stream that waits for the Buffer's fence reads
           "does not reads garbage",
           "[emulated][stream-order]") {
   DeviceContext ctx(0);
-  const std::size_t n = 1000;
-  std::vector<float> ones(n, 1.f), ramp(n);
-  for (std::size_t i = 0; i < n; ++i) ramp[i] = static_cast<float>(i);
+  const Inputs data;
+  const std::size_t n = data.n;
+  const std::vector<float>&ones = data.ones, &ramp = data.ramp;
   for (const bool fenced : {true, false}) {
     CAPTURE(fenced);
     auto gate = std::make_unique<Gate>(ctx.compute());  // the producer's stream is busy
@@ -104,9 +113,9 @@ TEST_CASE("stream order: a consumer that takes over a Buffer's free (use_on) rea
           "producer's stream instead, it reads freed memory",
           "[emulated][stream-order]") {
   DeviceContext ctx(0);
-  const std::size_t n = 1000;
-  std::vector<float> ones(n, 1.f), ramp(n);
-  for (std::size_t i = 0; i < n; ++i) ramp[i] = static_cast<float>(i);
+  const Inputs data;
+  const std::size_t n = data.n;
+  const std::vector<float>&ones = data.ones, &ramp = data.ramp;
   for (const bool taken_over : {true, false}) {
     CAPTURE(taken_over);
     // A RECV's buffer: written on the p2p stream, seen complete by the host.
