@@ -171,7 +171,7 @@ void LoopbackFabric::agree_overflow(int world, int tag, std::span<std::uint8_t> 
 void LoopbackTransport::prepare(std::span<P2POp> batch) {
   ctx_->bind();
   // The tensors' producers may still run on the compute stream: this rank's p2p stream
-  // waits for their fences (use_on), and the SEND's ready event below sits on the p2p
+  // waits for their fences (use_on), and post()'s ready event for a SEND sits on the p2p
   // stream (never on the compute stream, where it would also wait for kernels the
   // compute thread issues meanwhile and delay the copy for nothing).
   for (const P2POp& op : batch)
