@@ -532,7 +532,8 @@ OnebitMessages CudaCompute::onebit_compress(int chunk, int index, int count, int
     kernels::onebit_compress(m + s0, error + s0, s1 - s0, out.sent.as<unsigned char>() + j * block,
                              onebit_sum_.as<double>(), s);
   }
-  wait_stream(s, control_);
+  // No host wait: the all-to-all that reads `sent` is ordered after this point of the dp
+  // stream (NCCL on the same stream; the loopback worker through its arrival events).
   return out;
 }
 
@@ -554,7 +555,7 @@ void CudaCompute::onebit_serve(int chunk, int index, int count, int member, int 
                            mean.as<float>(), i > 0, nullptr, s);
   kernels::onebit_compress(mean.as<float>(), error, s1 - s0, msg.gathered.as<unsigned char>() + seg * block,
                            onebit_sum_.as<double>(), s);
-  wait_stream(s, control_);
+  // No host wait, as in onebit_compress: the all-gather follows on the dp stream's order.
 }
 
 void CudaCompute::onebit_expand(int chunk, int index, int count, int members, const OnebitMessages& msg) {
@@ -571,7 +572,7 @@ void CudaCompute::onebit_expand(int chunk, int index, int count, int members, co
     const auto [s0, s1] = part_range(last - first, j, members);
     kernels::onebit_expand(msg.gathered.as<unsigned char>() + j * block, s1 - s0, 1.0f, m + s0, false, v + s0, s);
   }
-  wait_stream(s, control_);
+  wait_stream(s, control_);  // OPT reads the momentum on the compute stream
 }
 
 CudaClock::~CudaClock() {

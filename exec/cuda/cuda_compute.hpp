@@ -7,8 +7,8 @@
 // stream waits for before a bucket's reduction and an all-gather; an input is freed in
 // order on the compute stream (use_on). On the compute stream the host waits only at the
 // step's start (begin_step: the data upload) and end (end_step: the loss readout), for
-// fp16's overflow flags and for downloads; the dp stream's 1-bit Adam parts, the copy
-// stream's LOAD/OFFLOAD and transports still return complete. A
+// fp16's overflow flags and for downloads; 1-bit Adam's last part (onebit_expand), the
+// copy stream's LOAD/OFFLOAD and transports still return complete. A
 // chunk's last W/BW reports its gradients final part by part as it issues them
 // (ComputeOp::progress), marked by an event each, and a bucket that starts inside the
 // op waits (on the dp stream) for its part's event.
