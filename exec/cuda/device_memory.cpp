@@ -94,10 +94,8 @@ void use_on(const Buffer& b, cudaStream_t stream) {
 }
 
 Buffer device_bytes(std::int64_t bytes, cudaStream_t stream) {
-  Buffer b = device_buffer((bytes + 3) / 4, stream);
+  Buffer b = device_buffer(bytes, stream, DType::U8);
   TDPIPE_CUDA_CHECK(cudaMemsetAsync(b.data.get(), 0, static_cast<std::size_t>(bytes > 0 ? bytes : 1), stream));
-  b.elements = bytes;
-  b.dtype = DType::U8;
   return b;
 }
 

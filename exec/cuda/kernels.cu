@@ -360,6 +360,20 @@ __device__ void stage_rows(T16 (*tile)[kDh + kPad], const T16* src, int row0, in
   }
 }
 
+// Row a of `x` against row b of `y` and row a of `dx` against row b of `dy`, over the
+// head: a score (q·k) and its dP (dO·v), which both backward kernels recompute.
+template <class T16, int kDh>
+__device__ __forceinline__ void dot_pair(const T16 (*x)[kDh + kPad], const T16 (*y)[kDh + kPad],
+                                         const T16 (*dx)[kDh + kPad], const T16 (*dy)[kDh + kPad], int a, int b,
+                                         int dh, float& s, float& dp) {
+  s = 0.f;
+  dp = 0.f;
+  for (int d = 0; d < dh; ++d) {
+    s += f32(x[a][d]) * f32(y[b][d]);
+    dp += f32(dx[a][d]) * f32(dy[b][d]);
+  }
+}
+
 // One block per (query tile, sequence·head); row r of the slice sees keys < visible_keys.
 template <class T16, int kDh>
 __global__ void flash_fwd_k(const T16* q, const T16* kc, const T16* vc, T16* o, float* lse, int tq, int tt,
@@ -475,11 +489,8 @@ __global__ void flash_bwd_kv_k(const T16* q, const T16* kc, const T16* vc, const
     __syncthreads();
     for (int n = 0; n < kRows; ++n) {
       const int i = g + kRowThreads * n, r = r0 + i;
-      float s = 0.f, dp = 0.f;
-      for (int d = 0; d < dh; ++d) {
-        s += f32(qs[i][d]) * f32(ks[j][d]);
-        dp += f32(dos[i][d]) * f32(vs[j][d]);
-      }
+      float s, dp;
+      dot_pair<T16, kDh>(qs, ks, dos, vs, i, j, dh, s, dp);
       const bool seen = r < tq && key < visible_keys(t0, r, t1);
       const float p = seen ? expf(s * scale - lse_s[i]) : 0.f;
       ps[j][i] = p;
@@ -537,11 +548,8 @@ __global__ void flash_bwd_q_k(const T16* q, const T16* kc, const T16* vc, const 
     __syncthreads();
     for (int n = 0; n < kKeys; ++n) {
       const int j = g + kRowThreads * n;
-      float s = 0.f, dp = 0.f;
-      for (int d = 0; d < dh; ++d) {
-        s += f32(qs[i][d]) * f32(ks[j][d]);
-        dp += f32(dos[i][d]) * f32(vs[j][d]);
-      }
+      float s, dp;
+      dot_pair<T16, kDh>(qs, ks, dos, vs, i, j, dh, s, dp);
       dss[i][j] = k0 + j < visible ? scale * expf(s * scale - row_lse) * (dp - row_delta) : 0.f;
     }
     __syncthreads();
