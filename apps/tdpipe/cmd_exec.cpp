@@ -44,6 +44,7 @@ struct ExecArgs {
   int rank_threads = 0;                 // cpu backend, cooperative (0: automatic)
   std::string rank_speed;              // "r:speed,…"
   std::string wire = "auto";           // what crosses stages: auto | bf16 | fp32
+  std::string cuda_graphs = "off";     // cuda backend: on | off
   int balance_every = 0;               // re-balance every K steps (0: never)
   double balance_alpha = 0.3;
   std::string transport = "loopback";  // cuda backend
@@ -118,6 +119,7 @@ void run_exec(const ExecArgs& a) {
     c.max_ops = a.max_ops;
     c.rank_speed = a.rank_speed;
     c.wire = a.wire;
+    c.cuda_graphs = a.cuda_graphs == "on";
     c.balance_every = a.balance_every;
     c.balance_alpha = a.balance_alpha;
     c.faults = faults;
@@ -127,6 +129,8 @@ void run_exec(const ExecArgs& a) {
   }
 #endif
   check_cpu_backend(a.backend);
+  if (a.cuda_graphs == "on")
+    throw Error("--cuda-graphs on: CUDA graphs are the cuda backend's (--backend cuda); the cpu backend has none");
   const LoadedPlan loaded = load_plan(a.scenario, a.schedule, a.slices, a.max_ops);
   const ir::Scenario& sc = loaded.scenario;
   ir::Plan plan = loaded.built.lowered;
@@ -246,6 +250,11 @@ void add_exec_command(CLI::App& app) {
                   "through bf16 to compare like with like; fp32: fp32 on the GPU, exact on the CPU; auto "
                   "(default): bf16 on cuda when model.dtype is bf16, else fp32")
       ->check(CLI::IsMember({"auto", "bf16", "fp32"}));
+  cmd->add_option("--cuda-graphs", args->cuda_graphs,
+                  "cuda backend: on — capture each F, B, BW and W into a CUDA graph at its first step and replay it "
+                  "after (one launch per op instead of one per kernel; every received tensor keeps its buffer; not "
+                  "with parallel.param_offload); off (default) — issue each kernel")
+      ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--rank-speed", args->rank_speed,
                   "RANK:SPEED,… with SPEED in [0.01, 1] — stretch each F/B/W of those pipeline ranks to 1/SPEED of "
                   "its time, a slower device (see `tdpipe balance`)");

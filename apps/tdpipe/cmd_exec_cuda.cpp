@@ -40,6 +40,7 @@ void run_exec_cuda(const CudaExecRequest& a) {
   opt.faults = a.faults;
   opt.train.inject_overflow = a.inject_overflow;
   opt.train.bf16_wire = bf16_wire(a.wire, true, sc);
+  opt.train.cuda_graphs = a.cuda_graphs;
   // Up front, for the whole run: --balance-every hands it to the one segment holding its step.
   if (!a.faults.resume) exec::cpu::check_injection(opt.train.inject_overflow, plan, 0, a.steps);
   exec::cuda::CudaRunResult r;
@@ -85,6 +86,7 @@ void run_exec_cuda(const CudaExecRequest& a) {
   j["transport"] = a.transport;
   j["device"] = r.device_name;
   j["processes"] = r.world_size;
+  if (opt.train.cuda_graphs) j["cuda_graphs"] = {{"captures", r.graph_captures}, {"replays", r.graph_replays}};
   if (a.check) {
     const auto ref = exec::cpu::run_reference(sc, plan.data, plan.microbatches, opt.train);
     add_reference_errors(j, r.run, ref, /*skip_missing=*/true);  // NCCL runs hold only this process's tensors
@@ -98,6 +100,8 @@ void run_exec_cuda(const CudaExecRequest& a) {
   fmt::print("{} on {}: p={} d={} m={} v={} S={}, cuda backend ({} transport, {}), {} steps\n", plan.schedule,
              sc.name, plan.stages, plan.data, plan.microbatches, plan.chunks, plan.slices, a.transport,
              r.device_name, a.steps);
+  if (opt.train.cuda_graphs)
+    fmt::print("CUDA graphs: {} op captures, {} replays (this process's ranks)\n", r.graph_captures, r.graph_replays);
   print_run_report(j, r.run, r.weights_l2, iteration, 3, "single-device fp64 reference", a.trace_out);
 }
 

@@ -16,6 +16,7 @@ struct CudaExecRequest {
   std::string trace_format = "chrome";  ///< --trace-format
   std::string rank_speed;  ///< --rank-speed text
   std::string wire = "auto";  ///< --wire
+  bool cuda_graphs = false;   ///< --cuda-graphs on
   int slices = 0, steps = 20, device = -1;
   int balance_every = 0;   ///< --balance-every (loopback)
   std::int64_t max_ops = 0;

@@ -2,8 +2,10 @@
 #include "cuda_compute.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "check.hpp"
@@ -50,6 +52,16 @@ CudaCompute::CudaCompute(const cpu::GptConfig& config, const ir::Plan& plan, int
   for (std::size_t c = 0; c < stages_.size(); ++c) {
     grads_done_.push_back(OwnedEvent::make());
     TDPIPE_CUDA_CHECK(cudaEventRecord(grads_done_.back().e, ctx.compute()));
+  }
+  if (options.cuda_graphs) {
+    if (plan.scenario.parallel.offload())
+      throw Error("--cuda-graphs on with parallel.param_offload: an offloaded block's weights arrive at new "
+                  "addresses every step, which a graph cannot follow; run with --cuda-graphs off");
+    graphs_.emplace(ctx.compute());
+    // cuBLAS's workspace, set once: otherwise it may allocate one during a capture.
+    // 32 MiB, what NVIDIA's cuBLAS documentation recommends for Hopper.
+    cublas_workspace_ = DeviceMemory(std::size_t(32) << 20, ctx.compute());
+    TDPIPE_CUBLAS_CHECK(cublasSetWorkspace(ctx.cublas(), cublas_workspace_.get(), cublas_workspace_.bytes()));
   }
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
   speed_ = cpu::rank_speed_of(options, rank);
@@ -153,7 +165,7 @@ void CudaCompute::mark_final_tail(int chunk, std::int64_t tail) {
   }
   TailMark& m = marks[marks_used_[c]++];
   m.tail = tail;
-  TDPIPE_CUDA_CHECK(cudaEventRecord(m.event, ctx_->compute()));
+  record_event(m.event, ctx_->compute());
 }
 
 void CudaCompute::wait_final(int chunk, std::int64_t first) {
@@ -208,23 +220,25 @@ void CudaCompute::upload_batches() {
         static_cast<int>(targets.size()) != config_.micro_batch * config_.seq)
       throw Error("micro-batch " + std::to_string(mb) + ": expected " + std::to_string(config_.micro_batch) + " × " +
                   std::to_string(config_.seq) + " token and target ids");
-    DeviceBatch b;
-    b.tokens = DeviceMemory(tokens.size() * sizeof(int), ctx_->compute());
-    b.targets = DeviceMemory(targets.size() * sizeof(int), ctx_->compute());
+    // Each micro-batch's ids at the same addresses every step (an op's graph reads them).
+    DeviceBatch& b = batches_[mb];
+    if (b.tokens.empty()) {
+      b.tokens = DeviceMemory(tokens.size() * sizeof(int), ctx_->compute());
+      b.targets = DeviceMemory(targets.size() * sizeof(int), ctx_->compute());
+    }
     TDPIPE_CUDA_CHECK(cudaMemcpyAsync(b.tokens.get(), tokens.data(), tokens.size() * sizeof(int),
                                       cudaMemcpyHostToDevice, ctx_->compute()));
     TDPIPE_CUDA_CHECK(cudaMemcpyAsync(b.targets.get(), targets.data(), targets.size() * sizeof(int),
                                       cudaMemcpyHostToDevice, ctx_->compute()));
     // (Pageable host memory: each copy is staged before the call returns, so the
-    // vectors may go; begin_step waits for the stream once, at its end.)
-    batches_.emplace(mb, std::move(b));
+    // vectors may go; begin_step waits for the stream once, at its end. The step before
+    // read them on this stream.)
   }
 }
 
 void CudaCompute::begin_step(int step) {
   ctx_->bind();
   step_ = step;
-  batches_.clear();
   if (std::any_of(stages_.begin(), stages_.end(), [](const GptStageCuda& s) { return s.is_first() || s.is_last(); }))
     upload_batches();
   TDPIPE_CUDA_CHECK(cudaMemsetAsync(loss_.get(), 0, sizeof(double), ctx_->compute()));
@@ -240,8 +254,10 @@ void CudaCompute::begin_step(int step) {
   }
   gathered_ = false;
   const auto& inject = options_.inject_overflow;
-  if (inject.step == step && inject.rank == world_rank_ && !stages_.empty())
-    stages_.front().inject_overflow(inject.slice);
+  // An injected overflow is a host copy into the op: that step runs without graphs.
+  eager_step_ = inject.step == step && inject.rank == world_rank_ && !stages_.empty();
+  if (eager_step_) stages_.front().inject_overflow(inject.slice);
+  if (graphs_) graphs_->begin_step();
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->compute()));
 }
 
@@ -324,13 +340,44 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
                 std::to_string(offsets_.size() - 1) + ")");
   if (op.mb < 0 || op.mb >= microbatches_)
     throw Error("micro-batch " + std::to_string(op.mb) + " out of range (m = " + std::to_string(microbatches_) + ")");
-  GptStageCuda& st = chunk_stage(op.chunk);
   // A slower device (rank_speed < 1): the op's time stretched to 1/speed by idling the
   // host after it, as the CPU backend does (such a rank waits for each op's kernels).
   const auto host_start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration waited{0};  // parameter offload's waits for a LOAD
+  use_on(input, stream);  // after its producer; freed after this op's kernels
+  Buffer out;
+  if (graphs_ && !eager_step_) {
+    // What the op's graph bakes in beyond the addresses earlier ops of the step produce.
+    std::vector<std::uint64_t> signature{reinterpret_cast<std::uintptr_t>(input.data.get()),
+                                         static_cast<std::uint64_t>(input.elements)};
+    if (const auto it = batches_.find(op.mb); it != batches_.end())
+      for (const DeviceMemory* ids : {&it->second.tokens, &it->second.targets})
+        signature.push_back(reinterpret_cast<std::uintptr_t>(ids->get()));
+    if (scaler_)
+      for (double scale : scaler_->scales()) signature.push_back(std::bit_cast<std::uint64_t>(scale));
+    graphs_->run({static_cast<int>(op.kind), op.mb, op.chunk, op.slice}, std::move(signature),
+                 [&] { out = issue(op, std::move(input), waited); }, trace_name(named));
+  } else {
+    if (graphs_) graphs_->ran_eagerly();
+    out = issue(op, std::move(input), waited);
+  }
+  if (speed_ != 1) {
+    wait_stream(stream, control_);
+    cpu::stretch_to_speed(std::chrono::steady_clock::now() - host_start - waited, speed_);
+  }
+  return out;
+}
+
+Buffer CudaCompute::issue(const ComputeOp& op, Buffer input, std::chrono::steady_clock::duration& waited) {
+  cudaStream_t stream = ctx_->compute();
+  ir::Op named;
+  named.kind = op.kind;
+  named.mb = op.mb;
+  named.chunk = op.chunk;
+  named.slice = op.slice;
+  GptStageCuda& st = chunk_stage(op.chunk);
   // Parameter offload: each block waits at the gate for its LOAD, and its copy is freed
   // (in stream order) once its kernels are issued. Waits are not the op's work.
-  std::chrono::steady_clock::duration waited{0};
   int next_block = 0;
   struct Hooks {
     GptStageCuda& st;
@@ -364,10 +411,9 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
       throw Error(std::string(what) + " of " + trace_name(named) + ": got a buffer of " +
                   std::to_string(input.elements) + " elements, expected " + std::to_string(elements) +
                   (wire_ == DType::BF16 ? " bf16" : " fp32") + " values on the GPU");
-    use_on(input, stream);  // after its producer; freed after this op's kernels
     if (wire_ == DType::BF16) {  // widened for the stage's fp32 residual stream
       Buffer wide = device_buffer(elements, stream);
-      kernels::to_f32(input.as<kernels::bf16>(), wide.as<float>(), elements, stream);
+      if (issuing()) kernels::to_f32(input.as<kernels::bf16>(), wide.as<float>(), elements, stream);
       input = std::move(wide);
     }
   };
@@ -375,16 +421,17 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
   auto narrow = [&](Buffer wide) {
     if (wire_ != DType::BF16 || wide.empty()) return wide;
     Buffer b = device_buffer(elements, stream, DType::BF16);
-    kernels::to_16(wide.as<float>(), b.as<kernels::bf16>(), elements, stream);
+    if (issuing()) kernels::to_16(wide.as<float>(), b.as<kernels::bf16>(), elements, stream);
     return b;
   };
   // The chunk's last gradient op: each part's gradients are marked final as issued, so
-  // the dp thread can start a bucket while the rest still runs (overlap_grad_reduce).
+  // the dp thread can start a bucket while the rest still runs (overlap_grad_reduce). In
+  // a graph, the mark is a record node and the dp thread hears of it once it is launched.
   std::function<void(std::int64_t)> final_tail;
   if (op.progress)
     final_tail = [this, &op, total = st.parameter_count()](std::int64_t tail) {
       mark_final_tail(op.chunk, tail);
-      (*op.progress)(tail, total);
+      after_launch([&op, tail, total] { (*op.progress)(tail, total); });
     };
   Buffer out;
   switch (op.kind) {
@@ -413,10 +460,6 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
       break;
     default:
       throw Error(std::string(ir::to_string(op.kind)) + " is not a compute op");
-  }
-  if (speed_ != 1) {
-    wait_stream(stream, control_);
-    cpu::stretch_to_speed(std::chrono::steady_clock::now() - host_start - waited, speed_);
   }
   return out;
 }
@@ -457,9 +500,16 @@ Buffer CudaCompute::allocate(const TensorKey& key) {
     throw Error("RECV of slice " + std::to_string(key.slice) + ": the plan has " +
                 std::to_string(offsets_.size() - 1) + " slices");
   const int tokens = offsets_[static_cast<std::size_t>(key.slice) + 1] - offsets_[static_cast<std::size_t>(key.slice)];
-  Buffer b = device_buffer(std::int64_t(config_.micro_batch) * tokens * config_.hidden, ctx_->p2p(), wire_);
+  const std::int64_t elements = std::int64_t(config_.micro_batch) * tokens * config_.hidden;
+  if (graphs_) {
+    // One buffer per tensor for the run, so the op that reads it, captured against its
+    // address, replays. The step before's reader is done: end_step waited for it.
+    Buffer& slot = slots_[key];
+    if (slot.empty()) slot = device_buffer(elements, ctx_->p2p(), wire_);
+    return slot;
+  }
   // The RECV is posted on the p2p stream too, after this allocation: ordered.
-  return b;
+  return device_buffer(elements, ctx_->p2p(), wire_);
 }
 
 namespace {

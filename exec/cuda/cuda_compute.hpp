@@ -12,10 +12,14 @@
 // chunk's last W/BW reports its gradients final part by part as it issues them
 // (ComputeOp::progress), marked by an event each, and a bucket that starts inside the
 // op waits (on the dp stream) for its part's event.
+// With TrainOptions::cuda_graphs each F, B, BW and W is one CUDA graph launch after its
+// first step (OpGraphs, op_graphs.hpp): the data a step feeds it (micro-batch ids) and
+// what a RECV fills (one slot per tensor key) stay at fixed addresses.
 // CudaClock timestamps with CUDA events on the op's stream, relative to one origin event;
 // a compute op's marks are resolved after the step (Clock::mark).
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -26,6 +30,7 @@
 #include "device_context.hpp"
 #include "device_memory.hpp"
 #include "gpt_cuda.hpp"
+#include "op_graphs.hpp"
 #include "tdpipe/exec/backend.hpp"
 #include "tdpipe/exec/cpu/backend.hpp"
 #include "tdpipe/exec/cpu/corpus.hpp"
@@ -76,6 +81,8 @@ class CudaCompute final : public Compute {
   std::vector<std::uint8_t> overflow_flags() const override;
 
   int chunks() const { return static_cast<int>(stages_.size()); }
+  /// The per-op graphs (TrainOptions::cuda_graphs), or null without them.
+  const OpGraphs* op_graphs() const { return graphs_ ? &*graphs_ : nullptr; }
   GptStageCuda& chunk_stage(int chunk) { return stages_.at(static_cast<std::size_t>(chunk)); }
 
  private:
@@ -86,6 +93,9 @@ class CudaCompute final : public Compute {
   /// rank that holds the first or the last stage.
   const DeviceBatch& micro_batch(int mb) const;
   void upload_batches();
+  /// Issues the kernels of compute op `op` (not OPT) on the compute stream; `input` is
+  /// already ordered there. Returns what it hands on.
+  Buffer issue(const ComputeOp& op, Buffer input, std::chrono::steady_clock::duration& waited);
   /// Records, on the compute stream, that the kernels issued so far finish the trailing
   /// `tail` gradients of `chunk` (its last gradient op's progress, ComputeOp::progress).
   void mark_final_tail(int chunk, std::int64_t tail);
@@ -128,6 +138,10 @@ class CudaCompute final : public Compute {
   std::vector<std::vector<TailMark>> marks_;
   std::vector<std::size_t> marks_used_;
   std::vector<bool> last_issued_;  ///< per chunk: its last gradient op went through issued() this step
+  std::optional<OpGraphs> graphs_;  ///< TrainOptions::cuda_graphs
+  bool eager_step_ = false;         ///< this step runs without graphs (an injected overflow)
+  std::map<TensorKey, Buffer> slots_;  ///< with graphs: what each RECV fills, every step
+  DeviceMemory cublas_workspace_;   ///< with graphs: cuBLAS's, so a capture allocates none
 };
 
 /// Event timestamps relative to an origin event; one per rank, sharing the origin

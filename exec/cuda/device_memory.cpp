@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "check.hpp"
+#include "op_graphs.hpp"
 
 namespace tdpipe::exec::cuda {
 
@@ -17,6 +18,7 @@ namespace {
 // are allocated op by op, so this is where a too-large plan runs out.
 void* allocate(std::size_t bytes, cudaStream_t stream) {
   void* p = nullptr;
+  if (graph_allocate(bytes, stream, &p)) return p;  // an op's graph's memory node
   const cudaError_t status = cudaMallocAsync(&p, bytes, stream);
   if (status == cudaErrorMemoryAllocation) {
     cudaGetLastError();  // not sticky: clear it so the message below is the one seen
@@ -40,15 +42,17 @@ DeviceMemory::DeviceMemory(std::size_t bytes, cudaStream_t stream, bool zero)
     : bytes_(bytes), stream_(stream) {
   if (bytes == 0) return;
   ptr_ = allocate(bytes, stream);
-  if (zero) TDPIPE_CUDA_CHECK(cudaMemsetAsync(ptr_, 0, bytes, stream));
+  if (zero && issuing()) TDPIPE_CUDA_CHECK(cudaMemsetAsync(ptr_, 0, bytes, stream));
 }
 
 void DeviceMemory::reset() {
   if (ptr_ == nullptr) return;
   // A destructor must not throw: report and go on (the context is broken anyway).
-  cudaError_t status = cudaFreeAsync(ptr_, stream_);
-  if (status != cudaSuccess)
-    std::fprintf(stderr, "tdpipe: cudaFreeAsync failed: %s\n", cudaGetErrorString(status));
+  if (!graph_free(ptr_, stream_)) {
+    const cudaError_t status = cudaFreeAsync(ptr_, stream_);
+    if (status != cudaSuccess)
+      std::fprintf(stderr, "tdpipe: cudaFreeAsync failed: %s\n", cudaGetErrorString(status));
+  }
   ptr_ = nullptr;
 }
 
@@ -60,9 +64,11 @@ struct DeviceFree {
   cudaStream_t stream = nullptr;
   cudaEvent_t ready = nullptr;
   void operator()(void* q) const {
-    cudaError_t status = cudaFreeAsync(q, stream);
-    if (status != cudaSuccess)
-      std::fprintf(stderr, "tdpipe: cudaFreeAsync failed: %s\n", cudaGetErrorString(status));
+    if (!graph_free(q, stream)) {
+      const cudaError_t status = cudaFreeAsync(q, stream);
+      if (status != cudaSuccess)
+        std::fprintf(stderr, "tdpipe: cudaFreeAsync failed: %s\n", cudaGetErrorString(status));
+    }
     if (ready) cudaEventDestroy(ready);  // (released by the driver once it completed)
   }
 };

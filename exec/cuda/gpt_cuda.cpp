@@ -1,6 +1,7 @@
 // gpt_cuda.cpp — forward, split backward (B / W) and Adam of one GPT virtual stage
 // on the GPU. Mirrors exec/src/cpu_gpt.cpp op for op; see gpt_cuda.hpp for the
-// precision choices.
+// precision choices. Every kernel, GEMM and device copy is issued `if (issuing())`:
+// while an op replays its CUDA graph its host code runs alone (op_graphs.hpp).
 #include "gpt_cuda.hpp"
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "device_memory.hpp"
 #include "gemm.hpp"
 #include "kernels.cuh"
+#include "op_graphs.hpp"
 #include "tdpipe/ir/error.hpp"
 
 namespace tdpipe::exec::cuda {
@@ -137,7 +139,7 @@ struct GptStageCuda::Impl {
   // its flag, unless the slice is tainted (cpu_gpt.cpp's store()).
   template <class T>
   void stored(const T* p, std::int64_t n, int slice, const SliceSaved& st) {
-    if (fp16) k::flag_nonfinite(p, 1, n, n, flags.as<int>() + slice, st.taint.as<int>(), stream);
+    if (fp16 && issuing()) k::flag_nonfinite(p, 1, n, n, flags.as<int>() + slice, st.taint.as<int>(), stream);
   }
   template <class T>
   void stored(const DeviceMemory& m, int slice, const SliceSaved& st) {
@@ -147,7 +149,7 @@ struct GptStageCuda::Impl {
   // slice or stage: an inf or NaN in them taints the slice.
   template <class T>
   void read(const T* p, int runs, std::int64_t len, std::int64_t stride, const SliceSaved& st) {
-    if (fp16) k::flag_nonfinite(p, runs, len, stride, st.taint.as<int>(), nullptr, stream);
+    if (fp16 && issuing()) k::flag_nonfinite(p, runs, len, stride, st.taint.as<int>(), nullptr, stream);
   }
 
   std::int64_t resident_index(std::int64_t offset) const { return offset < bstart ? offset : offset - (bend - bstart); }
@@ -180,7 +182,7 @@ struct GptStageCuda::Impl {
   }
   // The 16-bit weight copy of n values from the fp32 master, on `on`.
   void cast16(const float* from, void* to, std::int64_t n, cudaStream_t on) {
-    with16([&](auto z) { k::to_16(from, static_cast<decltype(z)*>(to), n, on); });
+    with16([&](auto z) { if (issuing()) k::to_16(from, static_cast<decltype(z)*>(to), n, on); });
   }
   void check_block(int block, const char* what) const {
     if (!offload || block < 0 || block >= static_cast<int>(block_range.size()))
@@ -297,18 +299,18 @@ struct GptStageCuda::Impl {
     s.mean1 = DeviceMemory(N * sizeof(float), stream);
     s.rstd1 = DeviceMemory(N * sizeof(float), stream);
     s.h = DeviceMemory(nH * sizeof(T16), stream);
-    k::layernorm_forward(s.x.as<float>(), P(bname(l, "ln1.g")), P(bname(l, "ln1.b")), s.h.as<T16>(),
-                         s.mean1.as<float>(), s.rstd1.as<float>(), N, H, eps, stream);
+    if (issuing()) k::layernorm_forward(s.x.as<float>(), P(bname(l, "ln1.g")), P(bname(l, "ln1.b")), s.h.as<T16>(),
+                                        s.mean1.as<float>(), s.rstd1.as<float>(), N, H, eps, stream);
     stored<T16>(s.h, slice, st);
     // q, k, v: one batched GEMM over the three consecutive H×H weights.
     DeviceMemory qkv(3 * nH * sizeof(T16), stream);
-    gemm(cublas, false, false, N, H, H, 1.f, in16<T16>(s.h.get(), H, 0),
-         in16<T16>(W<T16>(bname(l, "wq")), H, std::int64_t(H) * H),
-         0.f, out16<T16>(qkv.get(), H, std::int64_t(nH)), 3);
+    if (issuing()) gemm(cublas, false, false, N, H, H, 1.f, in16<T16>(s.h.get(), H, 0),
+                        in16<T16>(W<T16>(bname(l, "wq")), H, std::int64_t(H) * H),
+                        0.f, out16<T16>(qkv.get(), H, std::int64_t(nH)), 3);
     KvSaved& cache = kv_of(mb, l);
     s.q = DeviceMemory(nH * sizeof(T16), stream);
-    k::split_qkv(qkv.as<T16>(), s.q.as<T16>(), cache.k.as<T16>(), cache.v.as<T16>(), b, T, S, t0, nh, dh,
-                 stream);
+    if (issuing()) k::split_qkv(qkv.as<T16>(), s.q.as<T16>(), cache.k.as<T16>(), cache.v.as<T16>(), b, T, S, t0, nh, dh,
+                                stream);
     stored<T16>(qkv, slice, st);
     qkv.reset();
     if (t0 > 0) {  // earlier slices' keys and values: rows [0, t0) of each (sequence, head)
@@ -320,34 +322,34 @@ struct GptStageCuda::Impl {
     // rows of v, cannot overflow; a (o with its heads merged) is checked as it is stored.
     DeviceMemory o(nH * sizeof(T16), stream);
     s.lse = DeviceMemory(std::size_t(bh) * T * sizeof(float), stream);
-    k::flash_attention_forward(s.q.as<T16>(), cache.k.as<T16>(), cache.v.as<T16>(), o.as<T16>(), s.lse.as<float>(),
-                               bh, T, S, t0, dh, scale, stream);
+    if (issuing()) k::flash_attention_forward(s.q.as<T16>(), cache.k.as<T16>(), cache.v.as<T16>(), o.as<T16>(), s.lse.as<float>(),
+                                              bh, T, S, t0, dh, scale, stream);
     s.a = DeviceMemory(nH * sizeof(T16), stream);
-    k::merge_heads(o.as<T16>(), s.a.as<T16>(), b, T, nh, dh, stream);
+    if (issuing()) k::merge_heads(o.as<T16>(), s.a.as<T16>(), b, T, nh, dh, stream);
     stored<T16>(s.a, slice, st);
     o.reset();
     s.x2 = DeviceMemory(nH * sizeof(float), stream);
-    gemm(cublas, false, false, N, H, H, 1.f, in16<T16>(s.a.get(), H), in16<T16>(W<T16>(bname(l, "wo")), H), 0.f,
-         out_f32(s.x2.get(), H));
-    k::bias_residual_add(s.x2.as<float>(), s.x2.as<float>(), P(bname(l, "bo")), s.x.as<float>(), N, H, stream);
+    if (issuing()) gemm(cublas, false, false, N, H, H, 1.f, in16<T16>(s.a.get(), H), in16<T16>(W<T16>(bname(l, "wo")), H), 0.f,
+                        out_f32(s.x2.get(), H));
+    if (issuing()) k::bias_residual_add(s.x2.as<float>(), s.x2.as<float>(), P(bname(l, "bo")), s.x.as<float>(), N, H, stream);
     s.mean2 = DeviceMemory(N * sizeof(float), stream);
     s.rstd2 = DeviceMemory(N * sizeof(float), stream);
     s.h2 = DeviceMemory(nH * sizeof(T16), stream);
-    k::layernorm_forward(s.x2.as<float>(), P(bname(l, "ln2.g")), P(bname(l, "ln2.b")), s.h2.as<T16>(),
-                         s.mean2.as<float>(), s.rstd2.as<float>(), N, H, eps, stream);
+    if (issuing()) k::layernorm_forward(s.x2.as<float>(), P(bname(l, "ln2.g")), P(bname(l, "ln2.b")), s.h2.as<T16>(),
+                                        s.mean2.as<float>(), s.rstd2.as<float>(), N, H, eps, stream);
     stored<T16>(s.h2, slice, st);
     s.u = DeviceMemory(nF * sizeof(T16), stream);
-    gemm(cublas, false, false, N, F, H, 1.f, in16<T16>(s.h2.get(), H), in16<T16>(W<T16>(bname(l, "w1")), F), 0.f,
-         out16<T16>(s.u.get(), F));
-    k::bias_add(s.u.as<T16>(), P(bname(l, "b1")), N, F, stream);
+    if (issuing()) gemm(cublas, false, false, N, F, H, 1.f, in16<T16>(s.h2.get(), H), in16<T16>(W<T16>(bname(l, "w1")), F), 0.f,
+                        out16<T16>(s.u.get(), F));
+    if (issuing()) k::bias_add(s.u.as<T16>(), P(bname(l, "b1")), N, F, stream);
     s.g = DeviceMemory(nF * sizeof(T16), stream);
-    k::gelu_forward(s.u.as<T16>(), s.g.as<T16>(), std::int64_t(nF), stream);
+    if (issuing()) k::gelu_forward(s.u.as<T16>(), s.g.as<T16>(), std::int64_t(nF), stream);
     stored<T16>(s.u, slice, st);
     stored<T16>(s.g, slice, st);
     DeviceMemory out(nH * sizeof(float), stream);
-    gemm(cublas, false, false, N, H, F, 1.f, in16<T16>(s.g.get(), F), in16<T16>(W<T16>(bname(l, "w2")), H), 0.f,
-         out_f32(out.get(), H));
-    k::bias_residual_add(out.as<float>(), out.as<float>(), P(bname(l, "b2")), s.x2.as<float>(), N, H, stream);
+    if (issuing()) gemm(cublas, false, false, N, H, F, 1.f, in16<T16>(s.g.get(), F), in16<T16>(W<T16>(bname(l, "w2")), H), 0.f,
+                        out_f32(out.get(), H));
+    if (issuing()) k::bias_residual_add(out.as<float>(), out.as<float>(), P(bname(l, "b2")), s.x2.as<float>(), N, H, stream);
     return out;
   }
 
@@ -363,44 +365,44 @@ struct GptStageCuda::Impl {
     const float loss_scale = grad_scale(slice), unscale = 1.f / loss_scale;
     const std::size_t nH = std::size_t(N) * H, nF = std::size_t(N) * F;
     s.dz = DeviceMemory(nH * sizeof(T16), stream);
-    k::to_16(dout, s.dz.as<T16>(), std::int64_t(nH), stream);
+    if (issuing()) k::to_16(dout, s.dz.as<T16>(), std::int64_t(nH), stream);
     stored<T16>(s.dz, slice, st);
     DeviceMemory dg(nF * sizeof(T16), stream);
-    gemm(cublas, false, true, N, F, H, 1.f, in16<T16>(s.dz.get(), H), in16<T16>(W<T16>(bname(l, "w2")), H), 0.f,
-         out16<T16>(dg.get(), F));
+    if (issuing()) gemm(cublas, false, true, N, F, H, 1.f, in16<T16>(s.dz.get(), H), in16<T16>(W<T16>(bname(l, "w2")), H), 0.f,
+                        out16<T16>(dg.get(), F));
     stored<T16>(dg, slice, st);
     s.du = DeviceMemory(nF * sizeof(T16), stream);
-    k::gelu_backward(dg.as<T16>(), s.u.as<T16>(), s.du.as<T16>(), std::int64_t(nF), stream);
+    if (issuing()) k::gelu_backward(dg.as<T16>(), s.u.as<T16>(), s.du.as<T16>(), std::int64_t(nF), stream);
     stored<T16>(s.du, slice, st);
     dg.reset();
     s.dh2 = DeviceMemory(nH * sizeof(float), stream);
-    gemm(cublas, false, true, N, H, F, 1.f, in16<T16>(s.du.get(), F), in16<T16>(W<T16>(bname(l, "w1")), F), 0.f,
-         out_f32(s.dh2.get(), H));
+    if (issuing()) gemm(cublas, false, true, N, H, F, 1.f, in16<T16>(s.du.get(), F), in16<T16>(W<T16>(bname(l, "w1")), F), 0.f,
+                        out_f32(s.dh2.get(), H));
     DeviceMemory dx2(nH * sizeof(float), stream);
-    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(dx2.get(), dout, nH * sizeof(float), cudaMemcpyDeviceToDevice, stream));
-    k::layernorm_backward_input(s.dh2.as<float>(), s.x2.as<float>(), s.mean2.as<float>(), s.rstd2.as<float>(),
-                                P(bname(l, "ln2.g")), dx2.as<float>(), N, H, stream);
+    if (issuing()) TDPIPE_CUDA_CHECK(cudaMemcpyAsync(dx2.get(), dout, nH * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    if (issuing()) k::layernorm_backward_input(s.dh2.as<float>(), s.x2.as<float>(), s.mean2.as<float>(), s.rstd2.as<float>(),
+                                               P(bname(l, "ln2.g")), dx2.as<float>(), N, H, stream);
     s.dyattn = DeviceMemory(nH * sizeof(T16), stream);
-    k::to_16(dx2.as<float>(), s.dyattn.as<T16>(), std::int64_t(nH), stream);
+    if (issuing()) k::to_16(dx2.as<float>(), s.dyattn.as<T16>(), std::int64_t(nH), stream);
     stored<T16>(s.dyattn, slice, st);
     DeviceMemory da(nH * sizeof(T16), stream);
-    gemm(cublas, false, true, N, H, H, 1.f, in16<T16>(s.dyattn.get(), H), in16<T16>(W<T16>(bname(l, "wo")), H), 0.f,
-         out16<T16>(da.get(), H));
+    if (issuing()) gemm(cublas, false, true, N, H, H, 1.f, in16<T16>(s.dyattn.get(), H), in16<T16>(W<T16>(bname(l, "wo")), H), 0.f,
+                        out16<T16>(da.get(), H));
     stored<T16>(da, slice, st);
     DeviceMemory dO(nH * sizeof(T16), stream);
-    k::split_heads(da.as<T16>(), dO.as<T16>(), b, T, nh, dh, stream);
+    if (issuing()) k::split_heads(da.as<T16>(), dO.as<T16>(), b, T, nh, dh, stream);
     da.reset();
     KvSaved& cache = kv_of(mb, l);
     const std::int64_t skv = std::int64_t(S) * dh;
     DeviceMemory o(nH * sizeof(T16), stream);  // the forward's output, in head layout again
-    k::split_heads(s.a.as<T16>(), o.as<T16>(), b, T, nh, dh, stream);
+    if (issuing()) k::split_heads(s.a.as<T16>(), o.as<T16>(), b, T, nh, dh, stream);
     DeviceMemory delta(std::size_t(bh) * T * sizeof(float), stream);
     DeviceMemory dq(nH * sizeof(T16), stream);
     // Adds to rows < t1 of dK/dV: keys/values of rows < t0 belong to earlier slices, whose
     // B reads these sums later.
-    k::flash_attention_backward(s.q.as<T16>(), cache.k.as<T16>(), cache.v.as<T16>(), o.as<T16>(), dO.as<T16>(),
-                                s.lse.as<float>(), delta.as<float>(), dq.as<T16>(), cache.dk.as<float>(),
-                                cache.dv.as<float>(), bh, T, S, t0, dh, scale, unscale, stream);
+    if (issuing()) k::flash_attention_backward(s.q.as<T16>(), cache.k.as<T16>(), cache.v.as<T16>(), o.as<T16>(), dO.as<T16>(),
+                                               s.lse.as<float>(), delta.as<float>(), dq.as<T16>(), cache.dk.as<float>(),
+                                               cache.dv.as<float>(), bh, T, S, t0, dh, scale, unscale, stream);
     // fp16: dS = scale · P ⊙ (dP − D) no longer passes through fp16 (it stays fp32 on chip),
     // so it cannot overflow as the stored ds could; what it feeds is checked where it is
     // stored: dq here, the dK/dV sums (fp32, unscaled) rescaled into dqkv below.
@@ -412,19 +414,19 @@ struct GptStageCuda::Impl {
     o.reset();
     dO.reset();
     s.dqkv = DeviceMemory(3 * nH * sizeof(T16), stream);
-    k::gather_dqkv(dq.as<T16>(), cache.dk.as<float>(), cache.dv.as<float>(), s.dqkv.as<T16>(), b, T, S, t0, nh,
-                   dh, loss_scale, stream);
+    if (issuing()) k::gather_dqkv(dq.as<T16>(), cache.dk.as<float>(), cache.dv.as<float>(), s.dqkv.as<T16>(), b, T, S, t0, nh,
+                                  dh, loss_scale, stream);
     stored<T16>(s.dqkv, slice, st);
     dq.reset();
     s.dh = DeviceMemory(nH * sizeof(float), stream);
     const char* names[3] = {"wq", "wk", "wv"};
     for (int i = 0; i < 3; ++i)
-      gemm(cublas, false, true, N, H, H, 1.f, in16<T16>(s.dqkv.as<T16>() + i * nH, H),
-           in16<T16>(W<T16>(bname(l, names[i])), H),
-           i == 0 ? 0.f : 1.f, out_f32(s.dh.get(), H));
+      if (issuing()) gemm(cublas, false, true, N, H, H, 1.f, in16<T16>(s.dqkv.as<T16>() + i * nH, H),
+                          in16<T16>(W<T16>(bname(l, names[i])), H),
+                          i == 0 ? 0.f : 1.f, out_f32(s.dh.get(), H));
     DeviceMemory dx = std::move(dx2);
-    k::layernorm_backward_input(s.dh.as<float>(), s.x.as<float>(), s.mean1.as<float>(), s.rstd1.as<float>(),
-                                P(bname(l, "ln1.g")), dx.as<float>(), N, H, stream);
+    if (issuing()) k::layernorm_backward_input(s.dh.as<float>(), s.x.as<float>(), s.mean1.as<float>(), s.rstd1.as<float>(),
+                                               P(bname(l, "ln1.g")), dx.as<float>(), N, H, stream);
     // W reads neither q, the row log-sum-exps nor the pre-GeLU u (it uses a, dqkv, du, g):
     // free them now, so a split schedule (zb-*) that defers W holds only what W needs.
     // The frees are stream-ordered after the kernels above that read them.
@@ -440,22 +442,22 @@ struct GptStageCuda::Impl {
     const int H = cfg.hidden, F = cfg.ffn, N = cfg.micro_batch * T;
     const float u = 1.f / grad_scale(slice);
     const std::int64_t nH = std::int64_t(N) * H;
-    gemm(cublas, true, false, F, H, N, u, in16<T16>(s.g.get(), F), in16<T16>(s.dz.get(), H), 1.f,
-         out_f32(G(bname(l, "w2")), H));
-    k::column_sum(s.dz.as<T16>(), G(bname(l, "b2")), N, H, u, stream);
-    gemm(cublas, true, false, H, F, N, u, in16<T16>(s.h2.get(), H), in16<T16>(s.du.get(), F), 1.f,
-         out_f32(G(bname(l, "w1")), F));
-    k::column_sum(s.du.as<T16>(), G(bname(l, "b1")), N, F, u, stream);
-    k::layernorm_backward_weight(s.dh2.as<float>(), s.x2.as<float>(), s.mean2.as<float>(), s.rstd2.as<float>(),
-                                 G(bname(l, "ln2.g")), G(bname(l, "ln2.b")), N, H, u, stream);
-    gemm(cublas, true, false, H, H, N, u, in16<T16>(s.a.get(), H), in16<T16>(s.dyattn.get(), H), 1.f,
-         out_f32(G(bname(l, "wo")), H));
-    k::column_sum(s.dyattn.as<T16>(), G(bname(l, "bo")), N, H, u, stream);
+    if (issuing()) gemm(cublas, true, false, F, H, N, u, in16<T16>(s.g.get(), F), in16<T16>(s.dz.get(), H), 1.f,
+                        out_f32(G(bname(l, "w2")), H));
+    if (issuing()) k::column_sum(s.dz.as<T16>(), G(bname(l, "b2")), N, H, u, stream);
+    if (issuing()) gemm(cublas, true, false, H, F, N, u, in16<T16>(s.h2.get(), H), in16<T16>(s.du.get(), F), 1.f,
+                        out_f32(G(bname(l, "w1")), F));
+    if (issuing()) k::column_sum(s.du.as<T16>(), G(bname(l, "b1")), N, F, u, stream);
+    if (issuing()) k::layernorm_backward_weight(s.dh2.as<float>(), s.x2.as<float>(), s.mean2.as<float>(), s.rstd2.as<float>(),
+                                                G(bname(l, "ln2.g")), G(bname(l, "ln2.b")), N, H, u, stream);
+    if (issuing()) gemm(cublas, true, false, H, H, N, u, in16<T16>(s.a.get(), H), in16<T16>(s.dyattn.get(), H), 1.f,
+                        out_f32(G(bname(l, "wo")), H));
+    if (issuing()) k::column_sum(s.dyattn.as<T16>(), G(bname(l, "bo")), N, H, u, stream);
     // wq, wk, wv are consecutive H×H blocks, and dqkv holds dq, dk, dv back to back.
-    gemm(cublas, true, false, H, H, N, u, in16<T16>(s.h.get(), H, 0), in16<T16>(s.dqkv.get(), H, nH), 1.f,
-         out_f32(G(bname(l, "wq")), H, std::int64_t(H) * H), 3);
-    k::layernorm_backward_weight(s.dh.as<float>(), s.x.as<float>(), s.mean1.as<float>(), s.rstd1.as<float>(),
-                                 G(bname(l, "ln1.g")), G(bname(l, "ln1.b")), N, H, u, stream);
+    if (issuing()) gemm(cublas, true, false, H, H, N, u, in16<T16>(s.h.get(), H, 0), in16<T16>(s.dqkv.get(), H, nH), 1.f,
+                        out_f32(G(bname(l, "wq")), H, std::int64_t(H) * H), 3);
+    if (issuing()) k::layernorm_backward_weight(s.dh.as<float>(), s.x.as<float>(), s.mean1.as<float>(), s.rstd1.as<float>(),
+                                                G(bname(l, "ln1.g")), G(bname(l, "ln1.b")), N, H, u, stream);
   }
 
   // The public F, B and W once checked, for the stage's 16-bit type (the first argument
@@ -630,9 +632,9 @@ void GptStageCuda::Impl::forward(T16, int mb, int slice, const float* x, float* 
   if (I.first()) {
     if (tokens == nullptr) throw Error("CUDA stage 0: F" + std::to_string(mb) + " without tokens");
     st.tokens = tokens;
-    k::embed_forward(tokens, I.P("embed.tok"), I.P("embed.pos"), act.as<float>(), b, T, I.cfg.seq, t0, H, I.stream);
+    if (issuing()) k::embed_forward(tokens, I.P("embed.tok"), I.P("embed.pos"), act.as<float>(), b, T, I.cfg.seq, t0, H, I.stream);
   } else {
-    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(act.get(), x, nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
+    if (issuing()) TDPIPE_CUDA_CHECK(cudaMemcpyAsync(act.get(), x, nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
     I.read(act.as<float>(), 1, std::int64_t(nH), std::int64_t(nH), st);
   }
   st.blocks.resize(static_cast<std::size_t>(I.last_block - I.first_block));
@@ -643,7 +645,7 @@ void GptStageCuda::Impl::forward(T16, int mb, int slice, const float* x, float* 
     I.end_block(l);
   }
   if (!I.last()) {
-    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(out, act.get(), nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
+    if (issuing()) TDPIPE_CUDA_CHECK(cudaMemcpyAsync(out, act.get(), nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
     return;
   }
   const int V = I.cfg.vocab;
@@ -652,16 +654,16 @@ void GptStageCuda::Impl::forward(T16, int mb, int slice, const float* x, float* 
   hs.mean = DeviceMemory(N * sizeof(float), I.stream);
   hs.rstd = DeviceMemory(N * sizeof(float), I.stream);
   hs.hf = DeviceMemory(nH * sizeof(T16), I.stream);
-  k::layernorm_forward(hs.x.as<float>(), I.P("head.ln.g"), I.P("head.ln.b"), hs.hf.as<T16>(), hs.mean.as<float>(),
-                       hs.rstd.as<float>(), N, H, static_cast<float>(I.cfg.ln_eps), I.stream);
+  if (issuing()) k::layernorm_forward(hs.x.as<float>(), I.P("head.ln.g"), I.P("head.ln.b"), hs.hf.as<T16>(), hs.mean.as<float>(),
+                                      hs.rstd.as<float>(), N, H, static_cast<float>(I.cfg.ln_eps), I.stream);
   I.stored<T16>(hs.hf, slice, st);
   DeviceMemory logits(std::size_t(N) * V * sizeof(float), I.stream);
-  gemm(I.cublas, false, false, N, V, H, 1.f, in16<T16>(hs.hf.get(), H), in16<T16>(I.W<T16>("head.out"), V), 0.f,
-       out_f32(logits.get(), V));
-  k::bias_add(logits.as<float>(), I.P("head.bias"), N, V, I.stream);
+  if (issuing()) gemm(I.cublas, false, false, N, V, H, 1.f, in16<T16>(hs.hf.get(), H), in16<T16>(I.W<T16>("head.out"), V), 0.f,
+                      out_f32(logits.get(), V));
+  if (issuing()) k::bias_add(logits.as<float>(), I.P("head.bias"), N, V, I.stream);
   hs.dlogits = DeviceMemory(std::size_t(N) * V * sizeof(T16), I.stream);
-  k::cross_entropy(logits.as<float>(), targets, hs.dlogits.as<T16>(), loss, b, T, I.cfg.seq, t0, V, loss_scale,
-                   loss_scale * I.grad_scale(slice), I.stream);
+  if (issuing()) k::cross_entropy(logits.as<float>(), targets, hs.dlogits.as<T16>(), loss, b, T, I.cfg.seq, t0, V, loss_scale,
+                                  loss_scale * I.grad_scale(slice), I.stream);
   I.stored<T16>(hs.dlogits, slice, st);
 }
 
@@ -691,12 +693,12 @@ void GptStageCuda::Impl::backward_input(T16, int mb, int slice, const float* dy,
   if (I.last()) {
     HeadSaved& hs = st.head;
     hs.dhf = DeviceMemory(nH * sizeof(float), I.stream);
-    gemm(I.cublas, false, true, N, H, I.cfg.vocab, 1.f, in16<T16>(hs.dlogits.get(), I.cfg.vocab),
-         in16<T16>(I.W<T16>("head.out"), I.cfg.vocab), 0.f, out_f32(hs.dhf.get(), H));
-    k::layernorm_backward_input(hs.dhf.as<float>(), hs.x.as<float>(), hs.mean.as<float>(), hs.rstd.as<float>(),
-                                I.P("head.ln.g"), grad.as<float>(), N, H, I.stream);
+    if (issuing()) gemm(I.cublas, false, true, N, H, I.cfg.vocab, 1.f, in16<T16>(hs.dlogits.get(), I.cfg.vocab),
+                        in16<T16>(I.W<T16>("head.out"), I.cfg.vocab), 0.f, out_f32(hs.dhf.get(), H));
+    if (issuing()) k::layernorm_backward_input(hs.dhf.as<float>(), hs.x.as<float>(), hs.mean.as<float>(), hs.rstd.as<float>(),
+                                               I.P("head.ln.g"), grad.as<float>(), N, H, I.stream);
   } else {
-    TDPIPE_CUDA_CHECK(cudaMemcpyAsync(grad.get(), dy, nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
+    if (issuing()) TDPIPE_CUDA_CHECK(cudaMemcpyAsync(grad.get(), dy, nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
     I.read(grad.as<float>(), 1, std::int64_t(nH), std::int64_t(nH), st);
   }
   if (I.inject == slice && nH > 0) {
@@ -723,7 +725,7 @@ void GptStageCuda::Impl::backward_input(T16, int mb, int slice, const float* dy,
     st.dx0 = std::move(grad);
     return;
   }
-  TDPIPE_CUDA_CHECK(cudaMemcpyAsync(dx, grad.get(), nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
+  if (issuing()) TDPIPE_CUDA_CHECK(cudaMemcpyAsync(dx, grad.get(), nH * sizeof(float), cudaMemcpyDeviceToDevice, I.stream));
 }
 
 void GptStageCuda::backward_weight(int mb, int slice, const std::function<void(std::int64_t)>& final_tail) {
@@ -744,11 +746,11 @@ void GptStageCuda::Impl::backward_weight(T16, int slice, SliceSaved& st,
   const float u = 1.f / I.grad_scale(slice);  // fp16: the parts are added unscaled
   if (I.last()) {
     HeadSaved& hs = st.head;
-    gemm(I.cublas, true, false, H, V, N, u, in16<T16>(hs.hf.get(), H), in16<T16>(hs.dlogits.get(), V), 1.f,
-         out_f32(I.G("head.out"), V));
-    k::column_sum(hs.dlogits.as<T16>(), I.G("head.bias"), N, V, u, I.stream);
-    k::layernorm_backward_weight(hs.dhf.as<float>(), hs.x.as<float>(), hs.mean.as<float>(), hs.rstd.as<float>(),
-                                 I.G("head.ln.g"), I.G("head.ln.b"), N, H, u, I.stream);
+    if (issuing()) gemm(I.cublas, true, false, H, V, N, u, in16<T16>(hs.hf.get(), H), in16<T16>(hs.dlogits.get(), V), 1.f,
+                        out_f32(I.G("head.out"), V));
+    if (issuing()) k::column_sum(hs.dlogits.as<T16>(), I.G("head.bias"), N, V, u, I.stream);
+    if (issuing()) k::layernorm_backward_weight(hs.dhf.as<float>(), hs.x.as<float>(), hs.mean.as<float>(), hs.rstd.as<float>(),
+                                                I.G("head.ln.g"), I.G("head.ln.b"), N, H, u, I.stream);
     if (final_tail) final_tail(I.total - I.spec("head.ln.g").offset);
   }
   for (int l = I.last_block - 1; l >= I.first_block; --l) {
@@ -756,9 +758,9 @@ void GptStageCuda::Impl::backward_weight(T16, int slice, SliceSaved& st,
     if (final_tail && (l > I.first_block || I.first())) final_tail(I.total - I.spec(I.bname(l, "ln1.g")).offset);
   }
   if (I.first()) {
-    if (u != 1.f) k::scale(st.dx0.as<float>(), u, std::int64_t(N) * H, I.stream);
-    k::embed_backward(st.tokens, st.dx0.as<float>(), I.G("embed.tok"), I.G("embed.pos"), I.cfg.micro_batch, T,
-                      I.cfg.seq, st.t0, H, I.stream);
+    if (u != 1.f && issuing()) k::scale(st.dx0.as<float>(), u, std::int64_t(N) * H, I.stream);
+    if (issuing()) k::embed_backward(st.tokens, st.dx0.as<float>(), I.G("embed.tok"), I.G("embed.pos"), I.cfg.micro_batch, T,
+                                     I.cfg.seq, st.t0, H, I.stream);
   }
   if (final_tail) final_tail(I.total);
 }
@@ -778,10 +780,10 @@ void GptStageCuda::adam(const cpu::AdamConfig& a, int t, std::int64_t first, std
   // Elementwise: a part of the flat vectors is stepped exactly as in the full step.
   const std::int64_t r = I.resident_index(first);
   I.with16([&](auto z) {
-    k::adam(I.master.as<float>() + r, I.grad.as<float>() + first, I.m1.as<float>() + r, I.m2.as<float>() + r,
-            I.wbf.as<decltype(z)>() + r, last - first, static_cast<float>(a.lr), static_cast<float>(a.beta1),
-            static_cast<float>(a.beta2), static_cast<float>(a.eps), static_cast<float>(c1), static_cast<float>(c2),
-            I.stream);
+    if (issuing()) k::adam(I.master.as<float>() + r, I.grad.as<float>() + first, I.m1.as<float>() + r, I.m2.as<float>() + r,
+                           I.wbf.as<decltype(z)>() + r, last - first, static_cast<float>(a.lr), static_cast<float>(a.beta1),
+                           static_cast<float>(a.beta2), static_cast<float>(a.eps), static_cast<float>(c1), static_cast<float>(c2),
+                           I.stream);
   });
 }
 
@@ -877,7 +879,7 @@ void GptStageCuda::adam_block(const cpu::AdamConfig& a, int t, int block, bool s
   }
   const auto [first, last] = I.block_range[static_cast<std::size_t>(block)];
   const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, t);
-  if (!skip)  // (no 16-bit copy: the block's next LOAD casts one)
+  if (!skip && issuing())  // (no 16-bit copy: the block's next LOAD casts one)
     k::adam(c->master.as<float>(), I.grad.as<float>() + first, c->m1.as<float>(), c->m2.as<float>(),
             static_cast<bf16*>(nullptr), last - first, static_cast<float>(a.lr), static_cast<float>(a.beta1),
             static_cast<float>(a.beta2), static_cast<float>(a.eps), static_cast<float>(c1), static_cast<float>(c2),
@@ -926,9 +928,9 @@ void GptStageCuda::adam_frozen_variance(const cpu::AdamConfig& a, int t, int fro
   if (I.offload) throw Error("1-bit Adam with parameter offload is not built (the scenario check refuses it)");
   const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, frozen_at);
   I.with16([&](auto z) {
-    k::adam_frozen_variance(I.master.as<float>(), I.m1.as<float>(), I.m2.as<float>(), I.wbf.as<decltype(z)>(),
-                            I.total, static_cast<float>(a.lr), static_cast<float>(a.eps), static_cast<float>(c1),
-                            static_cast<float>(c2), I.stream);
+    if (issuing()) k::adam_frozen_variance(I.master.as<float>(), I.m1.as<float>(), I.m2.as<float>(), I.wbf.as<decltype(z)>(),
+                                           I.total, static_cast<float>(a.lr), static_cast<float>(a.eps), static_cast<float>(c1),
+                                           static_cast<float>(c2), I.stream);
   });
 }
 

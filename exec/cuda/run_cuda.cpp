@@ -145,6 +145,7 @@ void fill_metadata(cpu::RunResult& r, const ir::Plan& plan, const cpu::GptConfig
   md["nccl"] = std::to_string(nccl);
   md["precision"] = "bf16 GEMMs, fp32 accumulation, fp32 residual stream and master weights";
   md["processes"] = std::to_string(world);
+  md["cuda_graphs"] = o.train.cuda_graphs ? "on" : "off";
 }
 
 /// After a sharded run: every bucket's gradients and Adam moments all-gathered from
@@ -356,6 +357,11 @@ CudaRunResult run_loopback(const ir::Plan& plan, const CudaRunOptions& options) 
       }
     }
   out.weights_l2 = std::sqrt(ss);
+  for (const auto& c : computes)
+    if (const OpGraphs* g = c->op_graphs()) {
+      out.graph_captures += g->captured();
+      out.graph_replays += g->replayed();
+    }
   fill_metadata(result, plan, config, options, trace_step, out.device_name, 1);
   result.trace.metadata["restarts"] = std::to_string(result.restarts);
   if (result.checkpoints_written > 0)
@@ -850,6 +856,10 @@ CudaRunResult run_nccl_process(const ir::Plan& plan, const CudaRunOptions& optio
     for (double b : peaks) result.param_state_peak_bytes.push_back(static_cast<std::int64_t>(b));
   }
   out.weights_l2 = std::sqrt(world->world_sum(ss, "the weight norm sum"));
+  if (const OpGraphs* g = compute.op_graphs()) {
+    out.graph_captures = g->captured();
+    out.graph_replays = g->replayed();
+  }
 
   // Times are relative to each process's own origin (recorded after the step's barrier).
   std::vector<traces::TraceEvent> mine = std::move(result.trace.events);

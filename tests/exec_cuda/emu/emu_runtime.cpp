@@ -18,12 +18,21 @@
 // own device): ncclCommInitRank waits for the whole world, p2p groups match sends and
 // receives per peer pair in order, all-reduce sums in rank order; two ranks on one
 // device are refused like NCCL 2.28 refuses them; ncclCommAbort releases every wait.
+// Graphs: a capturing stream keeps what it is given as the graph's nodes instead of
+// running it; a launch runs them in order as one item of the stream. A stream-ordered
+// allocation during capture is a memory node: one address for the graph's life, NaN
+// again at each launch, and the launch is refused (as CUDA refuses it) while the
+// allocation of the launch before is not freed; the memory of a destroyed graph is
+// never reused, so a stale address reads NaN. What a GPU refuses during capture — a
+// host wait for the capturing stream, plain event records and waits on it, pageable
+// copies — and frees of memory no graph allocated are refused and invalidate it.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -129,6 +138,10 @@ struct Work {
   void (*drop)(void*);
 };
 
+// A graph's nodes, in capture order (shared by the graph, its executable and the launches
+// still queued). Defined with the graph calls.
+struct GraphBody;
+
 struct CUstream_st {
   int device = 0;
   std::mutex m;
@@ -139,6 +152,11 @@ struct CUstream_st {
   // Host calls that found this stream's work unfinished and waited (or, polling, would
   // have to wait): emu::blocked_host_waits.
   std::atomic<std::uint64_t> blocked{0};
+  std::atomic<std::uint64_t> items{0}, launches{0};  // emu::work_items, emu::graph_launches
+  // Capture (cudaStreamBeginCapture): the graph being built, and whether a refused call
+  // invalidated it.
+  std::shared_ptr<GraphBody> capture;
+  bool capture_invalid = false;
   std::thread worker;
 
   explicit CUstream_st(int dev, unsigned seed) : device(dev), rng(seed) {
@@ -183,6 +201,35 @@ Streams& streams() {
 }
 }  // namespace
 
+namespace {
+void capture_node(GraphBody& body, Work w);  // with the graph calls
+// Queues work on a stream (not the null stream), whether it captures or not.
+void enqueue(cudaStream_t stream, Work w) {
+  {
+    std::lock_guard lock(stream->m);
+    stream->queue.push_back(w);
+  }
+  stream->wake.notify_one();
+}
+// The graph `stream` is capturing into, or null.
+std::shared_ptr<GraphBody> capturing(cudaStream_t stream) {
+  if (stream == nullptr) return nullptr;
+  std::lock_guard lock(stream->m);
+  return stream->capture;
+}
+// A call a GPU refuses on a capturing stream: invalidates the capture and says so.
+bool refused_in_capture(cudaStream_t stream, const char* what) {
+  if (stream == nullptr) return false;
+  std::lock_guard lock(stream->m);
+  if (!stream->capture) return false;
+  stream->capture_invalid = true;
+  std::fprintf(stderr, "emulated GPU: %s on a capturing stream (a GPU refuses it: cudaErrorStreamCaptureUnsupported)\n",
+               what);
+  emu_last_error = cudaErrorStreamCaptureUnsupported;
+  return true;
+}
+}  // namespace
+
 namespace emu {
 void submit(cudaStream_t stream, void (*run)(void*), void* arg, void (*drop)(void*)) {
   if (stream == nullptr) {
@@ -190,13 +237,16 @@ void submit(cudaStream_t stream, void (*run)(void*), void* arg, void (*drop)(voi
     drop(arg);
     return;
   }
-  {
-    std::lock_guard lock(stream->m);
-    stream->queue.push_back(Work{run, arg, drop});
+  if (std::shared_ptr<GraphBody> body = capturing(stream)) {
+    capture_node(*body, Work{run, arg, drop});
+    return;
   }
-  stream->wake.notify_one();
+  ++stream->items;
+  enqueue(stream, Work{run, arg, drop});
 }
 std::uint64_t blocked_host_waits(cudaStream_t stream) { return stream->blocked.load(); }
+std::uint64_t work_items(cudaStream_t stream) { return stream->items.load(); }
+std::uint64_t graph_launches(cudaStream_t stream) { return stream->launches.load(); }
 bool kernel_launch_ok(cudaStream_t stream) {
   if (stream == nullptr || stream->device == current_device) return true;
   std::fprintf(stderr, "emulated GPU: kernel launched into a stream of device %d while device %d is current\n",
@@ -229,11 +279,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (refused_in_capture(stream, "cudaStreamSynchronize")) return cudaErrorStreamCaptureUnsupported;
   if (stream != nullptr) stream->synchronize();
   return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (stream == nullptr) return cudaSuccess;
+  if (refused_in_capture(stream, "cudaStreamQuery")) return cudaErrorStreamCaptureUnsupported;
   std::lock_guard lock(stream->m);
   if (stream->queue.empty() && !stream->busy) return cudaSuccess;
   ++stream->blocked;
@@ -269,6 +321,18 @@ namespace {
 void release(cudaEvent_t event) {
   if (--event->refs == 0) delete event;
 }
+// A record of `event` on `stream` is issued (its generation), and reached.
+std::uint64_t next_record(cudaEvent_t event, cudaStream_t stream) {
+  std::lock_guard lock(event->m);
+  event->stream = stream;
+  return ++event->recorded;
+}
+void complete(cudaEvent_t event, std::uint64_t generation) {
+  std::lock_guard lock(event->m);
+  event->at = Clock::now();
+  event->completed = std::max(event->completed, generation);
+  event->done.notify_all();
+}
 }  // namespace
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
@@ -299,18 +363,10 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
                  event->device, stream != nullptr ? stream->device : current_device);
     return emu_last_error = cudaErrorInvalidResourceHandle;
   }
-  std::uint64_t generation;
-  {
-    std::lock_guard lock(event->m);
-    generation = ++event->recorded;
-    event->stream = stream;
-  }
-  emu::submit(stream, [event, generation] {
-    std::lock_guard lock(event->m);
-    event->at = Clock::now();
-    event->completed = std::max(event->completed, generation);
-    event->done.notify_all();
-  });
+  if (refused_in_capture(stream, "cudaEventRecord (without cudaEventRecordExternal)"))
+    return cudaErrorStreamCaptureUnsupported;
+  const std::uint64_t generation = next_record(event, stream);
+  emu::submit(stream, [event, generation] { complete(event, generation); });
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
@@ -334,6 +390,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
+  if (refused_in_capture(stream, "cudaStreamWaitEvent")) return cudaErrorStreamCaptureUnsupported;
   std::uint64_t generation;
   {
     std::lock_guard lock(event->m);
@@ -403,6 +460,9 @@ const char* cudaGetErrorName(cudaError_t status) {
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     default: return "cudaErrorUnknown";
   }
 }
@@ -425,11 +485,19 @@ cudaError_t cudaFree(void* ptr) {
   release(ptr);
   return cudaSuccess;
 }
+namespace {
+cudaError_t graph_allocate(GraphBody& body, void** ptr, std::size_t bytes);  // with the graph calls
+bool graph_free(void* ptr, cudaStream_t stream, cudaError_t* status);
+}  // namespace
 cudaError_t cudaMallocAsync(void** ptr, std::size_t bytes, cudaStream_t stream) {
+  if (std::shared_ptr<GraphBody> body = capturing(stream)) return graph_allocate(*body, ptr, bytes);
   return allocate(ptr, bytes, stream);  // stream-ordered: the caller's from this point of `stream` on
 }
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   if (ptr == nullptr) return cudaSuccess;
+  cudaError_t status = cudaSuccess;
+  if (graph_free(ptr, stream, &status)) return status;
+  if (refused_in_capture(stream, "cudaFreeAsync of memory no graph allocated")) return cudaErrorStreamCaptureUnsupported;
   emu::submit(stream, [ptr] { release(ptr); });
   return cudaSuccess;
 }
@@ -468,6 +536,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaM
     emu::submit(stream, [dst, src, bytes] { std::memcpy(dst, src, bytes); });
     return cudaSuccess;
   }
+  if (kind != cudaMemcpyDeviceToDevice && refused_in_capture(stream, "a copy from or to pageable host memory"))
+    return cudaErrorStreamCaptureUnsupported;
   switch (kind) {
     case cudaMemcpyHostToDevice: {
       // Pageable source: staged before the call returns (the caller may reuse it).
@@ -510,6 +580,231 @@ cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
 }
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return cudaSuccess; }
 
+// ---- graphs ----------------------------------------------------------------------------
+
+struct GraphNode {
+  enum Kind { Run, Alloc, Free, Record } kind = Run;
+  Work work{};                    // Run
+  void* ptr = nullptr;            // Alloc, Free
+  std::size_t bytes = 0;          // Alloc, Free
+  cudaEvent_t event = nullptr;    // Record (a reference held)
+};
+struct GraphBody {
+  std::mutex m;  // capture adds nodes from the caller's thread
+  std::vector<GraphNode> nodes;
+  int instances = 0;  // executables of it alive (one at most with memory nodes, as CUDA)
+  ~GraphBody();
+};
+struct CUgraph_st {
+  std::shared_ptr<GraphBody> body;
+};
+struct CUgraphExec_st {
+  std::shared_ptr<GraphBody> body;
+};
+
+namespace {
+// Graph allocations (memory nodes), by address: `held` from a launch that allocated it
+// until its free is issued (in a graph launched since, or by cudaFreeAsync).
+struct GraphAlloc {
+  std::size_t bytes = 0;
+  bool held = false;
+};
+std::mutex graph_mu;
+std::map<void*, GraphAlloc>& graph_allocs() {
+  static auto* m = new std::map<void*, GraphAlloc>;  // never destroyed, as memory()
+  return *m;
+}
+
+void capture_node(GraphBody& body, Work w) {
+  std::lock_guard lock(body.m);
+  body.nodes.push_back(GraphNode{GraphNode::Run, w});
+}
+
+cudaError_t graph_allocate(GraphBody& body, void** ptr, std::size_t bytes) {
+  const std::size_t rounded = std::max<std::size_t>(4, (bytes + 3) / 4 * 4);
+  void* p = std::malloc(rounded);
+  std::memset(p, 0xff, rounded);
+  {
+    std::lock_guard lock(graph_mu);
+    graph_allocs()[p] = GraphAlloc{rounded, false};
+  }
+  GraphNode n;
+  n.kind = GraphNode::Alloc;
+  n.ptr = p;
+  n.bytes = rounded;
+  std::lock_guard lock(body.m);
+  body.nodes.push_back(n);
+  *ptr = p;
+  return cudaSuccess;
+}
+
+// A free of a graph's allocation: a node of the graph `stream` captures, else issued now
+// (then it must be held). False for other memory.
+bool graph_free(void* ptr, cudaStream_t stream, cudaError_t* status) {
+  std::size_t bytes = 0;
+  const std::shared_ptr<GraphBody> body = capturing(stream);
+  {
+    std::lock_guard lock(graph_mu);
+    auto it = graph_allocs().find(ptr);
+    if (it == graph_allocs().end()) return false;
+    bytes = it->second.bytes;
+    if (!body) {
+      if (!it->second.held) {
+        std::fprintf(stderr, "emulated GPU: cudaFreeAsync of graph memory %p that no launch holds (freed twice?)\n", ptr);
+        *status = emu_last_error = cudaErrorInvalidValue;
+        return true;
+      }
+      it->second.held = false;
+    }
+  }
+  if (body) {
+    GraphNode n;
+    n.kind = GraphNode::Free;
+    n.ptr = ptr;
+    n.bytes = bytes;
+    std::lock_guard lock(body->m);
+    body->nodes.push_back(n);
+  } else {
+    emu::submit(stream, [ptr, bytes] { std::memset(ptr, 0xff, bytes); });
+  }
+  return true;
+}
+}  // namespace
+
+GraphBody::~GraphBody() {
+  // Its allocations' memory stays (never reused: a stale address reads NaN or what the
+  // last launch left; a held one is still freed by its owner).
+  for (GraphNode& n : nodes) {
+    if (n.kind == GraphNode::Run) n.work.drop(n.work.arg);
+    if (n.kind == GraphNode::Record) release(n.event);
+  }
+}
+
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned flags) {
+  const std::shared_ptr<GraphBody> body = (flags & cudaEventRecordExternal) != 0 ? capturing(stream) : nullptr;
+  if (!body) return cudaEventRecord(event, stream);
+  if (stream->device != event->device) return emu_last_error = cudaErrorInvalidResourceHandle;
+  ++event->refs;
+  GraphNode n;
+  n.kind = GraphNode::Record;
+  n.event = event;
+  std::lock_guard lock(body->m);
+  body->nodes.push_back(n);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  if (stream == nullptr) return emu_last_error = cudaErrorInvalidValue;  // the legacy stream is not captured
+  std::lock_guard lock(stream->m);
+  if (stream->capture) return emu_last_error = cudaErrorIllegalState;
+  stream->capture = std::make_shared<GraphBody>();
+  stream->capture_invalid = false;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  *graph = nullptr;
+  if (stream == nullptr) return emu_last_error = cudaErrorInvalidValue;
+  std::shared_ptr<GraphBody> body;
+  bool invalid = false;
+  {
+    std::lock_guard lock(stream->m);
+    if (!stream->capture) return emu_last_error = cudaErrorIllegalState;
+    body = std::move(stream->capture);
+    stream->capture = nullptr;
+    invalid = stream->capture_invalid;
+  }
+  if (invalid) return emu_last_error = cudaErrorStreamCaptureInvalidated;
+  *graph = new CUgraph_st{std::move(body)};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  *status = cudaStreamCaptureStatusNone;
+  if (stream == nullptr) return cudaSuccess;
+  std::lock_guard lock(stream->m);
+  if (stream->capture)
+    *status = stream->capture_invalid ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = nullptr;
+  if (graph == nullptr) return emu_last_error = cudaErrorInvalidValue;
+  std::lock_guard lock(graph->body->m);
+  const bool memory_nodes = std::any_of(graph->body->nodes.begin(), graph->body->nodes.end(),
+                                        [](const GraphNode& n) { return n.kind == GraphNode::Alloc; });
+  if (memory_nodes && graph->body->instances > 0) {
+    std::fprintf(stderr, "emulated GPU: a graph with memory nodes instantiated twice (CUDA allows one at a time)\n");
+    return emu_last_error = cudaErrorInvalidValue;
+  }
+  ++graph->body->instances;
+  *exec = new CUgraphExec_st{graph->body};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  if (exec == nullptr) return emu_last_error = cudaErrorInvalidValue;
+  {
+    std::lock_guard lock(exec->body->m);
+    --exec->body->instances;
+  }
+  delete exec;  // launches still queued keep the nodes
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  if (graph == nullptr) return emu_last_error = cudaErrorInvalidValue;
+  delete graph;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (exec == nullptr || stream == nullptr) return emu_last_error = cudaErrorInvalidValue;
+  if (refused_in_capture(stream, "cudaGraphLaunch (a child graph is not emulated)"))
+    return cudaErrorStreamCaptureUnsupported;
+  std::shared_ptr<GraphBody> body = exec->body;
+  std::vector<std::uint64_t> generations;
+  {
+    // As CUDA checks at launch: each memory node's allocation of the launch before is
+    // freed, each free node's is held — walked in node order, applied if all hold.
+    std::scoped_lock lock(body->m, graph_mu);
+    std::map<void*, bool> held;
+    auto is_held = [&](void* p) {
+      auto it = held.find(p);
+      if (it != held.end()) return it->second;
+      auto g = graph_allocs().find(p);
+      return g != graph_allocs().end() && g->second.held;
+    };
+    for (const GraphNode& n : body->nodes) {
+      if (n.kind == GraphNode::Alloc) {
+        if (is_held(n.ptr)) {
+          std::fprintf(stderr, "emulated GPU: graph launched while its allocation %p of the last launch is not freed\n",
+                       n.ptr);
+          return emu_last_error = cudaErrorInvalidValue;
+        }
+        held[n.ptr] = true;
+      } else if (n.kind == GraphNode::Free) {
+        if (!is_held(n.ptr)) {
+          std::fprintf(stderr, "emulated GPU: graph launched to free %p, which no launch holds\n", n.ptr);
+          return emu_last_error = cudaErrorInvalidValue;
+        }
+        held[n.ptr] = false;
+      }
+    }
+    for (const auto& [p, h] : held) graph_allocs()[p].held = h;
+    for (const GraphNode& n : body->nodes)
+      if (n.kind == GraphNode::Record) generations.push_back(next_record(n.event, stream));
+  }
+  ++stream->launches;
+  auto run = new std::function<void()>([body, generations = std::move(generations)] {
+    std::size_t g = 0;
+    for (const GraphNode& n : body->nodes) switch (n.kind) {
+        case GraphNode::Run: n.work.run(n.work.arg); break;
+        case GraphNode::Alloc:
+        case GraphNode::Free: std::memset(n.ptr, 0xff, n.bytes); break;
+        case GraphNode::Record: complete(n.event, generations[g++]); break;
+      }
+  });
+  enqueue(stream, Work{[](void* p) { (*static_cast<std::function<void()>*>(p))(); }, run,
+                       [](void* p) { delete static_cast<std::function<void()>*>(p); }});
+  return cudaSuccess;
+}
+
 // ---- cuBLAS ----------------------------------------------------------------------------
 
 struct cublasContext {
@@ -526,6 +821,20 @@ cublasStatus_t cublasDestroy(cublasHandle_t handle) {
 }
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
   handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* workspace, std::size_t bytes) {
+  if (handle == nullptr || (workspace == nullptr && bytes > 0)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (workspace != nullptr) {
+    Memory& mem = memory();
+    std::lock_guard lock(mem.m);
+    auto it = mem.live.find(workspace);
+    if (it == mem.live.end() || it->second.first < bytes) {
+      std::fprintf(stderr, "cuBLAS emulation: workspace %p of %zu bytes is not device memory that large\n", workspace,
+                   bytes);
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+  }
   return CUBLAS_STATUS_SUCCESS;
 }
 const char* cublasGetStatusName(cublasStatus_t status) {

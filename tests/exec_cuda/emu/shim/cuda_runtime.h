@@ -13,6 +13,8 @@
 typedef struct CUstream_st* cudaStream_t;
 typedef struct CUevent_st* cudaEvent_t;
 typedef struct CUmemPoolHandle_st* cudaMemPool_t;
+typedef struct CUgraph_st* cudaGraph_t;
+typedef struct CUgraphExec_st* cudaGraphExec_t;
 typedef int cudaError_t;
 enum {
   cudaSuccess = 0,
@@ -23,12 +25,20 @@ enum {
   cudaErrorNoDevice = 100,
   cudaErrorInsufficientDriver = 35,
   cudaErrorInvalidResourceHandle = 400,
+  cudaErrorIllegalState = 401,
   cudaErrorNotReady = 600,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
 };
 enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 typedef enum { CUDA_R_16F = 2, CUDA_R_16BF = 14, CUDA_R_32F = 0 } cudaDataType;
 enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
 enum { cudaEventDefault = 0, cudaEventDisableTiming = 2 };
+enum { cudaEventRecordDefault = 0, cudaEventRecordExternal = 1 };
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1,
+                             cudaStreamCaptureModeRelaxed = 2 };
+enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1,
+                               cudaStreamCaptureStatusInvalidated = 2 };
 enum cudaMemPoolAttr { cudaMemPoolReuseFollowEventDependencies = 1, cudaMemPoolReuseAllowOpportunistic = 2,
                        cudaMemPoolReuseAllowInternalDependencies = 3, cudaMemPoolAttrReleaseThreshold = 4 };
 
@@ -78,6 +88,21 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream = nullptr, unsigned flags = 0);
+
+// Stream capture and graphs (emu_runtime.cpp, "graphs"): what a captured stream is given
+// becomes the graph's nodes, in order — kernels, copies, memsets, cuBLAS calls,
+// stream-ordered allocations (memory nodes: one address for the graph's life, NaN again
+// at each launch) and frees, external event records. Host waits on the capturing stream,
+// plain event records and waits there, pageable copies and frees of memory no graph
+// allocated are refused (cudaErrorStreamCaptureUnsupported) and invalidate the capture.
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 
 cudaError_t cudaMalloc(void** ptr, std::size_t bytes);
 cudaError_t cudaFree(void* ptr);
@@ -104,6 +129,11 @@ void submit(cudaStream_t stream, F work) {
 /// cudaEventQuery of an event last recorded there) that found its work unfinished: how
 /// often the host waited for it. A poll counts each time it finds the work running.
 std::uint64_t blocked_host_waits(cudaStream_t stream);
+/// Work the host put on `stream` itself (kernels, copies, memsets, cuBLAS calls, event
+/// records and waits, allocations' and frees' fills), and graphs launched there: a
+/// replayed CUDA graph adds one launch and no work item.
+std::uint64_t work_items(cudaStream_t stream);
+std::uint64_t graph_launches(cudaStream_t stream);
 /// False (and the launch error cudaGetLastError reports set) when a kernel launched
 /// into `stream` would fail on a GPU: a stream of another device than the current one.
 bool kernel_launch_ok(cudaStream_t stream);

@@ -47,6 +47,10 @@ struct TrainOptions {
   /// CPU backend rounds them through bf16 (round_to_bf16), so that each compares like
   /// with like. Off: fp32 on the GPU, exact on the CPU. `tdpipe exec --wire`.
   bool bf16_wire = false;
+  /// CUDA backend: each F, B, BW and W is captured into a CUDA graph at its first step and
+  /// replayed after (exec/cuda/op_graphs.hpp); refused with parameter offload. The CPU
+  /// backend ignores it. `tdpipe exec --cuda-graphs`.
+  bool cuda_graphs = false;
 };
 
 /// options.rank_speed of pipeline rank `rank` (1 when not given). Throws tdpipe::Error

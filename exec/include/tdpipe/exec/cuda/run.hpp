@@ -52,6 +52,9 @@ struct CudaRunResult {
   int world_size = 1;
   bool root = true;  ///< this process prints and writes the outputs
   std::string device_name;
+  /// TrainOptions::cuda_graphs: compute ops captured into a graph and replayed, summed
+  /// over this process's ranks (the last world's, after a recovery); 0 without graphs.
+  std::int64_t graph_captures = 0, graph_replays = 0;
 };
 
 /// Trains `plan` (lowered) for options.train.steps steps on GPUs. Throws tdpipe::Error
