@@ -19,7 +19,9 @@
 #     traces, `tdpipe calibrate --backend cuda`, `tdpipe sim --engine analytic --profile`
 #     (SimGrid is not there) and `tdpipe compare` (median iteration-time error printed; goal ≤ 5 %),
 #     and the executor's per-op host overhead from the measured traces
-#     (scripts/trace-gaps.py: gaps between dependent ops on one stream; goal ≤ 5 µs median).
+#     (scripts/trace-gaps.py: gaps between dependent ops on one stream; goal ≤ 5 µs median);
+#     zb-h1 with CUDA graphs per op (--cuda-graphs on) against off, iteration times side
+#     by side and the gaps of both traces.
 # Everything lands in OUT_DIR (traces/, profiles/, *.json, *.log, summary.txt). Where
 # $OUT is set (the device tool, which returns at most 8 files from it), the script
 # also leaves there summary.txt and gpu-check.tar.gz of OUT_DIR — on every exit, a
@@ -205,6 +207,30 @@ PY
     --show-fit -o "$out/profiles/model.profile.json" > "$out/calibrate-model.log" 2>&1 \
   && say "  one profile: $(head -1 "$out/calibrate-model.log")" \
   || say "  one profile: calibrate --probes failed: $(tail -2 "$out/calibrate-model.log")"
+# CUDA graphs per op (--cuda-graphs on) against issuing each kernel, side by side in one
+# run of each: zb-h1 (the most ops a step: F, B and W apart). The default stays off until
+# this says graphs are faster; the gaps line shows the host overhead with them.
+graph_modes=(off on)
+[ "$run_backend" = cuda ] || { graph_modes=(); say "  graphs: the cpu backend has none (rehearsal)"; }
+for graphs in "${graph_modes[@]}"; do
+  "$tdp" exec "$scen" --backend "$run_backend" "${transport[@]}" --schedule zb-h1 --steps 6 --cuda-graphs "$graphs" \
+      --trace-out "$out/traces/graphs-$graphs.zb-h1.json" --json > "$out/exec-graphs-$graphs.json" \
+      2> "$out/exec-graphs-$graphs.err" || say "  graphs $graphs: exec failed: $(tail -2 "$out/exec-graphs-$graphs.err")"
+done
+[ "$run_backend" = cuda ] && python3 - "$out/exec-graphs-off.json" "$out/exec-graphs-on.json" <<'PY' | tee -a "$out/summary.txt"
+import json, sys
+try:
+    off, on = (json.load(open(p)) for p in sys.argv[1:3])
+    g = on.get("cuda_graphs", {})
+    print(f"  zb-h1 --cuda-graphs off {off['iteration_time']*1e3:8.3f} ms/iter, on {on['iteration_time']*1e3:8.3f} ms/iter "
+          f"(on/off {on['iteration_time']/off['iteration_time']:.3f}; {g.get('captures')} captures, "
+          f"{g.get('replays')} replays); losses equal: {on['loss_per_step'] == off['loss_per_step']}")
+except Exception as ex:
+    print(f"  graphs: no comparison ({ex})")
+PY
+ls "$out"/traces/graphs-*.json > /dev/null 2>&1 \
+  && python3 scripts/trace-gaps.py "$out"/traces/graphs-*.json 2>&1 | sed "s|$out/traces/||; s/^/  gaps: /" \
+     | tee -a "$out/summary.txt"
 for spec in "gpipe 1" "1f1b 1" "interleaved 1" "zb-h1 1" "zb-h2 1" "zb-v 1" "tdpipe 4"; do
   set -- $spec
   name="$1-s$2"

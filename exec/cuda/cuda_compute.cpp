@@ -146,6 +146,7 @@ void CudaCompute::restore(const RankCheckpoint& state) {
 CudaCompute::~CudaCompute() {
   cudaSetDevice(ctx_->device());
   cudaStreamSynchronize(ctx_->compute());
+  if (!cublas_workspace_.empty()) cublasSetWorkspace(ctx_->cublas(), nullptr, 0);  // back to cuBLAS's own
   for (auto& chunk : marks_)
     for (TailMark& m : chunk) cudaEventDestroy(m.event);
 }

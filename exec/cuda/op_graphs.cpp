@@ -2,6 +2,7 @@
 // while its graph is captured or replayed (op_graphs.hpp).
 #include "op_graphs.hpp"
 
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -13,7 +14,9 @@ namespace tdpipe::exec::cuda {
 
 namespace {
 
-// Graph allocations not yet freed, process-wide (a free may come from any rank's thread).
+// Graph allocations not yet freed, process-wide (a free may come from any rank's thread);
+// `any_owned`: some op was ever captured, else a free need not look.
+std::atomic<bool> any_owned{false};
 std::mutex owned_mu;
 std::unordered_set<void*>& owned() {
   static auto* s = new std::unordered_set<void*>;
@@ -24,6 +27,7 @@ bool is_owned(void* p) {
   return owned().count(p) > 0;
 }
 void disown(void* p) {
+  if (!any_owned.load(std::memory_order_relaxed)) return;
   std::lock_guard lock(owned_mu);
   owned().erase(p);
 }
@@ -64,6 +68,7 @@ bool graph_allocate(std::size_t bytes, cudaStream_t stream, void** out) {
   }
   std::lock_guard lock(owned_mu);
   owned().insert(*out);
+  any_owned.store(true, std::memory_order_relaxed);
   return true;
 }
 

@@ -854,6 +854,37 @@ for r, e, g in zip(cpu["loss_per_step"], exact["loss_per_step"], gpu["loss_per_s
     assert abs(g - r) <= 1e-2 * abs(r), (g, r)
 PY
     ;;
+  exec-graphs-cuda)
+    # --cuda-graphs on (the emulated GPU): each F, B, W captured at step 0 and replayed
+    # after — the same losses and weights to the bit as issuing each kernel, the counts
+    # said; refused on the cpu backend and with parameter offload, each saying why.
+    on=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --schedule zb-h1 --steps 3 --cuda-graphs on --json) \
+      || fail "cuda exec --cuda-graphs on exited $?"
+    off=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --schedule zb-h1 --steps 3 --json) \
+      || fail "cuda exec exited $?"
+    python3 - "$on" "$off" <<'PY' || fail "graphs on and off disagree"
+import json, sys
+on, off = (json.loads(a) for a in sys.argv[1:3])
+assert on["loss_per_step"] == off["loss_per_step"], (on["loss_per_step"], off["loss_per_step"])
+assert on["weights_l2"] == off["weights_l2"], (on["weights_l2"], off["weights_l2"])
+g = on["cuda_graphs"]
+assert g["captures"] > 0 and g["replays"] == 2 * g["captures"], g
+assert "cuda_graphs" not in off
+PY
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --steps 2 --cuda-graphs on) \
+      || fail "cuda exec --cuda-graphs on exited $?"
+    expect "$out" 'CUDA graphs: [0-9]+ op captures, [0-9]+ replays' "the counts printed"
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cpu --steps 1 --cuda-graphs on 2>&1) \
+      && fail "--cuda-graphs on accepted on the cpu backend"
+    expect "$out" "CUDA graphs are the cuda backend's" "cpu backend refused"
+    sed -e 's/^parallel:/parallel:\n  param_offload: layers/' scenarios/tiny-gpt-cpu.yaml > "$work/offload.yaml"
+    out=$("$tdpipe" exec "$work/offload.yaml" --backend cuda --steps 1 --cuda-graphs on 2>&1) \
+      && fail "--cuda-graphs on accepted with offload"
+    expect "$out" 'param_offload: an offloaded block' "offload refused"
+    out=$("$tdpipe" exec scenarios/tiny-gpt-cpu.yaml --backend cuda --steps 1 --cuda-graphs maybe 2>&1) \
+      && fail "--cuda-graphs maybe accepted"
+    expect "$out" 'cuda-graphs' "a bad value refused"
+    ;;
   balance-cuda)
     # The CUDA backend (on the emulated GPU) in the balancer's loop: rank 1 at a quarter speed,
     # segments of 2 steps, weights and Adam state carried across the re-partition — the

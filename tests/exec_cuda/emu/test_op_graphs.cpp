@@ -124,7 +124,7 @@ TEST_CASE("emulated GPU graphs: a captured kernel replays at each launch, a memo
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
 }
 
-TEST_CASE("emulated GPU graphs: what a GPU refuses during capture invalidates it; an external event record is a "
+TEST_CASE("emulated GPU graphs: what a GPU refuses during capture invalidates it, and an external event record is a "
           "node recorded at each launch",
           "[emulated][graphs]") {
   DeviceContext ctx(0);

@@ -24,9 +24,7 @@ namespace {
 std::int64_t graph_ops(const ir::Plan& plan) {
   std::int64_t n = 0;
   for (const auto& rank : plan.ranks)
-    for (const ir::Op& op : rank)
-      n += op.kind == ir::OpKind::F || op.kind == ir::OpKind::B || op.kind == ir::OpKind::BW ||
-           op.kind == ir::OpKind::W;
+    for (const ir::Op& op : rank) n += ir::is_chunk_work(op.kind);
   return n * plan.data;
 }
 
@@ -74,7 +72,7 @@ TEST_CASE("CUDA graphs train bit-identically to issuing each kernel, every op re
 }
 
 TEST_CASE("CUDA graphs: a bucket that starts inside the chunk's last backward waits for its part's record node",
-          "[gpu][graphs][overlap]") {
+          "[gpu][graphs][overlap][simt]") {
   // overlap_grad_reduce on 2 replicas: the chunk's last W marks each part's gradients
   // final with an event; in a graph that is a record node, and the dp thread hears of
   // the part only once the graph is launched. Slower devices widen the window.
