@@ -57,11 +57,7 @@ CudaCompute::CudaCompute(const cpu::GptConfig& config, const ir::Plan& plan, int
     if (plan.scenario.parallel.offload())
       throw Error("--cuda-graphs on with parallel.param_offload: an offloaded block's weights arrive at new "
                   "addresses every step, which a graph cannot follow; run with --cuda-graphs off");
-    graphs_.emplace(ctx.compute());
-    // cuBLAS's workspace, set once: otherwise it may allocate one during a capture.
-    // 32 MiB, what NVIDIA's cuBLAS documentation recommends for Hopper.
-    cublas_workspace_ = DeviceMemory(std::size_t(32) << 20, ctx.compute());
-    TDPIPE_CUBLAS_CHECK(cublasSetWorkspace(ctx.cublas(), cublas_workspace_.get(), cublas_workspace_.bytes()));
+    graphs_.emplace(ctx.compute());  // (cuBLAS has its workspace: DeviceContext)
   }
   TDPIPE_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));
   speed_ = cpu::rank_speed_of(options, rank);
@@ -146,7 +142,6 @@ void CudaCompute::restore(const RankCheckpoint& state) {
 CudaCompute::~CudaCompute() {
   cudaSetDevice(ctx_->device());
   cudaStreamSynchronize(ctx_->compute());
-  if (!cublas_workspace_.empty()) cublasSetWorkspace(ctx_->cublas(), nullptr, 0);  // back to cuBLAS's own
   for (auto& chunk : marks_)
     for (TailMark& m : chunk) cudaEventDestroy(m.event);
 }
@@ -293,7 +288,8 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
   named.mb = op.mb;
   named.chunk = op.chunk;
   named.slice = op.slice;
-  NvtxRange range(std::string("r") + std::to_string(rank_) + " " + trace_name(named));
+  const std::string name = trace_name(named);
+  NvtxRange range(std::string("r") + std::to_string(rank_) + " " + name);
   cudaStream_t stream = ctx_->compute();
   // Adam's step count: the steps it took (skipped fp16 steps do not count).
   const int t = step_ + 1 - (scaler_ ? scaler_->state().skipped : 0);
@@ -357,10 +353,9 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
     if (scaler_)
       for (double scale : scaler_->scales()) signature.push_back(std::bit_cast<std::uint64_t>(scale));
     graphs_->run({static_cast<int>(op.kind), op.mb, op.chunk, op.slice}, std::move(signature),
-                 [&] { out = issue(op, std::move(input), waited); }, trace_name(named));
+                 [&] { out = issue(op, name, std::move(input), waited); }, name);
   } else {
-    if (graphs_) graphs_->ran_eagerly();
-    out = issue(op, std::move(input), waited);
+    out = issue(op, name, std::move(input), waited);
   }
   if (speed_ != 1) {
     wait_stream(stream, control_);
@@ -369,13 +364,9 @@ Buffer CudaCompute::run(const ComputeOp& op, Buffer input) {
   return out;
 }
 
-Buffer CudaCompute::issue(const ComputeOp& op, Buffer input, std::chrono::steady_clock::duration& waited) {
+Buffer CudaCompute::issue(const ComputeOp& op, const std::string& name, Buffer input,
+                          std::chrono::steady_clock::duration& waited) {
   cudaStream_t stream = ctx_->compute();
-  ir::Op named;
-  named.kind = op.kind;
-  named.mb = op.mb;
-  named.chunk = op.chunk;
-  named.slice = op.slice;
   GptStageCuda& st = chunk_stage(op.chunk);
   // Parameter offload: each block waits at the gate for its LOAD, and its copy is freed
   // (in stream order) once its kernels are issued. Waits are not the op's work.
@@ -409,7 +400,7 @@ Buffer CudaCompute::issue(const ComputeOp& op, Buffer input, std::chrono::steady
   const std::int64_t elements = std::int64_t(config_.micro_batch) * (t1 - t0) * config_.hidden;
   auto check_input = [&](const char* what) {
     if (input.empty() || input.elements != elements || input.dtype != wire_)
-      throw Error(std::string(what) + " of " + trace_name(named) + ": got a buffer of " +
+      throw Error(std::string(what) + " of " + name + ": got a buffer of " +
                   std::to_string(input.elements) + " elements, expected " + std::to_string(elements) +
                   (wire_ == DType::BF16 ? " bf16" : " fp32") + " values on the GPU");
     if (wire_ == DType::BF16) {  // widened for the stage's fp32 residual stream

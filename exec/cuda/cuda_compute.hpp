@@ -93,9 +93,10 @@ class CudaCompute final : public Compute {
   /// rank that holds the first or the last stage.
   const DeviceBatch& micro_batch(int mb) const;
   void upload_batches();
-  /// Issues the kernels of compute op `op` (not OPT) on the compute stream; `input` is
-  /// already ordered there. Returns what it hands on.
-  Buffer issue(const ComputeOp& op, Buffer input, std::chrono::steady_clock::duration& waited);
+  /// Issues the kernels of compute op `op` (not OPT; `name` in errors) on the compute
+  /// stream; `input` is already ordered there. Returns what it hands on.
+  Buffer issue(const ComputeOp& op, const std::string& name, Buffer input,
+               std::chrono::steady_clock::duration& waited);
   /// Records, on the compute stream, that the kernels issued so far finish the trailing
   /// `tail` gradients of `chunk` (its last gradient op's progress, ComputeOp::progress).
   void mark_final_tail(int chunk, std::int64_t tail);
@@ -141,7 +142,6 @@ class CudaCompute final : public Compute {
   std::optional<OpGraphs> graphs_;  ///< TrainOptions::cuda_graphs
   bool eager_step_ = false;         ///< this step runs without graphs (an injected overflow)
   std::map<TensorKey, Buffer> slots_;  ///< with graphs: what each RECV fills, every step
-  DeviceMemory cublas_workspace_;   ///< with graphs: cuBLAS's, so a capture allocates none
 };
 
 /// Event timestamps relative to an origin event; one per rank, sharing the origin

@@ -1,6 +1,7 @@
 // device_context.cpp — per-rank streams, cuBLAS handle, abortable waits.
 #include "device_context.hpp"
 
+#include <cstddef>
 #include <cstdio>
 
 #include "check.hpp"
@@ -17,6 +18,9 @@ DeviceContext::DeviceContext(int device) : device_(device) {
     TDPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
     TDPIPE_CUBLAS_CHECK(cublasCreate(&cublas_));
     TDPIPE_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
+    constexpr std::size_t kWorkspace = std::size_t(32) << 20;
+    TDPIPE_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspace));
+    TDPIPE_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_, kWorkspace));  // after cublasSetStream, which resets it
   } catch (...) {
     release();  // the destructor does not run for a constructor that threw
     throw;
@@ -30,9 +34,11 @@ void DeviceContext::release() noexcept {
   for (cudaStream_t s : {compute_, p2p_, dp_, copy_})
     if (s) cudaStreamSynchronize(s);
   if (cublas_) cublasDestroy(cublas_);
+  if (workspace_) cudaFree(workspace_);
   for (cudaStream_t s : {compute_, p2p_, dp_, copy_})
     if (s) cudaStreamDestroy(s);
   cublas_ = nullptr;
+  workspace_ = nullptr;
   compute_ = p2p_ = dp_ = copy_ = nullptr;
 }
 

@@ -1,6 +1,7 @@
 // device_context.hpp — internal to exec/cuda: what one rank owns on its GPU — the
 // device, one non-blocking stream per ir::Stream (compute, p2p, dp, copy), a cuBLAS
-// handle on the compute stream — and helpers every host thread calls first.
+// handle on the compute stream with its own workspace — and helpers every host thread
+// calls first.
 #pragma once
 
 #include <atomic>
@@ -39,6 +40,10 @@ class DeviceContext {
   int device_;
   cudaStream_t compute_ = nullptr, p2p_ = nullptr, dp_ = nullptr, copy_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  /// cuBLAS's workspace (cublasSetWorkspace), 32 MiB as NVIDIA recommends for Hopper: set
+  /// once, so no GEMM allocates one — inside a CUDA graph's capture (op_graphs.hpp) it
+  /// could not — and the GEMMs choose alike with and without graphs.
+  void* workspace_ = nullptr;
 };
 
 /// Waits for `stream` without blocking in the driver, so a failure elsewhere

@@ -47,12 +47,7 @@ DeviceMemory::DeviceMemory(std::size_t bytes, cudaStream_t stream, bool zero)
 
 void DeviceMemory::reset() {
   if (ptr_ == nullptr) return;
-  // A destructor must not throw: report and go on (the context is broken anyway).
-  if (!graph_free(ptr_, stream_)) {
-    const cudaError_t status = cudaFreeAsync(ptr_, stream_);
-    if (status != cudaSuccess)
-      std::fprintf(stderr, "tdpipe: cudaFreeAsync failed: %s\n", cudaGetErrorString(status));
-  }
+  free_device(ptr_, stream_);
   ptr_ = nullptr;
 }
 
@@ -64,11 +59,7 @@ struct DeviceFree {
   cudaStream_t stream = nullptr;
   cudaEvent_t ready = nullptr;
   void operator()(void* q) const {
-    if (!graph_free(q, stream)) {
-      const cudaError_t status = cudaFreeAsync(q, stream);
-      if (status != cudaSuccess)
-        std::fprintf(stderr, "tdpipe: cudaFreeAsync failed: %s\n", cudaGetErrorString(status));
-    }
+    free_device(q, stream);
     if (ready) cudaEventDestroy(ready);  // (released by the driver once it completed)
   }
 };

@@ -1,7 +1,8 @@
 // gpt_cuda.cpp — forward, split backward (B / W) and Adam of one GPT virtual stage
 // on the GPU. Mirrors exec/src/cpu_gpt.cpp op for op; see gpt_cuda.hpp for the
-// precision choices. Every kernel, GEMM and device copy is issued `if (issuing())`:
-// while an op replays its CUDA graph its host code runs alone (op_graphs.hpp).
+// precision choices. Every kernel, GEMM and device copy of F, B and W is issued
+// `if (issuing())`: while an op replays its CUDA graph its host code runs alone
+// (op_graphs.hpp). Adam, LOAD and OFFLOAD never run inside a graph.
 #include "gpt_cuda.hpp"
 
 #include <algorithm>
@@ -182,7 +183,7 @@ struct GptStageCuda::Impl {
   }
   // The 16-bit weight copy of n values from the fp32 master, on `on`.
   void cast16(const float* from, void* to, std::int64_t n, cudaStream_t on) {
-    with16([&](auto z) { if (issuing()) k::to_16(from, static_cast<decltype(z)*>(to), n, on); });
+    with16([&](auto z) { k::to_16(from, static_cast<decltype(z)*>(to), n, on); });
   }
   void check_block(int block, const char* what) const {
     if (!offload || block < 0 || block >= static_cast<int>(block_range.size()))
@@ -780,10 +781,10 @@ void GptStageCuda::adam(const cpu::AdamConfig& a, int t, std::int64_t first, std
   // Elementwise: a part of the flat vectors is stepped exactly as in the full step.
   const std::int64_t r = I.resident_index(first);
   I.with16([&](auto z) {
-    if (issuing()) k::adam(I.master.as<float>() + r, I.grad.as<float>() + first, I.m1.as<float>() + r, I.m2.as<float>() + r,
-                           I.wbf.as<decltype(z)>() + r, last - first, static_cast<float>(a.lr), static_cast<float>(a.beta1),
-                           static_cast<float>(a.beta2), static_cast<float>(a.eps), static_cast<float>(c1), static_cast<float>(c2),
-                           I.stream);
+    k::adam(I.master.as<float>() + r, I.grad.as<float>() + first, I.m1.as<float>() + r, I.m2.as<float>() + r,
+            I.wbf.as<decltype(z)>() + r, last - first, static_cast<float>(a.lr), static_cast<float>(a.beta1),
+            static_cast<float>(a.beta2), static_cast<float>(a.eps), static_cast<float>(c1), static_cast<float>(c2),
+            I.stream);
   });
 }
 
@@ -879,7 +880,7 @@ void GptStageCuda::adam_block(const cpu::AdamConfig& a, int t, int block, bool s
   }
   const auto [first, last] = I.block_range[static_cast<std::size_t>(block)];
   const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, t);
-  if (!skip && issuing())  // (no 16-bit copy: the block's next LOAD casts one)
+  if (!skip)  // (no 16-bit copy: the block's next LOAD casts one)
     k::adam(c->master.as<float>(), I.grad.as<float>() + first, c->m1.as<float>(), c->m2.as<float>(),
             static_cast<bf16*>(nullptr), last - first, static_cast<float>(a.lr), static_cast<float>(a.beta1),
             static_cast<float>(a.beta2), static_cast<float>(a.eps), static_cast<float>(c1), static_cast<float>(c2),
@@ -928,9 +929,9 @@ void GptStageCuda::adam_frozen_variance(const cpu::AdamConfig& a, int t, int fro
   if (I.offload) throw Error("1-bit Adam with parameter offload is not built (the scenario check refuses it)");
   const double c1 = 1.0 - std::pow(a.beta1, t), c2 = 1.0 - std::pow(a.beta2, frozen_at);
   I.with16([&](auto z) {
-    if (issuing()) k::adam_frozen_variance(I.master.as<float>(), I.m1.as<float>(), I.m2.as<float>(), I.wbf.as<decltype(z)>(),
-                                           I.total, static_cast<float>(a.lr), static_cast<float>(a.eps), static_cast<float>(c1),
-                                           static_cast<float>(c2), I.stream);
+    k::adam_frozen_variance(I.master.as<float>(), I.m1.as<float>(), I.m2.as<float>(), I.wbf.as<decltype(z)>(),
+                            I.total, static_cast<float>(a.lr), static_cast<float>(a.eps), static_cast<float>(c1),
+                            static_cast<float>(c2), I.stream);
   });
 }
 

@@ -43,10 +43,22 @@ struct Scope {
 };
 thread_local Scope* current = nullptr;
 
-void free_now(void* p, cudaStream_t stream) {
-  disown(p);
+// A destructor's free must not throw: report and go on (the context is broken anyway).
+void free_async(void* p, cudaStream_t stream) noexcept {
   const cudaError_t status = cudaFreeAsync(p, stream);
   if (status != cudaSuccess) std::fprintf(stderr, "tdpipe: cudaFreeAsync failed: %s\n", cudaGetErrorString(status));
+}
+
+// The graph's memory nodes get their memory at instantiation or launch: where the
+// device is full, the same advice as device_memory.cpp's message.
+void check_graph(cudaError_t status, const char* doing, const std::string& name) {
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    throw Error(std::string("GPU out of memory ") + doing + " the CUDA graph of " + name +
+                " (its memory nodes: what the op allocates): lower micro_batch, seq or layers, use a schedule that "
+                "keeps fewer micro-batches in flight, or run with --cuda-graphs off");
+  }
+  TDPIPE_CUDA_CHECK(status);
 }
 
 }  // namespace
@@ -72,22 +84,19 @@ bool graph_allocate(std::size_t bytes, cudaStream_t stream, void** out) {
   return true;
 }
 
-bool graph_free(void* p, cudaStream_t stream) {
+void free_device(void* p, cudaStream_t stream) noexcept {
   Scope* s = current;
   if (s == nullptr) {
     disown(p);
-    return false;
+    free_async(p, stream);
+    return;
   }
   if (stream == s->stream && is_owned(p)) {
     disown(p);
-    if (s->capture) {  // a free node (the graph that allocated it may be another op's)
-      const cudaError_t status = cudaFreeAsync(p, stream);
-      if (status != cudaSuccess) std::fprintf(stderr, "tdpipe: cudaFreeAsync failed: %s\n", cudaGetErrorString(status));
-    }
-    return true;
+    if (s->capture) free_async(p, stream);  // a free node (the graph that allocated it may be another op's)
+    return;
   }
   s->deferred.emplace_back(p, stream);
-  return true;
 }
 
 void record_event(cudaEvent_t event, cudaStream_t stream) {
@@ -129,7 +138,10 @@ void OpGraphs::run(const Key& key, std::vector<std::uint64_t> signature, const s
     Scope& s;
     ~Leave() {
       current = nullptr;
-      for (auto& [p, stream] : s.deferred) free_now(p, stream);
+      for (auto& [p, stream] : s.deferred) {
+        disown(p);
+        free_async(p, stream);
+      }
     }
   } leave{scope};
   current = &scope;
@@ -161,11 +173,11 @@ void OpGraphs::run(const Key& key, std::vector<std::uint64_t> signature, const s
     cudaGraphDestroy(graph);
     if (made != cudaSuccess) {
       e = Entry{};
-      TDPIPE_CUDA_CHECK(made);
+      check_graph(made, "instantiating", name);
     }
     ++captured_;
   }
-  TDPIPE_CUDA_CHECK(cudaGraphLaunch(e.exec, stream_));
+  check_graph(cudaGraphLaunch(e.exec, stream_), "launching", name);
   current = nullptr;
   std::vector<std::function<void()>> after = std::move(scope.after);
   for (auto& f : after) f();

@@ -14,8 +14,8 @@
 // A graph is valid while what it baked in holds: its signature (the input's address,
 // host values such as fp16's loss scales) and every address the ops before it in the
 // step produced. Hence: an op whose signature changed is captured again, and so is
-// every op after it in that step (or after an op that ran without a graph), since it
-// may read what that op allocated anew. Frees of memory no graph allocated, and the
+// every op after it in that step, since it may read what that op allocated anew. (A
+// step of a rank runs all its ops with graphs or none: CudaCompute.) Frees of memory no graph allocated, and the
 // host calls an op makes about progress (after_launch), wait until its graph is
 // launched. A RECV's buffer is one persistent slot per tensor (CudaCompute::allocate),
 // so an op's input address is stable from step to step.
@@ -40,10 +40,11 @@ bool issuing();
 /// replay, the address the capture got). False when no op on `stream` is being captured
 /// or replayed on this thread: allocate as usual.
 bool graph_allocate(std::size_t bytes, cudaStream_t stream, void** out);
-/// A free of `p` (allocated on, last used on `stream`): inside an op's capture or replay,
-/// a graph's memory freed by the graph, or any other memory freed once the graph is
-/// launched — true: nothing more to do. False: free it now as usual.
-bool graph_free(void* p, cudaStream_t stream);
+/// Frees device memory `p` in order on `stream` (its last user), reporting a failure
+/// (never throws: deleters call it). Inside an op's capture or replay: a graph's memory
+/// on that stream is freed by the graph (a free node), any other once the graph is
+/// launched.
+void free_device(void* p, cudaStream_t stream) noexcept;
 /// Records `event` on `stream` behind the work so far: a record node during capture,
 /// nothing during replay (the node records it), else cudaEventRecord.
 void record_event(cudaEvent_t event, cudaStream_t stream);
@@ -62,8 +63,6 @@ class OpGraphs {
 
   /// A new step: no op of it has been captured yet.
   void begin_step() { fresh_ = false; }
-  /// An op of this step ran without a graph: the ops after it are captured again.
-  void ran_eagerly() { fresh_ = true; }
   /// Issues op `key` on the stream: replays its graph if `signature` is the one it was
   /// captured with and no op before it this step was captured, else captures `body`
   /// (which issues the op's work on the stream and may throw) and launches the graph.
@@ -82,7 +81,7 @@ class OpGraphs {
   };
   cudaStream_t stream_;
   std::map<Key, Entry> entries_;
-  bool fresh_ = false;  ///< an op of this step was captured or ran eagerly
+  bool fresh_ = false;  ///< an op of this step was captured
   std::int64_t captured_ = 0, replayed_ = 0;
 };
 

@@ -24,8 +24,11 @@
 // again at each launch, and the launch is refused (as CUDA refuses it) while the
 // allocation of the launch before is not freed; the memory of a destroyed graph is
 // never reused, so a stale address reads NaN. What a GPU refuses during capture — a
-// host wait for the capturing stream, plain event records and waits on it, pageable
-// copies — and frees of memory no graph allocated are refused and invalidate it.
+// host wait for the capturing stream, pageable copies — is refused and invalidates it;
+// so are frees of memory no graph allocated, and plain event records and waits on it
+// (in CUDA, dependencies within the capture, which the executor never makes: not
+// emulated). The thread-local ban on other unsafe calls (cudaMalloc, synchronous
+// copies) from the capturing thread is not checked.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -217,16 +220,27 @@ std::shared_ptr<GraphBody> capturing(cudaStream_t stream) {
   std::lock_guard lock(stream->m);
   return stream->capture;
 }
-// A call a GPU refuses on a capturing stream: invalidates the capture and says so.
-bool refused_in_capture(cudaStream_t stream, const char* what) {
+// A call on a capturing stream that a GPU refuses (`gpu_refuses`), or that CUDA takes
+// for something this emulation does not model: invalidates the capture and says which.
+bool refused_in_capture(cudaStream_t stream, const char* what, bool gpu_refuses = true) {
   if (stream == nullptr) return false;
   std::lock_guard lock(stream->m);
   if (!stream->capture) return false;
   stream->capture_invalid = true;
-  std::fprintf(stderr, "emulated GPU: %s on a capturing stream (a GPU refuses it: cudaErrorStreamCaptureUnsupported)\n",
-               what);
+  std::fprintf(stderr, "emulated GPU: %s on a capturing stream: %s (cudaErrorStreamCaptureUnsupported)\n", what,
+               gpu_refuses ? "a GPU refuses it" : "not emulated");
   emu_last_error = cudaErrorStreamCaptureUnsupported;
   return true;
+}
+// Work that is not counted in emu::work_items (event records and waits).
+template <class F>
+void submit_uncounted(cudaStream_t stream, F work) {
+  if (stream == nullptr) {
+    work();
+    return;
+  }
+  auto* f = new F(std::move(work));
+  enqueue(stream, Work{[](void* p) { (*static_cast<F*>(p))(); }, f, [](void* p) { delete static_cast<F*>(p); }});
 }
 }  // namespace
 
@@ -363,10 +377,11 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
                  event->device, stream != nullptr ? stream->device : current_device);
     return emu_last_error = cudaErrorInvalidResourceHandle;
   }
-  if (refused_in_capture(stream, "cudaEventRecord (without cudaEventRecordExternal)"))
+  // (In CUDA a fork/join dependency within the capture, which this executor never makes.)
+  if (refused_in_capture(stream, "cudaEventRecord without cudaEventRecordExternal", false))
     return cudaErrorStreamCaptureUnsupported;
   const std::uint64_t generation = next_record(event, stream);
-  emu::submit(stream, [event, generation] { complete(event, generation); });
+  submit_uncounted(stream, [event, generation] { complete(event, generation); });
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
@@ -390,14 +405,15 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
-  if (refused_in_capture(stream, "cudaStreamWaitEvent")) return cudaErrorStreamCaptureUnsupported;
+  // (In CUDA a join within the capture, or with cudaEventWaitExternal a wait node.)
+  if (refused_in_capture(stream, "cudaStreamWaitEvent", false)) return cudaErrorStreamCaptureUnsupported;
   std::uint64_t generation;
   {
     std::lock_guard lock(event->m);
     generation = event->recorded;  // the marker recorded last, as CUDA specifies
   }
   ++event->refs;
-  emu::submit(stream, [event, generation] {
+  submit_uncounted(stream, [event, generation] {
     {
       std::unique_lock lock(event->m);
       event->done.wait(lock, [&] { return event->completed >= generation; });
@@ -497,7 +513,8 @@ cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   if (ptr == nullptr) return cudaSuccess;
   cudaError_t status = cudaSuccess;
   if (graph_free(ptr, stream, &status)) return status;
-  if (refused_in_capture(stream, "cudaFreeAsync of memory no graph allocated")) return cudaErrorStreamCaptureUnsupported;
+  if (refused_in_capture(stream, "cudaFreeAsync of memory no graph allocated", false))
+    return cudaErrorStreamCaptureUnsupported;
   emu::submit(stream, [ptr] { release(ptr); });
   return cudaSuccess;
 }

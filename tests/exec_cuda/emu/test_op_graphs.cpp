@@ -8,13 +8,17 @@
 #include <functional>
 #include <string>
 #include <map>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime.h>
 
 #include "cuda_compute.hpp"
 #include "device_context.hpp"
+#include "device_memory.hpp"
 #include "kernels.cuh"
+#include "op_graphs.hpp"
 #include "loopback_transport.hpp"
 #include "tdpipe/exec/cuda/timeline.hpp"
 #include "tdpipe/exec/interpreter.hpp"
@@ -83,6 +87,7 @@ TEST_CASE("emulated GPU graphs: a captured kernel replays at each launch, a memo
   REQUIRE(cudaMemcpyAsync(a, ramp.data(), n * sizeof(float), cudaMemcpyHostToDevice, s) == cudaSuccess);
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
 
+  const std::uint64_t items = emu::work_items(s);
   REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
   cudaStreamCaptureStatus status{};
   REQUIRE(cudaStreamIsCapturing(s, &status) == cudaSuccess);
@@ -93,7 +98,6 @@ TEST_CASE("emulated GPU graphs: a captured kernel replays at each launch, a memo
   kernels::add(scratch, a, a, static_cast<std::int64_t>(n), s);  // 2a
   kernels::add(out, scratch, a, static_cast<std::int64_t>(n), s);  // 3a
   REQUIRE(cudaFreeAsync(scratch, s) == cudaSuccess);               // a free node
-  const std::uint64_t items = emu::work_items(s);
   cudaGraph_t graph = nullptr;
   REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
   CHECK(emu::work_items(s) == items);  // captured, not run
@@ -196,54 +200,131 @@ TEST_CASE("emulated GPU graphs: what a GPU refuses during capture invalidates it
   cudaStreamSynchronize(other);
 }
 
-TEST_CASE("CUDA graphs: after the first step each F, B and W is one graph launch and issues nothing of its own, "
-          "with the step's loss unchanged",
+TEST_CASE("OpGraphs: an op whose signature changed is captured again, and so is every op after it in the step, "
+          "which may read what it allocated anew",
           "[emulated][graphs]") {
-  // One stage, so every op is the rank's own and has no input: nothing but its graph may
-  // reach the compute stream during the op (an op whose kernel escaped the gate would
-  // show here as a work item — and, run twice, as a wrong loss).
-  for (const std::string schedule : {"1f1b", "zb-h1"}) {
-    INFO(schedule);
-    const ir::Plan plan = planner::build_plan(test::tiny_scenario(1, 1, 4), schedule, 1).lowered;
+  // Op 1 allocates and fills a buffer (from pinned memory the host rewrites each step);
+  // op 2 doubles it into its own. Step 2 changes op 1's signature only: op 2, captured
+  // against op 1's old allocation, must be captured again — a replay would read the old
+  // graph's memory, freed (NaN) at the end of step 1.
+  DeviceContext ctx(0);
+  cudaStream_t s = ctx.compute();
+  const std::int64_t n = 16;
+  float* host = nullptr;
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&host), n * sizeof(float)) == cudaSuccess);
+  std::vector<std::int64_t> captured, replayed;
+  {
+    OpGraphs graphs(s);
+    for (int step = 0; step < 4; ++step) {
+      INFO("step " << step);
+      std::fill(host, host + n, static_cast<float>(step + 1));
+      graphs.begin_step();
+      Buffer a, b;
+      graphs.run({0, 0, 0, 0}, {step < 2 ? 1u : 2u}, [&] {
+        a = device_buffer(n, s);
+        if (issuing()) REQUIRE(cudaMemcpyAsync(a.data.get(), host, n * sizeof(float), cudaMemcpyHostToDevice, s) == 0);
+      }, "op 1");
+      graphs.run({1, 0, 0, 0}, {}, [&] {
+        b = device_buffer(n, s);
+        if (issuing()) kernels::add(b.as<float>(), a.as<float>(), a.as<float>(), n, s);
+      }, "op 2");
+      const std::vector<float> got = download(b.as<float>(), static_cast<std::size_t>(n), s);
+      CHECK(got == std::vector<float>(static_cast<std::size_t>(n), 2.f * static_cast<float>(step + 1)));
+      captured.push_back(graphs.captured());
+      replayed.push_back(graphs.replayed());
+    }  // a and b freed outside any graph, as begin_step drops an op's leftovers
+  }
+  CHECK(captured == std::vector<std::int64_t>{2, 2, 4, 4});
+  CHECK(replayed == std::vector<std::int64_t>{0, 2, 2, 4});
+  cudaFreeHost(host);
+}
+
+TEST_CASE("CUDA graphs: after the first step each F, B, BW and W is one graph launch and issues nothing of its own "
+          "— one stage, and two stages with bf16 between them — with the losses unchanged",
+          "[emulated][graphs]") {
+  // Nothing but its graph may reach the compute stream during a replayed op (event waits
+  // for an input's fence are not work items): an op whose kernel, copy or conversion
+  // escaped its gate would show here as a work item, and run twice as a wrong loss.
+  struct Case {
+    std::string schedule;
+    int p;
+    bool bf16_wire;
+  };
+  for (const Case& c : {Case{"1f1b", 1, false}, Case{"zb-h1", 1, false}, Case{"zb-h1", 2, true}, Case{"1f1b", 2, true}}) {
+    INFO(c.schedule << " p=" << c.p << (c.bf16_wire ? ", bf16 between stages" : ""));
+    const ir::Plan plan = planner::build_plan(test::tiny_scenario(c.p, 1, 4), c.schedule, 1).lowered;
     std::vector<double> losses[2];
     for (const bool graphs : {false, true}) {
       cpu::TrainOptions train = test::train_options(3);
       train.cuda_graphs = graphs;
+      train.bf16_wire = c.bf16_wire;
       const cpu::GptConfig config = cpu::model_config(plan, train);
       const cpu::Corpus corpus = cpu::training_corpus(train);
-      DeviceContext ctx(0);
       RunControl control;
-      CudaCompute compute(config, plan, 0, 0, corpus, train, ctx, &control);
-      Counting counting(compute, ctx.compute());
       LoopbackFabric fabric(control);
-      LoopbackTransport transport(fabric, ctx, 0, 0, 1, 1);
+      std::vector<std::unique_ptr<DeviceContext>> ctx;
+      std::vector<std::unique_ptr<CudaCompute>> compute;
+      std::vector<std::unique_ptr<Counting>> counting;
+      std::vector<std::unique_ptr<LoopbackTransport>> transport;
+      std::vector<std::unique_ptr<CudaClock>> clock;
+      for (int r = 0; r < c.p; ++r) {
+        ctx.push_back(std::make_unique<DeviceContext>(0));
+        compute.push_back(std::make_unique<CudaCompute>(config, plan, r, 0, corpus, train, *ctx.back(), &control));
+        counting.push_back(std::make_unique<Counting>(*compute.back(), ctx.back()->compute()));
+        transport.push_back(std::make_unique<LoopbackTransport>(fabric, *ctx.back(), 0, r, c.p, 1));
+      }
       cudaEvent_t origin = nullptr;
       REQUIRE(cudaEventCreate(&origin) == cudaSuccess);
-      CudaClock clock(ctx, origin);
-      Backend backend{&counting, &transport, &clock};
-      for (int step = 0; step < 3; ++step) {
-        REQUIRE(cudaEventRecord(origin, ctx.compute()) == cudaSuccess);
-        const RankStepResult r = run_rank_step(plan, 0, 0, step, backend, control);
-        losses[graphs].push_back(r.loss);
-        REQUIRE(!counting.ops.empty());
-        for (const auto& [name, seen] : counting.ops) {
-          INFO("step " << step << " " << name << ": " << seen.items << " work items, " << seen.launches
-                       << " graph launches");
-          if (!graphs) {
-            CHECK(seen.launches == 0);
-            CHECK(seen.items > 0);
-          } else {
-            CHECK(seen.launches == 1);
-            if (step > 0) CHECK(seen.items == 0);  // a replay: the launch is all
+      REQUIRE(cudaEventRecord(origin, ctx[0]->compute()) == cudaSuccess);
+      REQUIRE(cudaEventSynchronize(origin) == cudaSuccess);
+      for (int r = 0; r < c.p; ++r) clock.push_back(std::make_unique<CudaClock>(*ctx[r], origin));
+      // Per rank and step, what each op put on the stream.
+      std::vector<std::vector<std::map<std::string, Counting::Seen>>> seen(static_cast<std::size_t>(c.p));
+      std::vector<std::vector<double>> rank_loss(static_cast<std::size_t>(c.p));
+      std::vector<std::string> errors(static_cast<std::size_t>(c.p));
+      std::vector<std::thread> threads;
+      for (int r = 0; r < c.p; ++r)
+        threads.emplace_back([&, r] {
+          const auto i = static_cast<std::size_t>(r);
+          try {
+            Backend backend{counting[i].get(), transport[i].get(), clock[i].get()};
+            for (int step = 0; step < 3; ++step) {
+              rank_loss[i].push_back(run_rank_step(plan, r, 0, step, backend, control).loss);
+              seen[i].push_back(counting[i]->ops);
+            }
+          } catch (const std::exception& e) {
+            errors[i] = e.what();
           }
+        });
+      for (auto& t : threads) t.join();
+      for (int r = 0; r < c.p; ++r) {
+        const auto i = static_cast<std::size_t>(r);
+        INFO("rank " << r << ": " << errors[i]);
+        REQUIRE(errors[i].empty());
+        std::int64_t ops = 0;
+        for (const ir::Op& op : plan.ranks[i]) ops += ir::is_chunk_work(op.kind);
+        for (int step = 0; step < 3; ++step)
+          for (const auto& [name, got] : seen[i][static_cast<std::size_t>(step)]) {
+            INFO("step " << step << " " << name << ": " << got.items << " work items, " << got.launches
+                         << " graph launches");
+            if (!graphs) {
+              CHECK(got.launches == 0);
+              CHECK(got.items > 0);
+            } else {
+              CHECK(got.launches == 1);
+              if (step > 0) CHECK(got.items == 0);  // a replay: the launch is all
+            }
+          }
+        REQUIRE(seen[i][0].size() == static_cast<std::size_t>(ops));
+        if (graphs) {
+          CHECK(compute[i]->op_graphs()->captured() == ops);
+          CHECK(compute[i]->op_graphs()->replayed() == 2 * ops);
+        } else {
+          CHECK(compute[i]->op_graphs() == nullptr);
         }
       }
-      if (graphs) {
-        CHECK(compute.op_graphs()->captured() == static_cast<std::int64_t>(counting.ops.size()));
-        CHECK(compute.op_graphs()->replayed() == 2 * static_cast<std::int64_t>(counting.ops.size()));
-      } else {
-        CHECK(compute.op_graphs() == nullptr);
-      }
+      losses[graphs] = rank_loss[static_cast<std::size_t>(c.p - 1)];
+      clock.clear();
       cudaEventDestroy(origin);
     }
     CHECK(losses[1] == losses[0]);

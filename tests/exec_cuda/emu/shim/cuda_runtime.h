@@ -93,9 +93,10 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream = nu
 // Stream capture and graphs (emu_runtime.cpp, "graphs"): what a captured stream is given
 // becomes the graph's nodes, in order — kernels, copies, memsets, cuBLAS calls,
 // stream-ordered allocations (memory nodes: one address for the graph's life, NaN again
-// at each launch) and frees, external event records. Host waits on the capturing stream,
-// plain event records and waits there, pageable copies and frees of memory no graph
-// allocated are refused (cudaErrorStreamCaptureUnsupported) and invalidate the capture.
+// at each launch) and frees, external event records. Host waits on the capturing stream
+// and pageable copies (which a GPU refuses), frees of memory no graph allocated, plain
+// event records and waits there (not emulated) return cudaErrorStreamCaptureUnsupported
+// and invalidate the capture.
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
@@ -129,9 +130,9 @@ void submit(cudaStream_t stream, F work) {
 /// cudaEventQuery of an event last recorded there) that found its work unfinished: how
 /// often the host waited for it. A poll counts each time it finds the work running.
 std::uint64_t blocked_host_waits(cudaStream_t stream);
-/// Work the host put on `stream` itself (kernels, copies, memsets, cuBLAS calls, event
-/// records and waits, allocations' and frees' fills), and graphs launched there: a
-/// replayed CUDA graph adds one launch and no work item.
+/// Work the host put on `stream` itself (kernels, copies, memsets, cuBLAS calls,
+/// allocations' and frees' fills; not event records and waits), and graphs launched
+/// there: a replayed CUDA graph adds one launch and no work item.
 std::uint64_t work_items(cudaStream_t stream);
 std::uint64_t graph_launches(cudaStream_t stream);
 /// False (and the launch error cudaGetLastError reports set) when a kernel launched
