@@ -496,6 +496,7 @@ Buffer CudaCompute::allocate(const TensorKey& key) {
   if (graphs_) {
     // One buffer per tensor for the run, so the op that reads it, captured against its
     // address, replays. The step before's reader is done: end_step waited for it.
+    std::lock_guard lock(slots_mu_);
     Buffer& slot = slots_[key];
     if (slot.empty()) slot = device_buffer(elements, ctx_->p2p(), wire_);
     return slot;

@@ -141,6 +141,7 @@ class CudaCompute final : public Compute {
   std::vector<bool> last_issued_;  ///< per chunk: its last gradient op went through issued() this step
   std::optional<OpGraphs> graphs_;  ///< TrainOptions::cuda_graphs
   bool eager_step_ = false;         ///< this step runs without graphs (an injected overflow)
+  std::mutex slots_mu_;                ///< allocate() runs on the p2p thread (Compute::allocate)
   std::map<TensorKey, Buffer> slots_;  ///< with graphs: what each RECV fills, every step
 };
 
