@@ -56,6 +56,19 @@ std::vector<RankOutcome> run_world(const std::vector<ir::Plan>& plans, const cud
   return out;
 }
 
+// Each process of `got` ran without error and trained to the bit as its peer in `want`.
+void require_same_training(const std::vector<RankOutcome>& got, const std::vector<RankOutcome>& want) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    INFO("rank " << r << ": " << want[r].error << got[r].error);
+    REQUIRE(want[r].error.empty());
+    REQUIRE(got[r].error.empty());
+    CHECK(got[r].result.run.loss_per_step == want[r].result.run.loss_per_step);
+    CHECK(got[r].result.run.grads == want[r].result.run.grads);
+    CHECK(got[r].result.weights_l2 == want[r].result.weights_l2);
+  }
+}
+
 void check_against_cpu(const std::string& schedule, int p, int d, int m, bool distributed_optimizer = false,
                        bool onebit = false, bool bf16_wire = false) {
   ir::Scenario sc = cuda::test::tiny_scenario(p, d, m);
@@ -159,13 +172,8 @@ TEST_CASE("emulated NCCL processes stream parameters (param_offload: layers) bit
   o.watchdog_seconds = 60;
   const auto want = run_world({resident, resident}, o);
   const auto got = run_world({streamed, streamed}, o);
+  require_same_training(got, want);
   for (std::size_t r = 0; r < 2; ++r) {
-    INFO("rank " << r << ": " << want[r].error << got[r].error);
-    REQUIRE(want[r].error.empty());
-    REQUIRE(got[r].error.empty());
-    CHECK(got[r].result.run.loss_per_step == want[r].result.run.loss_per_step);
-    CHECK(got[r].result.run.grads == want[r].result.run.grads);
-    CHECK(got[r].result.weights_l2 == want[r].result.weights_l2);
     // Every process reports every world rank's peak, as the loopback run does.
     REQUIRE(got[r].result.run.param_state_peak_bytes.size() == 2);
     CHECK(got[r].result.run.param_state_peak_bytes == got[0].result.run.param_state_peak_bytes);
@@ -209,13 +217,8 @@ TEST_CASE("emulated NCCL processes with CUDA graphs per op (--cuda-graphs on) tr
   const auto want = run_world(std::vector<ir::Plan>(4, plan), o);
   o.train.cuda_graphs = true;
   const auto got = run_world(std::vector<ir::Plan>(4, plan), o);
+  require_same_training(got, want);
   for (std::size_t r = 0; r < 4; ++r) {
-    INFO("rank " << r << ": " << want[r].error << got[r].error);
-    REQUIRE(want[r].error.empty());
-    REQUIRE(got[r].error.empty());
-    CHECK(got[r].result.run.loss_per_step == want[r].result.run.loss_per_step);
-    CHECK(got[r].result.run.grads == want[r].result.run.grads);
-    CHECK(got[r].result.weights_l2 == want[r].result.weights_l2);
     std::int64_t ops = 0;
     for (const ir::Op& op : plan.ranks[r % 2]) ops += ir::is_chunk_work(op.kind);
     CHECK(got[r].result.graph_captures == ops);
