@@ -374,6 +374,18 @@ __device__ __forceinline__ void dot_pair(const T16 (*x)[kDh + kPad], const T16 (
   }
 }
 
+// acc[c] += Σ_j w[j] · tile[j][column c] over the first `rows` rows of `tile`, for this
+// thread's columns g + kRowThreads·c of the head: P·V in the forward, dS·K for dQ.
+template <class T16, int kDh>
+__device__ __forceinline__ void add_weighted_rows(float* acc, const float* w, const T16 (*tile)[kDh + kPad],
+                                                  int rows, int g, int dh) {
+  for (int j = 0; j < rows; ++j) {
+    const float wj = w[j];
+    for (int c = 0; c < kDh / kRowThreads; ++c)
+      if (g + kRowThreads * c < dh) acc[c] += wj * f32(tile[j][g + kRowThreads * c]);
+  }
+}
+
 // One block per (query tile, sequence·head); row r of the slice sees keys < visible_keys.
 template <class T16, int kDh>
 __global__ void flash_fwd_k(const T16* q, const T16* kc, const T16* vc, T16* o, float* lse, int tq, int tt,
@@ -429,11 +441,7 @@ __global__ void flash_fwd_k(const T16* q, const T16* kc, const T16* vc, T16* o, 
     // no memory order (a __syncwarp would do). The SIMT emulation cannot show this barrier
     // missing: its shuffles are rendezvous that order everything before them.
     __syncthreads();
-    for (int j = 0; j < kFwdKeys; ++j) {
-      const float p = ps[i][j];
-      for (int c = 0; c < kCols; ++c)
-        if (g + kRowThreads * c < dh) acc[c] += p * f32(vs[j][g + kRowThreads * c]);
-    }
+    add_weighted_rows<T16, kDh>(acc, ps[i], vs, kFwdKeys, g, dh);
   }
   if (r >= tq) return;
   const std::int64_t row = head * tq + r;
@@ -553,11 +561,7 @@ __global__ void flash_bwd_q_k(const T16* q, const T16* kc, const T16* vc, const 
       dss[i][j] = k0 + j < visible ? scale * expf(s * scale - row_lse) * (dp - row_delta) : 0.f;
     }
     __syncthreads();
-    for (int j = 0; j < kBwdTile; ++j) {
-      const float ds = dss[i][j];
-      for (int c = 0; c < kCols; ++c)
-        if (g + kRowThreads * c < dh) acc[c] += ds * f32(ks[j][g + kRowThreads * c]);
-    }
+    add_weighted_rows<T16, kDh>(acc, dss[i], ks, kBwdTile, g, dh);
   }
   if (r >= tq) return;
   for (int c = 0; c < kCols; ++c)
